@@ -1,0 +1,449 @@
+"""Task specification and the renderers that turn one spec into a CUDABench-format task.
+
+A family module (elementwise.py, reductions.py, ...) describes each operation as an `OpSpec`:
+the CUDA kernels, how the host launches them, how numpy makes the inputs and the reference
+outputs, and the prompts. `render_task` turns a spec into one JSONL record with the fields of
+CUDABench (`bench.cu`, `gen.py`, `compare.py`, `level{1,2,3}_prompt`, ...) plus ours
+(`split`, `category`, `op`, `kernel_mode`).
+
+Rules for the CUDA a family writes (they keep the kernel-mode harness sound):
+- `kernels` holds `__device__` helpers and `__global__` kernels only; no `#define` (use
+  `constexpr`), no `#include` (the renderer includes cuda_runtime.h, cstdio, cstdint,
+  cfloat, cmath). The same text is the reference program's kernels, the reference inside
+  the harness (wrapped in `namespace cuset_ref`), and the kernel-mode SFT answer.
+- `launch` is host C++ that launches the kernels. It may use: the kernel names written as
+  `{k}name` (the renderer puts `cuset_ref::` there for the harness's reference run), device
+  pointers `d_<buffer>` for every input, output and scratch buffer, the host constants of
+  `constants`, and `CUDA_CHECK(...)`. It must not use names defined in `kernels` other than
+  the kernels, because a candidate's kernels define their own helpers and constants.
+- Every launch must fully define the outputs from the inputs alone (memset what it
+  accumulates into), because the harness runs it many times for timing.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+import zlib
+from dataclasses import dataclass, field
+
+# numpy dtype name -> C type. Kept small on purpose: these are all our tasks use.
+C_TYPES = {
+    "float32": "float",
+    "float64": "double",
+    "int32": "int",
+    "uint32": "unsigned int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+}
+
+# Where a candidate's kernels go in the kernel-mode harness. Stage 04 replaces this line.
+CANDIDATE_MARKER = "// @CUSET_CANDIDATE_KERNELS@"
+
+# Timing protocol of the harness (DESIGN.md, Evaluation): CUDA events, warmup, median.
+TIMING_WARMUP = 5
+TIMING_REPEATS = 25
+
+SPLITS = ("train", "eval", "pretrain")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One array read from or written to `data/<name>.bin` (raw, little-endian, row-major)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def ctype(self) -> str:
+        return C_TYPES[self.dtype]
+
+    def shape_str(self) -> str:
+        # CUDABench writes shapes as Python tuple literals: "(1048576,)", "(128, 128, 4)".
+        return repr(tuple(self.shape))
+
+
+@dataclass
+class OpSpec:
+    """Everything needed to render one task. See the module docstring for the CUDA rules."""
+
+    op: str  # operation key; splits are disjoint by op
+    name: str  # task_name, e.g. "ReLU_Activation"
+    category: str
+    split: str  # train | eval | pretrain
+    description: str  # one sentence: what is computed
+    level1: str  # guided prompt: the math plus implementation guidance
+    level2: str  # algorithmic prompt: the math only
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    constants: str  # host C++ constants used by `launch`, e.g. "const int n = 1048576;"
+    kernels: str  # __device__ helpers + __global__ kernels
+    signatures: list[str]  # exact __global__ signatures a kernel-mode answer must define
+    launch: str  # host C++ launching `{k}kernel<<<...>>>(d_...)`
+    launch_note: str  # the launch configuration in words, for the kernel-mode prompt
+    gen: str  # numpy body: defines every input array and `<output>_ref` arrays; `rng` given
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    variant: str = ""  # size tag for the id when an op has several sizes
+    scratch: list[Buffer] = field(default_factory=list)  # zeroed device temporaries
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.op}_{self.variant}" if self.variant else self.op
+
+
+def dedent(text: str) -> str:
+    return textwrap.dedent(text).strip("\n")
+
+
+def _indent(text: str, spaces: int) -> str:
+    return textwrap.indent(dedent(text), " " * spaces)
+
+
+def _seed(task_id: str) -> int:
+    # Stable across Python runs (hash() is salted); the same id always gets the same data.
+    return zlib.crc32(task_id.encode()) % (2**31)
+
+
+# ---------------------------------------------------------------------------------------
+# bench.cu and the kernel-mode harness share the host boilerplate below.
+# ---------------------------------------------------------------------------------------
+
+HEADER = """\
+#include <cuda_runtime.h>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CUDA_CHECK(call)                                                          \\
+    do {                                                                          \\
+        cudaError_t err_ = (call);                                                \\
+        if (err_ != cudaSuccess) {                                                \\
+            fprintf(stderr, "CUDA error: %s at %s:%d\\n", cudaGetErrorString(err_), \\
+                    __FILE__, __LINE__);                                          \\
+            exit(1);                                                              \\
+        }                                                                         \\
+    } while (0)
+"""
+
+FILE_IO = """\
+static void read_file(const char* path, void* data, size_t bytes) {
+    FILE* f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "cannot open %s\\n", path); exit(1); }
+    size_t got = fread(data, 1, bytes, f);
+    fclose(f);
+    if (got != bytes) { fprintf(stderr, "%s: expected %zu bytes, got %zu\\n", path, bytes, got); exit(1); }
+}
+
+static void write_file(const char* path, const void* data, size_t bytes) {
+    FILE* f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "cannot write %s\\n", path); exit(1); }
+    size_t put = fwrite(data, 1, bytes, f);
+    fclose(f);
+    if (put != bytes) { fprintf(stderr, "%s: short write\\n", path); exit(1); }
+}
+"""
+
+TIMER = f"""\
+// Median time of `run` over {TIMING_REPEATS} repeats after {TIMING_WARMUP} warmup runs, CUDA events.
+template <typename Run>
+static float median_ms(Run run) {{
+    for (int i = 0; i < {TIMING_WARMUP}; ++i) run();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> times;
+    for (int i = 0; i < {TIMING_REPEATS}; ++i) {{
+        CUDA_CHECK(cudaEventRecord(start));
+        run();
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms);
+    }}
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    for (size_t i = 1; i < times.size(); ++i)  // insertion sort: tiny array, no <algorithm>
+        for (size_t j = i; j > 0 && times[j] < times[j - 1]; --j) {{
+            float t = times[j]; times[j] = times[j - 1]; times[j - 1] = t;
+        }}
+    return times[times.size() / 2];
+}}
+"""
+
+
+def _host_setup(spec: OpSpec) -> str:
+    """Read inputs, allocate and fill device buffers, allocate zeroed outputs and scratch."""
+    lines = []
+    for b in spec.inputs:
+        lines += [
+            f"std::vector<{b.ctype}> h_{b.name}({b.count});",
+            f'read_file("data/{b.name}.bin", h_{b.name}.data(), {b.count} * sizeof({b.ctype}));',
+            f"{b.ctype}* d_{b.name} = nullptr;",
+            f"CUDA_CHECK(cudaMalloc(&d_{b.name}, {b.count} * sizeof({b.ctype})));",
+            f"CUDA_CHECK(cudaMemcpy(d_{b.name}, h_{b.name}.data(), {b.count} * sizeof({b.ctype}), cudaMemcpyHostToDevice));",
+        ]
+    for b in spec.outputs + spec.scratch:
+        lines += [
+            f"{b.ctype}* d_{b.name} = nullptr;",
+            f"CUDA_CHECK(cudaMalloc(&d_{b.name}, {b.count} * sizeof({b.ctype})));",
+            f"CUDA_CHECK(cudaMemset(d_{b.name}, 0, {b.count} * sizeof({b.ctype})));",
+        ]
+    return "\n".join(lines)
+
+
+def _host_write_outputs(spec: OpSpec) -> str:
+    lines = []
+    for b in spec.outputs:
+        lines += [
+            f"std::vector<{b.ctype}> h_{b.name}({b.count});",
+            f"CUDA_CHECK(cudaMemcpy(h_{b.name}.data(), d_{b.name}, {b.count} * sizeof({b.ctype}), cudaMemcpyDeviceToHost));",
+            f'write_file("data/{b.name}.bin", h_{b.name}.data(), {b.count} * sizeof({b.ctype}));',
+        ]
+    return "\n".join(lines)
+
+
+def _host_free(spec: OpSpec) -> str:
+    return "\n".join(f"CUDA_CHECK(cudaFree(d_{b.name}));" for b in spec.inputs + spec.outputs + spec.scratch)
+
+
+def _launch(spec: OpSpec, prefix: str) -> str:
+    return dedent(spec.launch).replace("{k}", prefix)
+
+
+def _io_comment(spec: OpSpec) -> str:
+    ins = ", ".join(f"data/{b.name}.bin ({b.dtype} {b.shape_str()})" for b in spec.inputs)
+    outs = ", ".join(f"data/{b.name}.bin ({b.dtype} {b.shape_str()})" for b in spec.outputs)
+    return f"// Reads {ins}.\n// Writes {outs}."
+
+
+def render_bench_cu(spec: OpSpec) -> str:
+    """The reference standalone program: reads inputs, runs the kernels once, writes outputs."""
+    body = "\n\n".join([
+        _host_setup(spec),
+        _launch(spec, ""),
+        "CUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
+        _host_write_outputs(spec),
+        _host_free(spec),
+        "return 0;",
+    ])
+    return "\n".join([
+        f"// {spec.name}: {spec.description}",
+        _io_comment(spec),
+        HEADER,
+        dedent(spec.kernels),
+        "",
+        FILE_IO,
+        "int main() {",
+        _indent(spec.constants, 4),
+        "",
+        _indent(body, 4),
+        "}",
+        "",
+    ])
+
+
+def render_harness(spec: OpSpec) -> str:
+    """Kernel-mode host program: the candidate's kernels replace CANDIDATE_MARKER.
+
+    It runs the candidate once, writes its outputs, then times the candidate and the
+    reference kernels the same way and prints one `CUSET_TIMING` line.
+    """
+    run_candidate = _indent(_launch(spec, ""), 4)
+    run_reference = _indent(_launch(spec, "cuset_ref::"), 4)
+    body = "\n\n".join([
+        _host_setup(spec),
+        "auto run_candidate = [&]() {\n" + run_candidate + "\n};",
+        "auto run_reference = [&]() {\n" + run_reference + "\n};",
+        "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
+        _host_write_outputs(spec),
+        "float candidate_ms = median_ms(run_candidate);\n"
+        "float reference_ms = median_ms(run_reference);\n"
+        f'printf("CUSET_TIMING candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", candidate_ms, reference_ms);',
+        _host_free(spec),
+        "return 0;",
+    ])
+    return "\n".join([
+        f"// Kernel-mode harness for {spec.name}: {spec.description}",
+        _io_comment(spec),
+        HEADER,
+        "// Reference kernels, namespaced so that a candidate may reuse their names.",
+        "namespace cuset_ref {",
+        dedent(spec.kernels),
+        "}  // namespace cuset_ref",
+        "",
+        "// ---- candidate kernels (inserted by the evaluator) ----",
+        CANDIDATE_MARKER,
+        "// ---- end of candidate kernels ----",
+        "",
+        FILE_IO,
+        TIMER,
+        "int main() {",
+        _indent(spec.constants, 4),
+        "",
+        _indent(body, 4),
+        "}",
+        "",
+    ])
+
+
+# ---------------------------------------------------------------------------------------
+# gen.py and compare.py: standalone numpy scripts run as subprocesses in the task folder.
+# ---------------------------------------------------------------------------------------
+
+
+def render_gen_py(spec: OpSpec) -> str:
+    writes = [f'np.ascontiguousarray({b.name}, dtype=np.{b.dtype}).tofile("data/{b.name}.bin")' for b in spec.inputs]
+    writes += [
+        f'np.ascontiguousarray({b.name}_ref, dtype=np.{b.dtype}).tofile("data/{b.name}_ref.bin")'
+        for b in spec.outputs
+    ]
+    checks = [
+        f"assert np.shape({b.name}) == {tuple(b.shape)!r}, np.shape({b.name})" for b in spec.inputs
+    ] + [f"assert np.shape({b.name}_ref) == {tuple(b.shape)!r}, np.shape({b.name}_ref)" for b in spec.outputs]
+    return "\n".join([
+        f'"""Inputs and reference outputs for task {spec.task_id} ({spec.name}). numpy only, fixed seed."""',
+        "import os",
+        "",
+        "import numpy as np",
+        "",
+        f"rng = np.random.default_rng({_seed(spec.task_id)})",
+        "",
+        dedent(spec.gen),
+        "",
+        *checks,
+        'os.makedirs("data", exist_ok=True)',
+        *writes,
+        "",
+    ])
+
+
+COMPARE_TEMPLATE = '''\
+"""Check the outputs of task {task_id} ({name}) against the reference. Prints T or F."""
+import os
+import sys
+
+import numpy as np
+
+INPUTS = {inputs!r}
+OUTPUTS = {outputs!r}
+ATOL = {atol!r}
+RTOL = {rtol!r}
+
+
+def load(path, dtype, count):
+    if not os.path.exists(path):
+        return None, f"missing {{path}}"
+    arr = np.fromfile(path, dtype=dtype)
+    if arr.size != count:
+        return None, f"{{path}}: {{arr.size}} elements, expected {{count}}"
+    return arr, None
+
+
+def problem(name, dtype, count):
+    out, err = load(f"data/{{name}}.bin", dtype, count)
+    if err:
+        return err
+    ref, err = load(f"data/{{name}}_ref.bin", dtype, count)
+    if err:
+        return err
+    is_float = np.issubdtype(out.dtype, np.floating)
+    if is_float and not np.all(np.isfinite(out)):
+        return f"{{name}}: NaN or Inf in output"
+    if not np.any(out):
+        return f"{{name}}: output is all zeros"
+    for in_name, in_dtype, in_count in INPUTS:
+        if in_dtype == dtype and in_count == count:
+            inp, _ = load(f"data/{{in_name}}.bin", in_dtype, in_count)
+            if inp is not None and np.array_equal(inp, out):
+                return f"{{name}}: output equals input {{in_name}}"
+    if is_float:
+        ok = np.allclose(out, ref, atol=ATOL, rtol=RTOL)
+    else:
+        ok = np.array_equal(out, ref)
+    if not ok:
+        diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+        worst = int(np.argmax(diff))
+        return f"{{name}}: mismatch, max abs diff {{diff[worst]:.3g}} at {{worst}} (got {{out[worst]}}, want {{ref[worst]}})"
+    return None
+
+
+def main():
+    for name, dtype, count in OUTPUTS:
+        err = problem(name, dtype, count)
+        if err:
+            print(err, file=sys.stderr)
+            print("F")
+            return
+    print("T")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def render_compare_py(spec: OpSpec) -> str:
+    return COMPARE_TEMPLATE.format(
+        task_id=spec.task_id,
+        name=spec.name,
+        inputs=[(b.name, b.dtype, b.count) for b in spec.inputs],
+        outputs=[(b.name, b.dtype, b.count) for b in spec.outputs],
+        atol=spec.atol,
+        rtol=spec.rtol,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The record.
+# ---------------------------------------------------------------------------------------
+
+
+def level3_prompt(spec: OpSpec) -> str:
+    return f"Implement the {spec.name} operation on the GPU in CUDA."
+
+
+def render_task(spec: OpSpec) -> dict:
+    """One CUDABench-format record plus our fields. Key order is fixed for byte-stable output."""
+    if spec.split not in SPLITS:
+        raise ValueError(f"{spec.task_id}: split {spec.split!r} not in {SPLITS}")
+    return {
+        "id": spec.task_id,
+        "task_name": spec.name,
+        "task_description": spec.description,
+        "inputs": [{"name": b.name, "dtype": b.dtype, "shape": b.shape_str()} for b in spec.inputs],
+        "outputs": [{"name": b.name, "dtype": b.dtype, "shape": b.shape_str()} for b in spec.outputs],
+        "bench.cu": render_bench_cu(spec),
+        "gen.py": render_gen_py(spec),
+        "compare.py": render_compare_py(spec),
+        "level1_prompt": dedent(spec.level1),
+        "level2_prompt": dedent(spec.level2),
+        "level3_prompt": level3_prompt(spec),
+        "split": spec.split,
+        "category": spec.category,
+        "op": spec.op,
+        "kernel_mode": {
+            "harness.cu": render_harness(spec),
+            "marker": CANDIDATE_MARKER,
+            "signatures": list(spec.signatures),
+            "launch": dedent(spec.launch_note),
+            "reference_kernels": dedent(spec.kernels) + "\n",
+        },
+    }
+
+
+def to_jsonl_line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False) + "\n"
