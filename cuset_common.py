@@ -21,6 +21,12 @@ SFT_FILE = DATA / "sft" / "train.jsonl"
 SFT_KERNEL_FILE = DATA / "sft" / "train_kernel.jsonl"
 TINY_MODEL = DATA / "models" / "tiny-cuda-lm"
 
+# nvcc: fixed flags for every compile (reference programs, harnesses, candidates). Without a
+# GPU we compile for Ampere and Hopper (sm_80, sm_90); on a GPU, for the GPU present.
+NVCC_FLAGS = ["-O2", "-std=c++17", "-lineinfo"]
+NVCC_DEFAULT_ARCH = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+NVCC_NATIVE_ARCH = ["-arch=native"]
+
 SYSTEM_PROMPT = "You are an expert CUDA programmer. You write correct, efficient CUDA C++."
 LEVELS = (1, 2, 3)
 MODES = ("standalone", "kernel")
@@ -147,3 +153,205 @@ def build_messages(task: dict, level: int, mode: str) -> list[dict[str, Any]]:
 def fence(code: str) -> str:
     """The assistant turn's form: one ```cpp block."""
     return f"```cpp\n{code.strip()}\n```"
+
+
+# ---------------------------------------------------------------------------------------
+# Stage entry points
+# ---------------------------------------------------------------------------------------
+
+
+def run_main(main_fn, argv: list[str] | None = None) -> int:
+    """Run a stage's main; a UserError prints `error: ...` to stderr and exits with status 2."""
+    import sys
+
+    try:
+        return main_fn(argv) or 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def pick_device(name: str = "auto") -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA device is available; use --device cpu")
+    return name
+
+
+# ---------------------------------------------------------------------------------------
+# Artifacts: a folder with tensors.safetensors + meta.json (+ extra files), written atomically.
+# ---------------------------------------------------------------------------------------
+
+SCHEMA_VERSION = 1
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's full definition (vocab, merges, specials) and chat template."""
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    spec += "\n" + str(getattr(tokenizer, "chat_template", None))
+    return hashlib.sha256(spec.encode()).hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    import platform
+
+    import numpy
+    import safetensors
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "safetensors": safetensors.__version__,
+            "numpy": numpy.__version__}
+
+
+def write_artifact(out_dir: Path, tensors: dict, meta: dict, extra_files: dict[str, str] | None = None) -> None:
+    """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in."""
+    from safetensors.numpy import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
+    try:
+        save_file({k: v for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
+        full_meta = {"schema_version": SCHEMA_VERSION, **meta, "versions": library_versions()}
+        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=2, sort_keys=False) + "\n")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        replace_dir_atomic(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str) -> tuple[dict, dict]:
+    """Load (tensors, meta) of an artifact folder; a missing or foreign one is a UserError."""
+    from safetensors.numpy import load_file
+
+    art_dir = Path(art_dir)
+    meta_path, tensor_path = art_dir / "meta.json", art_dir / "tensors.safetensors"
+    if not meta_path.exists() or not tensor_path.exists():
+        raise UserError(f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
+                        f"run {rerun_hint} first")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("stage") != expected_stage:
+        raise UserError(f"{art_dir}: is a {meta.get('stage')!r} artifact, expected {expected_stage!r}")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
+                        f"{SCHEMA_VERSION}; rerun {rerun_hint}")
+    return load_file(str(tensor_path)), meta
+
+
+def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:
+    """Refuse an artifact made from another model, tokenizer or data (unless --force)."""
+    wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    if wrong and not force:
+        raise UserError(f"{art_dir} was made from different inputs:\n  " + "\n  ".join(wrong)
+                        + f"\nrerun {rerun_hint}, or pass --force to use it anyway")
+
+
+# ---------------------------------------------------------------------------------------
+# SFT data: read any supported JSONL form, and tokenize a sample the same way in every stage.
+# ---------------------------------------------------------------------------------------
+
+# Used when the tokenizer has no chat template (documented in README).
+PLAIN_PROMPT_TEMPLATE = "### System:\n{system}\n\n### Instruction:\n{user}\n\n### Response:\n"
+
+
+def normalize_record(obj: dict, where: str) -> dict:
+    """One SFT record -> {"id", "prompt_messages": [...], "response": str}.
+
+    Accepted forms: chat `messages` (last turn is the assistant's), `prompt`/`completion`,
+    `instruction`/`input`/`output`, or `text` (no prompt: every token is a response token).
+    """
+    rid = str(obj.get("id", where))
+    if "messages" in obj:
+        msgs = obj["messages"]
+        ok = (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                     and m.get("role") in ("system", "user", "assistant")
+                                                     for m in msgs))
+        if not ok or msgs[-1]["role"] != "assistant":
+            raise UserError(f"{where}: 'messages' must be a list of {{role, content}} turns ending with an "
+                            f"assistant turn")
+        return {"id": rid, "prompt_messages": msgs[:-1], "response": msgs[-1]["content"]}
+    if "prompt" in obj and "completion" in obj:
+        fields = (obj["prompt"], obj["completion"])
+        prompt = [{"role": "user", "content": obj["prompt"]}]
+        response = obj["completion"]
+    elif "instruction" in obj and "output" in obj:
+        fields = (obj["instruction"], obj.get("input", ""), obj["output"])
+        user = obj["instruction"] + (f"\n\n{obj['input']}" if obj.get("input") else "")
+        prompt, response = [{"role": "user", "content": user}], obj["output"]
+    elif "text" in obj:
+        fields = (obj["text"],)
+        prompt, response = [], obj["text"]
+    else:
+        raise UserError(f"{where}: unknown record form (keys: {', '.join(sorted(obj)) or 'none'}); expected "
+                        f"'messages', 'prompt'+'completion', 'instruction'+'input'+'output', or 'text'")
+    if not all(isinstance(f, str) for f in fields):
+        raise UserError(f"{where}: fields must be strings")
+    return {"id": rid, "prompt_messages": prompt, "response": response}
+
+
+def load_sft(path: Path) -> list[dict]:
+    records = [normalize_record(obj, f"{path}:{lineno}") | {"line": lineno} for lineno, obj in read_jsonl(path)]
+    if not records:
+        raise UserError(f"{path}: no records")
+    return records
+
+
+def render_prompt_and_response(tokenizer, record: dict) -> tuple[str, str]:
+    """Text of the prompt (ending where the model starts answering) and of the response.
+
+    With a chat template the response is the assistant content plus whatever the template
+    appends to close the turn (the end-of-turn token: the model must learn to stop).
+    """
+    msgs = record["prompt_messages"]
+    if getattr(tokenizer, "chat_template", None) and msgs:
+        prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": record["response"]}],
+                                             tokenize=False)
+        if not full.startswith(prompt):
+            raise UserError("the chat template does not render the prompt as a prefix of the conversation; "
+                            "pass a tokenizer whose template does")
+        return prompt, full[len(prompt):]
+    eos = tokenizer.eos_token or ""
+    if not msgs:
+        return "", record["response"] + eos
+    system = "\n".join(m["content"] for m in msgs if m["role"] == "system")
+    user = "\n\n".join(m["content"] for m in msgs if m["role"] != "system")
+    return PLAIN_PROMPT_TEMPLATE.format(system=system, user=user), record["response"] + eos
+
+
+def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
+    """Token ids of prompt + response, with the response tokens' character spans.
+
+    Prompt and response are tokenized separately so that the boundary is a token boundary
+    and the spans index into the response text. Returns input_ids (list), response_start
+    (index of the first response token), spans [(start, end)] per response token,
+    response_text, truncated (the response lost its tail to max_length).
+    """
+    prompt_text, response_text = render_prompt_and_response(tokenizer, record)
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"] if prompt_text else []
+    enc = tokenizer(response_text, add_special_tokens=False, return_offsets_mapping=True)
+    resp_ids, spans = enc["input_ids"], [tuple(s) for s in enc["offset_mapping"]]
+    room = max(0, max_length - len(prompt_ids))
+    truncated = len(resp_ids) > room
+    return {"input_ids": prompt_ids + resp_ids[:room], "response_start": len(prompt_ids),
+            "spans": spans[:room], "response_text": response_text, "truncated": truncated}

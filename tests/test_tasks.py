@@ -1,0 +1,287 @@
+"""The bundled task suite and SFT data (issue 2): schema, splits, reproducibility, nvcc
+compiles, gen.py/compare.py behaviour, and (GPU only) every reference program passing."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from cuset_common import (LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, SFT_FILE, SFT_KERNEL_FILE,
+                          TASKS_FILE, build_prompt, fence, load_tasks, read_jsonl)
+
+DTYPES = {"float32", "float64", "int32", "uint32", "int64", "uint8"}
+SPLITS = {"train", "eval", "pretrain"}
+JOBS = os.cpu_count() or 2
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[dict]:
+    return load_tasks(TASKS_FILE)
+
+
+def shape_of(buf: dict) -> tuple[int, ...]:
+    shape = ast.literal_eval(buf["shape"])
+    assert isinstance(shape, tuple) and shape and all(isinstance(d, int) and d > 0 for d in shape), buf
+    return shape
+
+
+def count_of(buf: dict) -> int:
+    return int(np.prod(shape_of(buf)))
+
+
+# ---------------------------------------------------------------------------------------
+# Schema and splits
+# ---------------------------------------------------------------------------------------
+
+
+def test_every_task_matches_the_schema(tasks):
+    for t in tasks:
+        where = f"task {t['id']}"
+        for key in ("id", "task_name", "task_description", "bench.cu", "gen.py", "compare.py",
+                    "level1_prompt", "level2_prompt", "level3_prompt", "split", "category", "op"):
+            assert isinstance(t[key], str) and t[key].strip(), f"{where}: {key} empty or not a string"
+        assert t["split"] in SPLITS, where
+        for buf in t["inputs"] + t["outputs"]:
+            assert set(buf) == {"name", "dtype", "shape"}, where
+            assert buf["dtype"] in DTYPES, where
+            shape_of(buf)
+            assert f'"data/{buf["name"]}.bin"' in t["bench.cu"], f"{where}: bench.cu never touches {buf['name']}"
+        assert t["outputs"], where
+        km = t["kernel_mode"]
+        assert km["harness.cu"].count(km["marker"]) == 1, f"{where}: marker must appear once"
+        assert km["signatures"] and km["launch"].strip(), where
+        for sig in km["signatures"]:
+            assert sig.startswith("__global__ void "), f"{where}: {sig}"
+            assert sig in km["reference_kernels"], f"{where}: signature not in reference kernels: {sig}"
+
+
+def test_ids_are_unique(tasks):
+    dup = [i for i, c in Counter(t["id"] for t in tasks).items() if c > 1]
+    assert not dup
+
+
+def test_suite_size_and_splits(tasks):
+    by_split = Counter(t["split"] for t in tasks)
+    categories = {t["category"] for t in tasks}
+    assert len(tasks) >= 120, len(tasks)
+    assert len(categories) >= 10, categories
+    assert by_split["train"] >= 80 and by_split["eval"] >= 30 and by_split["pretrain"] >= 1, by_split
+    # Eval measures generalisation within a category, so each eval category is trained on.
+    train_categories = {t["category"] for t in tasks if t["split"] == "train"}
+    assert {t["category"] for t in tasks if t["split"] == "eval"} <= train_categories
+
+
+def test_splits_are_disjoint_by_operation(tasks):
+    ops = {s: {t["op"] for t in tasks if t["split"] == s} for s in SPLITS}
+    assert not ops["train"] & ops["eval"]
+    assert not ops["train"] & ops["pretrain"]
+    assert not ops["eval"] & ops["pretrain"]
+    # Held-out means held-out: no eval task shares a task name with a train task either.
+    names = {s: {t["task_name"] for t in tasks if t["split"] == s} for s in SPLITS}
+    assert not names["train"] & names["eval"]
+
+
+@pytest.mark.parametrize("script", ["build_tasks.py", "build_sft.py"])
+def test_builders_reproduce_committed_files_byte_for_byte(script):
+    r = subprocess.run([sys.executable, str(ROOT / "data" / script), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# SFT data
+# ---------------------------------------------------------------------------------------
+
+
+def test_sft_data_is_built_from_train_tasks_with_the_shared_prompt_builder(tasks):
+    by_id = {t["id"]: t for t in tasks}
+    records = [r for _, r in read_jsonl(SFT_FILE)]
+    train_ids = {t["id"] for t in tasks if t["split"] == "train"}
+    assert {(r["task_id"], r["level"]) for r in records} == {(i, lv) for i in train_ids for lv in LEVELS}
+    for r in records:
+        task = by_id[r["task_id"]]
+        system, user, assistant = r["messages"]
+        assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant"]
+        assert user["content"] == build_prompt(task, r["level"], "standalone")
+        assert assistant["content"] == fence(task["bench.cu"])
+
+
+def test_kernel_mode_sft_variant_covers_every_level(tasks):
+    by_id = {t["id"]: t for t in tasks}
+    records = [r for _, r in read_jsonl(SFT_KERNEL_FILE)]
+    assert {r["level"] for r in records} == set(LEVELS)
+    assert {r["task_id"] for r in records} == {t["id"] for t in tasks if t["split"] == "train"}
+    for r in records:
+        task = by_id[r["task_id"]]
+        assert r["messages"][1]["content"] == build_prompt(task, r["level"], "kernel")
+        assert r["messages"][2]["content"] == fence(task["kernel_mode"]["reference_kernels"])
+        assert "int main" not in r["messages"][2]["content"]
+
+
+# ---------------------------------------------------------------------------------------
+# nvcc
+# ---------------------------------------------------------------------------------------
+
+
+def kernel_mode_source(task: dict, kernels: str) -> str:
+    km = task["kernel_mode"]
+    return km["harness.cu"].replace(km["marker"], kernels)
+
+
+def nvcc(source: str, workdir: Path, arch: list[str]) -> tuple[Path, subprocess.CompletedProcess]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    src, exe = workdir / "prog.cu", workdir / "prog"
+    src.write_text(source)
+    r = subprocess.run(["nvcc", *NVCC_FLAGS, *arch, str(src), "-o", str(exe)], capture_output=True, text=True,
+                       timeout=600)
+    return exe, r
+
+
+def test_nvcc_is_available():
+    assert shutil.which("nvcc"), "nvcc (CUDA toolkit) must be on PATH for the compile tests"
+
+
+def test_every_reference_program_and_harness_compiles(tasks, tmp_path):
+    jobs = [(t["id"], "bench.cu", t["bench.cu"]) for t in tasks]
+    jobs += [(t["id"], "harness", kernel_mode_source(t, t["kernel_mode"]["reference_kernels"])) for t in tasks]
+
+    def build(job):
+        tid, kind, source = job
+        _, r = nvcc(source, tmp_path / tid / kind.replace(".", "_"), NVCC_DEFAULT_ARCH)
+        return f"{tid} {kind}:\n{r.stderr[-1500:]}" if r.returncode else None
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        failures = [f for f in pool.map(build, jobs) if f]
+    assert not failures, f"{len(failures)} of {len(jobs)} failed to compile:\n" + "\n".join(failures[:5])
+
+
+# ---------------------------------------------------------------------------------------
+# gen.py and compare.py
+# ---------------------------------------------------------------------------------------
+
+
+def run_script(code: str, cwd: Path, name: str) -> subprocess.CompletedProcess:
+    path = cwd / name
+    path.write_text(code)
+    return subprocess.run([sys.executable, name], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def compare(task: dict, cwd: Path) -> str:
+    r = run_script(task["compare.py"], cwd, "compare.py")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def perturb(ref: np.ndarray) -> np.ndarray:
+    out = ref.copy()
+    i = out.size // 3
+    out.flat[i] = out.flat[i] + (1 if out.dtype.kind in "iu" else 1.0 + 10.0 * abs(float(out.flat[i])))
+    return out
+
+
+def check_gen_and_compare(task: dict, workdir: Path) -> list[str]:
+    workdir.mkdir(parents=True)
+    problems = []
+    r = run_script(task["gen.py"], workdir, "gen.py")
+    if r.returncode:
+        return [f"gen.py failed: {r.stderr[-800:]}"]
+    data = workdir / "data"
+    for buf, suffix in [(b, "") for b in task["inputs"]] + [(b, "_ref") for b in task["outputs"]]:
+        path = data / f"{buf['name']}{suffix}.bin"
+        want = count_of(buf) * np.dtype(buf["dtype"]).itemsize
+        if not path.exists() or path.stat().st_size != want:
+            problems.append(f"{path.name}: expected {want} bytes")
+    if problems:
+        return problems
+    first = task["outputs"][0]
+    out_path = data / f"{first['name']}.bin"
+    for buf in task["outputs"]:
+        shutil.copy(data / f"{buf['name']}_ref.bin", data / f"{buf['name']}.bin")
+    if (got := compare(task, workdir)) != "T":
+        problems.append(f"reference output judged {got!r}")
+    ref = np.fromfile(data / f"{first['name']}_ref.bin", dtype=first["dtype"])
+    for label, bad in [("zeros", np.zeros_like(ref)), ("perturbed", perturb(ref))]:
+        bad.tofile(out_path)
+        if (got := compare(task, workdir)) != "F":
+            problems.append(f"{label} output judged {got!r}")
+    out_path.unlink()
+    if (got := compare(task, workdir)) != "F":
+        problems.append(f"missing output judged {got!r}")
+    return problems
+
+
+def test_gen_writes_declared_files_and_compare_judges_correctly(tasks, tmp_path):
+    def check(task):
+        problems = check_gen_and_compare(task, tmp_path / task["id"])
+        shutil.rmtree(tmp_path / task["id"], ignore_errors=True)  # 1M-element files add up
+        return f"{task['id']}: " + "; ".join(problems) if problems else None
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        failures = [f for f in pool.map(check, tasks) if f]
+    assert not failures, "\n".join(failures[:10])
+
+
+def test_gen_is_deterministic(tasks, tmp_path):
+    task = tasks[0]
+    digests = []
+    for run in ("a", "b"):
+        d = tmp_path / run
+        d.mkdir()
+        assert run_script(task["gen.py"], d, "gen.py").returncode == 0
+        digests.append({p.name: p.read_bytes() for p in sorted((d / "data").iterdir())})
+    assert digests[0] == digests[1]
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: every reference program really passes its own check.
+# ---------------------------------------------------------------------------------------
+
+
+def run_reference_on_gpu(task: dict, exe: Path, workdir: Path) -> tuple[str, str]:
+    """gen.py in one folder; the binary in a separate folder holding only the inputs; compare."""
+    gen_dir, run_dir = workdir / "gen", workdir / "run"
+    gen_dir.mkdir(parents=True)
+    (run_dir / "data").mkdir(parents=True)
+    r = run_script(task["gen.py"], gen_dir, "gen.py")
+    assert r.returncode == 0, r.stderr
+    for buf in task["inputs"]:
+        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
+    r = subprocess.run([str(exe)], cwd=run_dir, capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        return "runtime_error", r.stderr[-800:]
+    for buf in task["outputs"]:
+        src = run_dir / "data" / f"{buf['name']}.bin"
+        if src.exists():
+            shutil.copy(src, gen_dir / "data")
+    verdict = run_script(task["compare.py"], gen_dir, "compare.py")
+    return verdict.stdout.strip(), verdict.stderr[-800:] + r.stdout[-400:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["standalone", "kernel"])
+def test_every_reference_passes_on_gpu(tasks, tmp_path, mode):
+    def check(task):
+        d = tmp_path / task["id"]
+        source = task["bench.cu"] if mode == "standalone" else kernel_mode_source(
+            task, task["kernel_mode"]["reference_kernels"])
+        exe, r = nvcc(source, d / "build", NVCC_NATIVE_ARCH)
+        if r.returncode:
+            return f"{task['id']}: compile error {r.stderr[-800:]}"
+        verdict, log = run_reference_on_gpu(task, exe, d)
+        if mode == "kernel" and verdict == "T" and "CUSET_TIMING candidate_ms=" not in log:
+            return f"{task['id']}: no timing line"
+        shutil.rmtree(d, ignore_errors=True)
+        return None if verdict == "T" else f"{task['id']}: {verdict} {log}"
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        failures = [f for f in pool.map(check, tasks) if f]
+    print(f"{mode}: {len(tasks) - len(failures)}/{len(tasks)} reference programs pass on the GPU")
+    assert not failures, f"{len(failures)} of {len(tasks)} fail:\n" + "\n".join(failures[:10])
