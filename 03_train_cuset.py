@@ -1,0 +1,489 @@
+"""Stage 03: supervised fine-tuning with the CuSeT loss and its baselines, in a plain PyTorch loop.
+
+Inputs:  a causal LM (--model), SFT data (--data), and for the cuset objectives the regions
+         artifact of stage 02 (--regions: region mask per response token, weight per sample).
+Outputs: --out/ with the trained model (save_pretrained, safetensors) and tokenizer,
+         meta.json (args, hashes of data and regions, versions, final step), log.jsonl (one
+         line per step), and resume/ (optimizer, step) for --resume.
+
+    python 03_train_cuset.py                                   # tiny model, bundled data, cuset
+    python 03_train_cuset.py --objective sft --out data/artifacts/ckpt-sft
+    python 03_train_cuset.py --resume --out data/artifacts/ckpt-cuset      # continue a killed run
+    python 03_train_cuset.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl \\
+        --regions data/artifacts/regions-qwen --batch-size 64 --micro-batch-size 4 --lr 1e-5
+    torchrun --nproc_per_node 4 03_train_cuset.py --model ... --regions ...    # DDP
+
+Objectives (DESIGN.md, Objectives; our reconstruction of the paper's method), with
+l = -log q(gold), p = exp(-l) detached, N = response tokens in the global batch before masking:
+    sft           sum l / N
+    dft           sum p l / N                              (Dynamic Fine-Tuning)
+    profit        sum 1[p >= 0.1] l / N                    (ProFit, fixed threshold)
+    cuset         sum_i w_i sum_t m_it l_it / N,  m_it = 1[p_it >= kappa_i] or r_it
+    cuset-mask    cuset with w = 1                         (ablation)
+    cuset-weight  cuset with m = 1                         (ablation)
+kappa_i = min(tau_max, quantile_rho(p_i)) per sample, from the current model at each step
+(--mask-source online) or from the stage-01 profile (--mask-source profile).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, check_meta_matches, encode_sample,
+                          library_versions, load_sft, pick_device, read_artifact, run_main, sha256_file,
+                          tokenizer_fingerprint, write_text_atomic)
+
+OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
+REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
+DEFAULT_REGIONS = DATA / "artifacts" / "regions"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = ap.add_argument
+    a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
+    a("--data", type=Path, default=SFT_FILE, help="SFT JSONL (default: %(default)s)")
+    a("--regions", type=Path, default=DEFAULT_REGIONS, help="stage-02 artifact (default: %(default)s)")
+    a("--objective", choices=OBJECTIVES, default="cuset")
+    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/ckpt-<objective>)")
+    a("--max-length", type=int, default=None, help="tokens per sample (default: the regions artifact's, else 1024)")
+    a("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")
+    a("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
+    a("--batch-size", type=int, default=8, help="global batch in samples per optimizer step")
+    a("--micro-batch-size", type=int, default=4, help="samples per forward pass on one process")
+    a("--lr", type=float, default=3e-4, help="peak learning rate (default: %(default)s)")
+    a("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
+    a("--warmup-steps", type=int, default=None, help="linear warmup (default: 5%% of steps, at least 1)")
+    a("--weight-decay", type=float, default=0.0)
+    a("--grad-clip", type=float, default=1.0, help="max global grad norm; 0 disables")
+    a("--rho", type=float, default=0.2, help="quantile of p defining kappa_i (DESIGN.md)")
+    a("--tau-max", type=float, default=0.5, help="upper bound of kappa_i (DESIGN.md)")
+    a("--mask-source", choices=("online", "profile"), default="online")
+    a("--norm", choices=("all", "kept"), default="all", help="N counts all response tokens or only kept ones")
+    a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
+    a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
+    a("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    a("--save-every", type=int, default=50, help="steps between resume checkpoints")
+    a("--stop-after", type=int, default=None, help="stop after this many steps in this invocation (time slices)")
+    a("--resume", action="store_true", help="continue from --out/resume")
+    a("--force", action="store_true", help="overwrite --out; accept a regions artifact from other inputs")
+    a("--seed", type=int, default=0)
+    a("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
+    if args.micro_batch_size < 1 or args.batch_size < 1:
+        ap.error("--batch-size and --micro-batch-size must be positive")
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# The method: gold-token log-probs in chunks, the token mask, the loss.
+# ---------------------------------------------------------------------------------------
+
+
+def _chunk_gold_logp(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = (hidden @ weight.t()).float()  # [n, V], only ever one chunk of it
+    return logits.gather(1, labels[:, None]).squeeze(1) - torch.logsumexp(logits, dim=1)
+
+
+def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    """log q(labels) from last hidden states [B, L, d] and lm_head weight [V, d] -> [B, L].
+
+    Each chunk of positions is checkpointed: backward recomputes its [chunk, V] logits, so
+    neither forward nor backward ever holds logits for the whole batch (DESIGN.md, Memory).
+    """
+    b, length, d = hidden.shape
+    h, y = hidden.reshape(-1, d), labels.reshape(-1)
+    parts = [checkpoint(_chunk_gold_logp, h[s:s + chunk], weight, y[s:s + chunk], use_reentrant=False)
+             for s in range(0, h.shape[0], chunk)]
+    return torch.cat(parts).view(b, length)
+
+
+def per_sample_threshold(p: torch.Tensor, valid: torch.Tensor, rho: float, tau_max: float) -> torch.Tensor:
+    """kappa_i = min(tau_max, quantile_rho(p_it over valid t)) for each row -> [B].
+
+    Quantile with linear interpolation (torch.quantile's default). A row with no valid
+    token gets tau_max (it has nothing to mask anyway).
+    """
+    kappa = torch.full((p.shape[0],), tau_max, dtype=torch.float32, device=p.device)
+    for i in range(p.shape[0]):
+        row = p[i][valid[i]].float()
+        if row.numel():
+            kappa[i] = min(tau_max, torch.quantile(row, rho).item())
+    return kappa
+
+
+def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, *, rho: float,
+              tau_max: float, profit_threshold: float) -> torch.Tensor:
+    """Which response tokens contribute to the loss, [B, L] bool (before weighting).
+
+    cuset / cuset-mask: m_it = 1[p_it >= kappa_i] or r_it -- confident tokens are kept
+    (leveraged), low-confidence tokens are dropped unless they lie in a CUDA-sensitive
+    region (preserved). profit: 1[p >= threshold]. Others keep every response token.
+    """
+    if objective in ("cuset", "cuset-mask"):
+        kappa = per_sample_threshold(p, valid, rho, tau_max)
+        return valid & ((p >= kappa[:, None]) | region)
+    if objective == "profit":
+        return valid & (p >= profit_threshold)
+    return valid
+
+
+def objective_loss(logp: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, weight: torch.Tensor,
+                   n_tokens: float, objective: str, *, p_mask: torch.Tensor | None = None, rho: float = 0.2,
+                   tau_max: float = 0.5, profit_threshold: float = 0.1) -> tuple[torch.Tensor, dict]:
+    """The loss of one micro-batch, already divided by the global normaliser N.
+
+    logp   [B, L] log q(gold) (with grad); valid [B, L] bool response tokens;
+    region [B, L] bool r_it; weight [B] w_i; n_tokens N (global batch, counted by the caller);
+    p_mask [B, L] probabilities the mask is computed from (default exp(logp), detached:
+    the online, adaptive threshold). Formulas in the module docstring (DESIGN.md).
+    Returns (loss, stats) with stats as sums, so that they add up over micro-batches.
+    """
+    nll = -logp
+    p = logp.detach().exp()
+    p_mask = p if p_mask is None else p_mask
+    keep = keep_mask(objective, p_mask, valid, region, rho=rho, tau_max=tau_max, profit_threshold=profit_threshold)
+    w = weight if objective in ("cuset", "cuset-weight") else torch.ones_like(weight)
+    coef = keep.float() * w[:, None].float()  # [B, L]
+    if objective == "dft":
+        coef = coef * p
+    loss = (coef * nll).sum() / n_tokens
+    stats = {"tokens": valid.sum().item(), "kept": keep.sum().item(), "region": (region & valid).sum().item(),
+             "weight_sum": (w[:, None] * valid).sum().item(), "nll_sum": (nll * valid).sum().item()}
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------
+# Data: tokenized samples aligned with the regions artifact.
+# ---------------------------------------------------------------------------------------
+
+
+def load_regions(args, tok_fp: str, data_sha: str) -> dict | None:
+    """Region mask and weights per sample, checked against this run's tokenizer and data."""
+    if args.objective not in REGION_OBJECTIVES and args.mask_source != "profile":
+        return None
+    hint = "python 02_label_regions.py (after python 01_profile.py) with this --model and --data"
+    if not (args.regions / "meta.json").exists():
+        raise UserError(f"--objective {args.objective} needs the regions artifact of stage 02, not found at "
+                        f"{args.regions}; run {hint}, or pass --regions")
+    tensors, meta = read_artifact(args.regions, "02_label_regions", hint)
+    check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+                        "data_sha256": meta.get("data", {}).get("sha256")},
+                       {"tokenizer_fingerprint": tok_fp, "data_sha256": data_sha}, args.regions, hint, args.force)
+    out = {"meta": meta, "offsets": tensors["sample_offsets"], "region": tensors["region_id"] >= 0,
+           "weight": tensors["sample_weight"]}
+    if args.mask_source == "profile":
+        prof_dir = Path(meta["profile"]["path"])
+        prof, _ = read_artifact(prof_dir, "01_profile", "python 01_profile.py")
+        out["p0"] = prof["confidence"]
+    return out
+
+
+def tokenize_dataset(records: list[dict], tokenizer, max_length: int, regions: dict | None) -> list[dict]:
+    """encode_sample for every record (the same tokenization as stage 01), plus its region slice."""
+    samples = []
+    for i, rec in enumerate(records):
+        enc = encode_sample(tokenizer, rec, max_length)
+        n_resp = len(enc["input_ids"]) - enc["response_start"]
+        s = {"input_ids": enc["input_ids"], "start": enc["response_start"], "weight": 1.0,
+             "region": np.zeros(n_resp, dtype=bool), "p0": None}
+        if regions is not None:
+            lo, hi = int(regions["offsets"][i]), int(regions["offsets"][i + 1])
+            if hi - lo != n_resp:
+                raise UserError(f"{rec.get('id')}: {n_resp} response tokens here but {hi - lo} in the regions "
+                                f"artifact; rerun stages 01 and 02 with the same --max-length and data")
+            s.update(region=regions["region"][lo:hi], weight=float(regions["weight"][i]),
+                     p0=regions["p0"][lo:hi] if "p0" in regions else None)
+        samples.append(s)
+    return samples
+
+
+def collate(samples: list[dict], pad_id: int, device: str) -> dict:
+    """Right-padded batch. Position t predicts token t+1, so targets are input_ids shifted."""
+    length = max(len(s["input_ids"]) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, length), dtype=torch.long)
+    valid = torch.zeros((b, length - 1), dtype=torch.bool)  # over target positions
+    region = torch.zeros((b, length - 1), dtype=torch.bool)
+    p0 = torch.ones((b, length - 1), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n, start = len(s["input_ids"]), s["start"]
+        ids[i, :n] = torch.tensor(s["input_ids"])
+        attn[i, :n] = 1
+        # response token j sits at position start + j and is predicted from position start + j - 1
+        lo, hi = max(start - 1, 0), n - 1
+        first = 1 if start == 0 else 0  # with no prompt the very first token has no predictor
+        valid[i, lo:hi] = True
+        region[i, lo:hi] = torch.from_numpy(np.asarray(s["region"][first:], dtype=bool))
+        if s["p0"] is not None:
+            p0[i, lo:hi] = torch.from_numpy(np.asarray(s["p0"][first:], dtype=np.float32))
+    weight = torch.tensor([s["weight"] for s in samples], dtype=torch.float32)
+    return {k: v.to(device) for k, v in dict(ids=ids, attn=attn, valid=valid, region=region, p0=p0,
+                                             weight=weight).items()}
+
+
+class GoldLogProbs(torch.nn.Module):
+    """Model body + chunked lm_head -> log q(next token) [B, L-1]. DDP wraps this module."""
+
+    def __init__(self, model, chunk: int):
+        super().__init__()
+        self.model, self.chunk = model, chunk
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, L, d]
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise UserError("lm_head with a bias is not supported by the chunked loss")
+        return gold_logprobs(hidden[:, :-1], head.weight, ids[:, 1:], self.chunk)
+
+
+# ---------------------------------------------------------------------------------------
+# Loop plumbing: distributed setup, schedule, checkpoints.
+# ---------------------------------------------------------------------------------------
+
+
+def setup_distributed(device_arg: str) -> tuple[int, int, str]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, pick_device(device_arg)
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_arg)
+    if device.startswith("cuda"):
+        device = f"cuda:{local}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return rank, world, device
+
+
+def lr_at(step: int, total: int, warmup: int, peak: float, min_ratio: float) -> float:
+    """Linear warmup to `peak`, then cosine decay to peak * min_ratio at `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def batch_order(n: int, batch: int, epoch: int, seed: int) -> list[list[int]]:
+    """This epoch's global batches: a seeded shuffle, the last partial batch dropped."""
+    g = torch.Generator().manual_seed(seed + epoch)
+    perm = torch.randperm(n, generator=g).tolist()
+    return [perm[i:i + batch] for i in range(0, n - batch + 1, batch)]
+
+
+def save_resume(out: Path, model, optimizer, step: int, log_lines: list[str]) -> None:
+    """Everything --resume needs, swapped in atomically: a kill mid-save keeps the previous state."""
+    tmp, old, final = out / ".resume.tmp", out / ".resume.old", out / "resume"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp / "state.pt")
+    (tmp / "log.jsonl").write_text("".join(log_lines))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)  # left by a kill after an earlier swap
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_resume(out: Path, model, optimizer) -> tuple[int, list[str]]:
+    state_dir = out / "resume"
+    if not state_dir.exists():  # killed between the two renames of save_resume
+        state_dir = out / ".resume.old"
+    if not (state_dir / "state.pt").exists():
+        raise UserError(f"--resume: no resume state in {state_dir}; start without --resume")
+    state = torch.load(state_dir / "state.pt", map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"], (state_dir / "log.jsonl").read_text().splitlines(keepends=True)
+
+
+def prepare_out(args) -> None:
+    if args.resume:
+        return
+    if args.out.exists() and any(args.out.iterdir()) and not args.force:
+        raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, "
+                        f"--force to overwrite it, or another --out")
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = parse_args(argv)
+    rank, world, device = setup_distributed(args.device)
+    if args.batch_size % (world * args.micro_batch_size):
+        raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x --micro-batch-size "
+                        f"({world} x {args.micro_batch_size})")
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+
+    # Load and validate inputs before any work.
+    records = load_sft(args.data)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tok_fp, data_sha = tokenizer_fingerprint(tokenizer), sha256_file(args.data)
+    regions = load_regions(args, tok_fp, data_sha)
+    max_length = args.max_length or (regions["meta"]["max_length"] if regions else 1024)
+    if regions and max_length != regions["meta"]["max_length"]:
+        raise UserError(f"--max-length {max_length} differs from the regions artifact's "
+                        f"{regions['meta']['max_length']}; region masks would not line up")
+    if rank == 0:
+        prepare_out(args)
+    samples = tokenize_dataset(records, tokenizer, max_length, regions)
+    if len(samples) < args.batch_size:
+        raise UserError(f"{args.data}: {len(samples)} samples, fewer than --batch-size {args.batch_size}")
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device)
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    net = GoldLogProbs(model, args.chunk_size)
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+    steps_per_epoch = len(samples) // args.batch_size
+    total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
+    step, log_lines = load_resume(args.out, model, optimizer) if args.resume else (0, [])
+    if rank == 0:
+        print(f"objective {args.objective} | {len(samples)} samples, max_length {max_length} | {total} steps of "
+              f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) | "
+              f"device {device}" + (f" | resumed at step {step}" if step else ""))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
+    t_start, tokens_seen, steps_run = time.time(), 0, 0
+
+    while step < total and (args.stop_after is None or steps_run < args.stop_after):
+        batch_ids = batch_order(len(samples), args.batch_size, step // steps_per_epoch, args.seed)[
+            step % steps_per_epoch]
+        mine = batch_ids[rank::world]  # this process's share of the global batch
+        micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]], tokenizer.pad_token_id, device)
+                 for i in range(0, len(mine), args.micro_batch_size)]
+        # N: response tokens of the whole global batch, before masking (DESIGN.md, Objectives).
+        n_all = sum(len(samples[j]["input_ids"]) - max(samples[j]["start"], 1) for j in batch_ids)
+        n_norm = float(n_all) if args.norm == "all" else count_kept(net, micro, args, knobs, autocast, world)
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
+        stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
+        for k, mb in enumerate(micro):
+            sync = world == 1 or k == len(micro) - 1
+            ctx = net.no_sync() if (world > 1 and not sync) else torch.enable_grad()
+            with ctx:
+                with autocast:
+                    logp = net(mb["ids"], mb["attn"])
+                p_mask = mb["p0"] if args.mask_source == "profile" else None
+                loss, s = objective_loss(logp, mb["valid"], mb["region"], mb["weight"], max(n_norm, 1.0),
+                                         args.objective, p_mask=p_mask, **knobs)
+                # DDP averages gradients over processes; our loss is already a global sum / N.
+                (loss * world).backward()
+            s["loss"] = loss.item()
+            for key in stats:
+                stats[key] += s[key]
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, steps_run = step + 1, steps_run + 1
+        stats = all_reduce_stats(stats, world)
+        tokens_seen += stats["tokens"]
+        if rank == 0:
+            log_lines.append(log_step(step, total, stats, optimizer, tokens_seen, t_start, steps_run))
+            stopping = args.stop_after is not None and steps_run >= args.stop_after
+            if step % args.save_every == 0 or step == total or stopping:
+                save_resume(args.out, model, optimizer, step, log_lines)
+
+    if rank == 0:
+        write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
+        if step >= total:
+            save_final(args, model, tokenizer, step, tok_fp, data_sha, max_length)
+        print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+@torch.no_grad()
+def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) -> float:
+    """--norm kept: N = kept tokens of the global batch, from a no-grad pass with the same weights."""
+    kept = 0
+    for mb in micro:
+        with autocast:
+            logp = net(mb["ids"], mb["attn"])
+        p = mb["p0"] if args.mask_source == "profile" else logp.float().exp()
+        kept += keep_mask(args.objective, p, mb["valid"], mb["region"], **knobs).sum().item()
+    if world > 1:
+        t = torch.tensor([kept], dtype=torch.float64)
+        dist.all_reduce(t)
+        kept = t.item()
+    return float(kept)
+
+
+def all_reduce_stats(stats: dict, world: int) -> dict:
+    if world == 1:
+        return stats
+    keys = sorted(stats)
+    t = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def log_step(step: int, total: int, stats: dict, optimizer, tokens_seen: float, t_start: float, steps_run: int) -> str:
+    elapsed = time.time() - t_start
+    n = max(stats["tokens"], 1)
+    row = {"step": step, "loss": round(stats["loss"], 6), "nll": round(stats["nll_sum"] / n, 6),
+           "masked_share": round(1 - stats["kept"] / n, 4), "region_share": round(stats["region"] / n, 4),
+           "weight_mean": round(stats["weight_sum"] / n, 4), "lr": optimizer.param_groups[0]["lr"],
+           "tokens": int(stats["tokens"])}
+    eta = elapsed / steps_run * (total - step)
+    print(f"step {step:>5}/{total} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | masked {row['masked_share']:.1%} "
+          f"| region {row['region_share']:.1%} | w {row['weight_mean']:.3f} | lr {row['lr']:.2e} "
+          f"| {tokens_seen / elapsed:,.0f} tok/s | ETA {eta:,.0f}s", flush=True)
+    return json.dumps(row) + "\n"
+
+
+def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, max_length: int) -> None:
+    """Model + tokenizer + meta.json, written to a temp folder and then moved into --out."""
+    tmp = args.out / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    regions_sha = sha256_file(args.regions / "tensors.safetensors") if (args.regions / "tensors.safetensors").exists() \
+        and args.objective in REGION_OBJECTIVES else None
+    meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective,
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "model": args.model, "tokenizer_fingerprint": tok_fp, "data": {"path": str(args.data), "sha256": data_sha},
+            "regions": {"path": str(args.regions), "sha256": regions_sha}, "max_length": max_length,
+            "final_step": step, "versions": library_versions()}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    for f in tmp.iterdir():
+        os.replace(f, args.out / f.name)
+    tmp.rmdir()
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
