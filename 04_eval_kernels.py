@@ -1,0 +1,572 @@
+"""Stage 04: generate CUDA for each task, compile with nvcc, run sandboxed on the GPU, score.
+
+Inputs:  a model (--model: hub id, local folder or stage-03 checkpoint) or completions made
+         elsewhere (--solutions), or the tasks' own references (--reference); a
+         CUDABench-format task file (--tasks; the real CUDABench JSONL works unchanged).
+Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, summary.md,
+         completions.jsonl (what the model wrote). Rerunning with the same --out resumes.
+
+    python 04_eval_kernels.py                                   # tiny model, bundled eval split
+    python 04_eval_kernels.py --model data/artifacts/ckpt-cuset --num-samples 5 --temperature 0.8
+    python 04_eval_kernels.py --mode kernel --levels 1          # kernels into the fixed harness, timed
+    python 04_eval_kernels.py --reference --split eval          # the references themselves (100% on a GPU)
+    python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
+
+Protocol (DESIGN.md, Evaluation): extract the code block -> nvcc (fixed flags, parallel,
+timeout) -> gen.py in its own folder -> the binary in a fresh sandbox folder that holds only
+the inputs -> compare.py on its outputs. Outcomes: no_code, compile_error, runtime_error,
+timeout, wrong_output, pass. Without a GPU the stage compiles only, and says so.
+
+Sandbox (generated code is untrusted): every compile and run gets its own folder, a
+wall-clock timeout that kills the whole process group, resource limits (CPU time, file
+size, processes, core dumps), a scrubbed environment, and, when started as root, a private
+network and mount namespace (private /tmp, /var/tmp, /dev/shm) and an unprivileged uid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
+                          UserError, build_messages, load_tasks, read_jsonl, render_prompt_and_response, run_main,
+                          write_jsonl_atomic, write_text_atomic)
+
+OUTCOMES = ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
+COMPILED_ONLY = "compiled"  # the outcome of a program that compiled where no GPU could run it
+FAST_P = (0.0, 1.0, 1.5)
+SANDBOX_UID = 61234  # unprivileged uid for untrusted programs when we run as root (no passwd entry needed)
+LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = ap.add_argument
+    a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
+    a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
+    a("--split", default="eval", help="task split to use; 'all' for every task (default: %(default)s)")
+    a("--levels", default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
+    a("--mode", choices=("standalone", "kernel"), default="standalone")
+    a("--num-samples", type=int, default=1, help="samples per task and level (k of pass@k)")
+    a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    a("--top-p", type=float, default=0.95)
+    a("--max-new-tokens", type=int, default=1024)
+    a("--gen-batch-size", type=int, default=8, help="prompts per generate call")
+    a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
+    a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
+    a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
+    a("--run-timeout", type=float, default=30.0, help="seconds per program run")
+    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--solutions", type=Path, help="JSONL of completions made elsewhere: task_id, level, "
+                                                     "sample, completion")
+    src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
+    a("--device", default="auto", help="device for generation: auto | cpu | cuda")
+    args = ap.parse_args(argv)
+    try:
+        args.levels = sorted({int(x) for x in args.levels.split(",")})
+    except ValueError:
+        ap.error(f"--levels must be comma-separated integers, got {args.levels!r}")
+    if not set(args.levels) <= set(LEVELS):
+        ap.error(f"--levels must be within {LEVELS}")
+    if args.out is None:
+        name = "reference" if args.reference else (args.solutions.stem if args.solutions else Path(args.model).name)
+        args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# ---------------------------------------------------------------------------------------
+# Code extraction
+# ---------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.S)
+
+
+def extract_code(reply: str, mode: str) -> str | None:
+    """The code block to compile, or None when the reply holds no usable code.
+
+    Prefers a fenced block containing `__global__` (and `main(` in standalone mode), then any
+    block with `__global__`; an unclosed final fence counts as a block. Without fences, the
+    whole reply is used only if it looks like CUDA (has `__global__`).
+    """
+    blocks = [m.group(2) for m in FENCE.finditer(reply)]
+    def wanted(b: str) -> bool:
+        return "__global__" in b and (mode == "kernel" or re.search(r"\bmain\s*\(", b) is not None)
+    for pick in (wanted, lambda b: "__global__" in b):
+        found = [b for b in blocks if pick(b)]
+        if found:
+            return max(found, key=len).strip() + "\n"
+    if not blocks and "__global__" in reply:
+        return reply.strip() + "\n"
+    return None
+
+
+def program_source(task: dict, code: str, mode: str) -> str:
+    if mode == "standalone":
+        return code
+    km = task["kernel_mode"]
+    return km["harness.cu"].replace(km["marker"], code)
+
+
+# ---------------------------------------------------------------------------------------
+# Sandbox
+# ---------------------------------------------------------------------------------------
+
+
+def gpu_name() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _limits(cpu_s: int, file_mb: int, nproc: int):
+    def apply():
+        os.setsid()  # own process group: the timeout kills everything it started
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def _scrubbed_env(home: Path) -> dict[str, str]:
+    keep = ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "LANG")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(HOME=str(home), TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+    return env
+
+
+def _isolated(cmd: list[str], drop_uid: bool) -> list[str]:
+    """As root: private network, PID and mount namespaces; the mount namespace's /tmp, /var/tmp and /dev/shm are fresh
+    and empty except for the sandbox folder itself, bound back at its own path; with drop_uid,
+    the unprivileged SANDBOX_UID. Elsewhere the command runs as it is (limits still apply).
+    """
+    if not is_root():
+        return cmd
+    script = ('P="$(pwd)" && mount -t tmpfs -o size=256m tmpfs /tmp && mount -t tmpfs -o size=64m tmpfs /var/tmp'
+              ' && mount -t tmpfs -o size=64m tmpfs /dev/shm && mkdir -p "$P"'
+              # mount's own cwd is still the real folder: bind it (uncanonicalized) over the new, empty path
+              ' && mount --no-canonicalize --bind /proc/self/cwd "$P" && cd "$P" && exec ')
+    if drop_uid:
+        script += f"setpriv --reuid={SANDBOX_UID} --regid={SANDBOX_UID} --clear-groups --no-new-privs -- "
+    # --pid: when the program (the namespace's init) dies, the kernel kills everything it spawned.
+    return ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--", "sh", "-c", script + '"$@"', "sh",
+            *cmd]
+
+
+def _kill_everything(proc: subprocess.Popen) -> None:
+    """Kill the program and all it spawned, and return only once they are gone.
+
+    As root the program is the init of its own PID namespace: killing it makes the kernel kill
+    every process in the namespace, and unshare exits only after that. Elsewhere the process
+    group is killed (a process that left the group escapes; the resource limits still hold).
+    """
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except FileNotFoundError:
+        children = []
+    for child in children:
+        try:
+            os.kill(int(child), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)  # unshare reaps the namespace init after the kernel emptied the namespace
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _drain(stream, keep: list, limit: int) -> None:
+    """Read a pipe to the end, keeping the first and last `limit` bytes: megabytes of output are cut."""
+    head, tail, total = b"", b"", 0
+    for chunk in iter(lambda: stream.read(65536), b""):
+        total += len(chunk)
+        if len(head) < limit:
+            head += chunk[: limit - len(head)]
+        tail = (tail + chunk)[-limit:]
+    text = head.decode(errors="replace")
+    if total > limit:
+        text += f"\n[... {total - limit} bytes cut ...]\n" + tail[-(limit // 2):].decode(errors="replace")
+    keep.append(text)
+
+
+def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, as_sandbox_user: bool, cpu_s: int = 120,
+                  file_mb: int = 512, nproc: int = 256) -> tuple[int | None, str]:
+    """Run cmd in cwd under the sandbox; returns (exit status, or None on timeout; head+tail of output).
+
+    as_sandbox_user: generated code and its compiler run as SANDBOX_UID (when root). Task
+    scripts (gen.py, compare.py) keep our uid, since the interpreter may live where that uid
+    cannot read, but get the same namespaces, limits, timeout and scrubbed environment.
+    """
+    if as_sandbox_user and is_root():
+        for p in [cwd, *cwd.rglob("*")]:
+            os.chown(p, SANDBOX_UID, SANDBOX_UID)
+    proc = subprocess.Popen(_isolated(cmd, as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_limits(cpu_s, file_mb, nproc))
+    out: list[str] = []
+    reader = threading.Thread(target=_drain, args=(proc.stdout, out, LOG_KEEP // 2), daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    _kill_everything(proc)
+    reader.join(timeout=5)
+    return code, out[0] if out else ""
+
+
+# ---------------------------------------------------------------------------------------
+# Compile, generate data, run, compare
+# ---------------------------------------------------------------------------------------
+
+
+def compile_program(source: str, workdir: Path, arch: list[str], timeout: float) -> tuple[Path | None, str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "prog.cu").write_text(source)
+    code, log = run_sandboxed(["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"], workdir, timeout,
+                              as_sandbox_user=True, cpu_s=int(timeout) + 5, nproc=512)
+    ok = code == 0 and (workdir / "prog").exists()
+    return (workdir / "prog" if ok else None), ("compile timeout" if code is None else log)
+
+
+def prepare_task_data(task: dict, folder: Path, timeout: float) -> None:
+    """Run gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates)."""
+    folder.mkdir(parents=True)
+    (folder / "data").mkdir()
+    (folder / "gen.py").write_text(task["gen.py"])
+    code, log = run_sandboxed([sys.executable, "gen.py"], folder, timeout, as_sandbox_user=False,
+                              cpu_s=int(timeout) + 5)
+    if code != 0:
+        raise UserError(f"task {task['id']}: gen.py failed ({'timeout' if code is None else f'exit {code}'}):\n{log}")
+    os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
+
+
+def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float) -> tuple[str, str, dict]:
+    """Run a compiled candidate on the task's inputs, then compare. Returns (outcome, log, timing)."""
+    run_dir, cmp_dir = workdir / "run", workdir / "compare"
+    (run_dir / "data").mkdir(parents=True)
+    shutil.copy(exe, run_dir / "prog")
+    for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
+        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
+    code, log = run_sandboxed(["./prog"], run_dir, timeout, as_sandbox_user=True, cpu_s=int(timeout) + 5,
+                              nproc=64)
+    if code is None:
+        return "timeout", log, {}
+    if code != 0:
+        return "runtime_error", f"exit status {code}\n{log}", {}
+    shutil.copytree(gen_dir / "data", cmp_dir / "data")
+    for buf in task["outputs"]:
+        produced = run_dir / "data" / f"{buf['name']}.bin"
+        if produced.is_file() and not produced.is_symlink():
+            shutil.copy(produced, cmp_dir / "data" / produced.name)
+    (cmp_dir / "compare.py").write_text(task["compare.py"])
+    ccode, verdict = run_sandboxed([sys.executable, "compare.py"], cmp_dir, timeout, as_sandbox_user=False,
+                                   cpu_s=int(timeout) + 5)
+    timing = parse_timing(log)
+    lines = verdict.strip().splitlines()
+    passed = ccode == 0 and bool(lines) and lines[-1].strip() == "T"
+    return ("pass" if passed else "wrong_output"), log + "\n[compare] " + verdict, timing
+
+
+def parse_timing(log: str) -> dict:
+    m = re.search(r"CUSET_TIMING candidate_ms=([\d.eE+-]+) reference_ms=([\d.eE+-]+)", log)
+    if not m:
+        return {}
+    cand, ref = float(m.group(1)), float(m.group(2))
+    return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
+
+
+def clip(text: str) -> str:
+    return text if len(text) <= LOG_KEEP else text[: LOG_KEEP // 2] + "\n[...]\n" + text[-LOG_KEEP // 2:]
+
+
+# ---------------------------------------------------------------------------------------
+# Completions: from a model, from a file, or the references
+# ---------------------------------------------------------------------------------------
+
+
+def reference_completion(task: dict, mode: str) -> str:
+    from cuset_common import fence
+
+    return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
+
+
+def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
+    """--solutions JSONL: {task_id, level, sample, completion} per line; keys must name known jobs."""
+    found = {}
+    for lineno, obj in read_jsonl(path):
+        try:
+            key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
+            text = obj["completion"]
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{path}:{lineno}: each line needs task_id, level, sample (int) and completion") from None
+        if not isinstance(text, str):
+            raise UserError(f"{path}:{lineno}: completion must be a string")
+        if key in wanted:
+            found[key] = text
+    return found
+
+
+def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple, str]:
+    """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT data)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cuset_common import pick_device
+
+    device = pick_device(args.device)
+    tok = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+    prompts = sorted({(tid, level) for tid, level, _ in jobs})
+    out: dict[tuple, str] = {}
+    for i in range(0, len(prompts), args.gen_batch_size):
+        chunk = prompts[i:i + args.gen_batch_size]
+        texts = [render_prompt_and_response(tok, {"prompt_messages": build_messages(tasks_by_id[t], lv, args.mode),
+                                                  "response": ""})[0] for t, lv in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 \
+            else dict(do_sample=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_samples,
+                                 pad_token_id=tok.pad_token_id, **sampling)
+        replies = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        for j, (tid, level) in enumerate(chunk):
+            for s in range(args.num_samples):
+                out[(tid, level, s)] = replies[j * args.num_samples + s]
+        progress(len(chunk))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------
+
+
+def summarize(rows: list[dict], k: int, executed: bool) -> dict:
+    """Per level and per category: compile rate, pass@1, pass@k, speedups, fast_p."""
+    def group(key):
+        g = defaultdict(list)
+        for r in rows:
+            g[key(r)].append(r)
+        return g
+
+    def stats(rs: list[dict]) -> dict:
+        per_prompt = group(lambda r: (r["task_id"], r["level"]))
+        n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
+        out = {"rows": len(rs), "compile_rate": sum(r["outcome"] not in ("no_code", "compile_error") for r in rs)
+               / max(len(rs), 1)}
+        if executed:
+            out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
+            if k > 1:
+                out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
+            speed = [r["speedup"] for r in rs if r["outcome"] == "pass" and r.get("speedup")]
+            if speed:
+                out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
+            if any("speedup" in r for r in rs):
+                for p in FAST_P:
+                    out[f"fast_{p:g}"] = sum(r["outcome"] == "pass" and (r.get("speedup") or 0) > p
+                                             for r in rs) / max(len(rs), 1)
+        return out
+
+    return {"executed": executed, "num_samples": k,
+            "overall": stats(rows),
+            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, COMPILED_ONLY)},
+            "by_level": {f"L{lv}": stats(v) for lv, v in sorted(group(lambda r: r["level"]).items())},
+            "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())}}
+
+
+def summary_markdown(summary: dict, header: str) -> str:
+    cols = [c for c in summary["overall"] if c != "rows"]
+    lines = [header, "", "| group | rows | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    def row(name, s):
+        vals = [f"{s[c]:.3f}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in cols]
+        return f"| {name} | {s['rows']} | " + " | ".join(vals) + " |"
+    lines.append(row("**all**", summary["overall"]))
+    lines += [row(k, v) for k, v in summary["by_level"].items()]
+    lines += [row(k, v) for k, v in summary["by_category"].items()]
+    lines += ["", "Outcomes: " + ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())]
+    if not summary["executed"]:
+        lines += ["", "**No GPU: programs were compiled, not run.** Functional metrics need a GPU."]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+
+
+class Progress:
+    """One line per update with done/total, rate and ETA (stderr)."""
+
+    def __init__(self, what: str, total: int):
+        self.what, self.total, self.done, self.t0 = what, total, 0, time.time()
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        el = time.time() - self.t0
+        eta = el / self.done * (self.total - self.done) if self.done else 0
+        print(f"\r{self.what}: {self.done}/{self.total} | {el:,.0f}s | ETA {eta:,.0f}s", end="", file=sys.stderr,
+              flush=True)
+        if self.done >= self.total:
+            print(file=sys.stderr)
+
+
+def select_tasks(args) -> list[dict]:
+    tasks = load_tasks(args.tasks)
+    if args.split != "all":
+        if any("split" in t for t in tasks):
+            tasks = [t for t in tasks if t.get("split") == args.split]
+        # a file without splits (the real CUDABench) is used whole
+    if args.mode == "kernel":
+        missing = [str(t["id"]) for t in tasks if "kernel_mode" not in t]
+        if missing:
+            raise UserError(f"--mode kernel needs tasks with a kernel_mode harness; {len(missing)} have none "
+                            f"(e.g. {missing[0]}); use --mode standalone")
+    tasks = tasks[: args.limit] if args.limit else tasks
+    if not tasks:
+        raise UserError(f"{args.tasks}: no tasks in split {args.split!r}")
+    return tasks
+
+
+def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], gpu: bool, work: Path):
+    """Extract and compile one completion. Returns (row, executable or None, its folder or None)."""
+    tid, level, sample = job
+    row = {"task_id": tid, "level": level, "sample": sample, "mode": args.mode,
+           "category": task.get("category", "uncategorized"), "executed": gpu}
+    code = extract_code(completion, args.mode)
+    if code is None:
+        return row | {"outcome": "no_code", "log": clip(completion)}, None, None
+    workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
+    exe, log = compile_program(program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout)
+    if exe is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return row | {"outcome": "compile_error", "log": clip(log)}, None, None
+    if not gpu:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return row | {"outcome": COMPILED_ONLY, "log": ""}, None, None
+    return row, exe, workdir
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tasks = select_tasks(args)
+    by_id = {str(t["id"]): t for t in tasks}
+    jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
+    gpu = gpu_name()
+    arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
+    print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
+          f"mode {args.mode}")
+    print(f"GPU: {gpu} (compile for it, run, compare)" if gpu else
+          f"No GPU found: COMPILE ONLY (nvcc {' '.join(arch)}); functional metrics need a GPU")
+    if shutil.which("nvcc") is None:
+        raise UserError("nvcc not found on PATH; install the CUDA toolkit")
+
+    # Resume: keep finished rows made with the same capability (compile-only rows are redone on a GPU).
+    results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
+    done = {}
+    if results_path.exists():
+        done = {(r["task_id"], r["level"], r["sample"]): r for _, r in read_jsonl(results_path)
+                if r.get("executed") == bool(gpu) and r.get("mode") == args.mode}
+    completions = {(r["task_id"], r["level"], r["sample"]): r["completion"]
+                   for _, r in (read_jsonl(comp_path) if comp_path.exists() else [])}
+    todo = [j for j in jobs if j not in done]
+    print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
+
+    need = [j for j in todo if j not in completions]
+    if args.reference:
+        completions.update({j: reference_completion(by_id[j[0]], args.mode) for j in need})
+    elif args.solutions:
+        completions.update(load_solutions(args.solutions, set(need)))
+        completions.update({j: "" for j in need if j not in completions})  # missing answer = no code
+    elif need:
+        completions.update(generate(args, by_id, need, Progress("generate (prompts)", len({j[:2] for j in need}))))
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(comp_path, [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
+                                   for j, c in sorted(completions.items())])
+
+    rows = dict(done)
+    work = Path(tempfile.mkdtemp(prefix="cuset-eval-"))  # 0700: sandboxed programs cannot look around
+    try:
+        task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in todo}))}
+        for d in task_dirs.values():
+            d.mkdir()
+        compiling = Progress("compile", len(todo))
+
+        def build(job):
+            out = compile_job(by_id[job[0]], job, completions[job], args, arch, bool(gpu), task_dirs[job[0]])
+            compiling()
+            return job, out
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            built = list(pool.map(build, todo))
+        # Runs one at a time on the GPU, so that timings stay meaningful.
+        running = Progress("run", sum(exe is not None for _, (_, exe, _) in built))
+        for job, (row, exe, workdir) in built:
+            if exe is not None:
+                gen_dir = task_dirs[job[0]] / "gen"
+                if not gen_dir.exists():
+                    prepare_task_data(by_id[job[0]], gen_dir, args.run_timeout * 4)
+                outcome, log, timing = execute(by_id[job[0]], exe, gen_dir, workdir, args.run_timeout)
+                row = row | {"outcome": outcome, "log": clip(log)} | timing
+                shutil.rmtree(workdir, ignore_errors=True)
+                running()
+            rows[job] = row
+            if len(rows) % 20 == 0:  # partial results survive a kill
+                write_jsonl_atomic(results_path, [rows[j] for j in jobs if j in rows])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    final = [rows[j] for j in jobs]
+    write_jsonl_atomic(results_path, final)
+    summary = summarize(final, args.num_samples, bool(gpu))
+    summary["gpu"], summary["model"] = gpu, ("reference" if args.reference else str(args.solutions or args.model))
+    header = f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}"
+    md = summary_markdown(summary, header)
+    write_text_atomic(args.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(args.out / "summary.md", md)
+    print(md)
+    print(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

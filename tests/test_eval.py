@@ -1,0 +1,270 @@
+"""Stage 04 (issue 6): metrics, code extraction, compile-only references, resume, and the real
+sandbox path against hostile host-side programs; GPU tests for the full protocol."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from cuset_common import TASKS_FILE, load_tasks
+
+
+def load_stage():
+    spec = importlib.util.spec_from_file_location("eval_kernels", ROOT / "04_eval_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ev = load_stage()
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and the sandbox uid need root")
+
+
+# ---------------------------------------------------------------------------------------
+# pass@k and extraction
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,c,k", [(5, 0, 1), (5, 2, 1), (5, 2, 3), (6, 3, 2), (4, 4, 4), (7, 1, 5), (3, 1, 3)])
+def test_pass_at_k_matches_brute_force_enumeration(n, c, k):
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+    assert ev.pass_at_k(n, c, k) == pytest.approx(brute)
+
+
+KERNEL = "__global__ void k(float* y) { y[threadIdx.x] = 1.0f; }"
+PROGRAM = KERNEL + "\nint main() { return 0; }"
+
+
+@pytest.mark.parametrize("reply,mode,want", [
+    # several blocks: the one with __global__ and main wins in standalone mode
+    (f"Here:\n```bash\nnvcc a.cu\n```\n```cpp\n{KERNEL}\n```\n```cuda\n{PROGRAM}\n```\nDone.", "standalone", PROGRAM),
+    # kernel mode takes the __global__ block even without main
+    (f"```python\nprint(1)\n```\n```cpp\n{KERNEL}\n```", "kernel", KERNEL),
+    # standalone falls back to a block with __global__ when none has main
+    (f"```\n{KERNEL}\n```", "standalone", KERNEL),
+    # prose only
+    ("I would use a grid-stride loop and shared memory.", "standalone", None),
+    # a fenced block without CUDA
+    ("```python\nimport numpy\n```", "kernel", None),
+    # unclosed final fence (generation hit max tokens)
+    (f"Sure.\n```cpp\n{PROGRAM}", "standalone", PROGRAM),
+    # no fence but plainly CUDA
+    (PROGRAM, "standalone", PROGRAM),
+])
+def test_code_extraction_on_tricky_replies(reply, mode, want):
+    got = ev.extract_code(reply, mode)
+    assert (got.strip() if got else None) == (want.strip() if want else None)
+
+
+# ---------------------------------------------------------------------------------------
+# Compile-only references and resume
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["standalone", "kernel"])
+def test_reference_compile_only_on_the_eval_split_compiles_everything(tmp_path, mode, capsys):
+    out = tmp_path / "ev"
+    assert ev.main(["--reference", "--split", "eval", "--levels", "1", "--mode", mode, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    n_eval = sum(t["split"] == "eval" for t in load_tasks(TASKS_FILE))
+    assert summary["overall"]["rows"] == n_eval
+    assert summary["overall"]["compile_rate"] == 1.0, summary["outcomes"]
+    printed = capsys.readouterr().out
+    if not summary["executed"]:
+        assert "COMPILE ONLY" in printed and "No GPU" in (out / "summary.md").read_text()
+    assert len((out / "results.jsonl").read_text().splitlines()) == n_eval
+
+
+def test_rerun_with_the_same_out_keeps_finished_rows(tmp_path):
+    out = tmp_path / "ev"
+    base = ["--reference", "--split", "train", "--levels", "1", "--out", str(out)]
+    assert ev.main([*base, "--limit", "2"]) == 0
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    rows[0]["log"] = "kept from the first run"
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ev.main([*base, "--limit", "3"]) == 0
+    again = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(again) == 3 and again[0]["log"] == "kept from the first run"
+
+
+def test_solutions_file_is_scored_and_missing_answers_are_no_code(tmp_path):
+    tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
+    sols = tmp_path / "sols.jsonl"
+    sols.write_text(json.dumps({"task_id": tasks[0]["id"], "level": 1, "sample": 0,
+                                "completion": "```cpp\n" + tasks[0]["bench.cu"] + "\n```"}) + "\n"
+                    + json.dumps({"task_id": tasks[1]["id"], "level": 1, "sample": 0,
+                                  "completion": "```cpp\n__global__ void broken( {\n```"}) + "\n")
+    out = tmp_path / "ev"
+    assert ev.main(["--solutions", str(sols), "--split", "eval", "--levels", "1,2", "--limit", "2",
+                    "--out", str(out)]) == 0
+    by = {(r["task_id"], r["level"]): r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert by[(tasks[0]["id"], 1)]["outcome"] in ("compiled", "pass")
+    assert by[(tasks[1]["id"], 1)]["outcome"] == "compile_error" and "error" in by[(tasks[1]["id"], 1)]["log"]
+    assert by[(tasks[0]["id"], 2)]["outcome"] == "no_code"
+
+
+def test_malformed_solutions_line_is_reported_with_file_and_line(tmp_path, capsys):
+    sols = tmp_path / "sols.jsonl"
+    sols.write_text('{"task_id": "x", "level": 1, "sample": 0, "completion": "a"}\n{"task_id": "y"}\n')
+    code = ev.run_main(ev.main, ["--solutions", str(sols), "--limit", "1", "--out", str(tmp_path / "o")])
+    assert code == 2 and f"{sols}:2" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# The sandbox against hostile host-side programs (compiled by nvcc, run through execute()).
+# ---------------------------------------------------------------------------------------
+
+TOY_TASK = {
+    "id": "toy_double", "inputs": [{"name": "x", "dtype": "float32", "shape": "(1024,)"}],
+    "outputs": [{"name": "y", "dtype": "float32", "shape": "(1024,)"}],
+    "gen.py": "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n"
+              "x = np.arange(1, 1025, dtype=np.float32)\nx.tofile('data/x.bin')\n(2 * x).tofile('data/y_ref.bin')\n",
+    "compare.py": "import os\nimport numpy as np\n"
+                  "ok = os.path.exists('data/y.bin') and np.array_equal(np.fromfile('data/y.bin', np.float32), "
+                  "np.fromfile('data/y_ref.bin', np.float32))\nprint('T' if ok else 'F')\n",
+}
+
+HONEST = r"""
+#include <cstdio>
+int main() {
+    float x[1024];
+    FILE* f = fopen("data/x.bin", "rb"); if (!f || fread(x, 4, 1024, f) != 1024) return 1; fclose(f);
+    for (int i = 0; i < 1024; ++i) x[i] *= 2.0f;
+    f = fopen("data/y.bin", "wb"); fwrite(x, 4, 1024, f); fclose(f);
+    return 0;
+}
+"""
+
+ENDLESS = "int main() { volatile unsigned long n = 0; for (;;) ++n; }"
+FORK_BOMB = "#include <unistd.h>\nint main() { for (;;) fork(); }"
+SEGFAULT = "int main() { volatile int* p = nullptr; *p = 1; return 0; }"
+EXIT_3 = "#include <cstdlib>\nint main() { exit(3); }"
+FLOOD = "#include <cstdio>\nint main() { for (int i = 0; i < 400000; ++i) puts(\"all work and no play makes a kernel\"); }"
+
+
+def steal_program(ref_paths: list[str]) -> str:
+    """Tries every path to the reference output; copies the first it can open to data/y.bin."""
+    tries = "".join(f'    if (!f) {{ f = fopen("{p}", "rb"); if (f) printf("opened {p}\\n"); }}\n' for p in ref_paths)
+    return ("#include <cstdio>\nint main() {\n    FILE* f = nullptr;\n" + tries +
+            '    if (!f) { puts("no reference reachable"); return 0; }\n    float y[1024];\n'
+            '    size_t n = fread(y, 4, 1024, f); fclose(f);\n'
+            '    FILE* o = fopen("data/y.bin", "wb"); fwrite(y, 4, n, o); fclose(o);\n    return 0;\n}\n')
+
+
+def escape_program(targets: list[str]) -> str:
+    writes = "".join(f'    f = fopen("{t}", "w"); printf("{t}: %s\\n", f ? "WROTE" : "denied"); if (f) fclose(f);\n'
+                     for t in targets)
+    return "#include <cstdio>\nint main() {\n    FILE* f;\n" + writes + "    return 0;\n}\n"
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """A task folder laid out as main() lays it out: gen data prepared once, one workdir per program."""
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    gen_dir = work / "task-0" / "gen"
+    ev.prepare_task_data(TOY_TASK, gen_dir, timeout=60)
+
+    def run(source: str, timeout: float = 20.0):
+        workdir = Path(ev.tempfile.mkdtemp(dir=gen_dir.parent))
+        exe, log = ev.compile_program(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120)
+        assert exe is not None, log
+        return ev.execute(TOY_TASK, exe, gen_dir, workdir, timeout)
+
+    run.gen_dir = gen_dir
+    return run
+
+
+def live_sandbox_processes() -> list[str]:
+    """Processes of the sandbox uid that are not zombies (a dead child of an init that does not reap
+    is only a process-table entry)."""
+    live = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and p.stat().st_uid == ev.SANDBOX_UID \
+                    and (p / "stat").read_text().split(") ")[-1][:1] != "Z":
+                live.append(p.name)
+        except FileNotFoundError:
+            pass
+    return live
+
+
+def test_an_honest_program_passes_through_the_sandbox(sandbox):
+    outcome, log, _ = sandbox(HONEST)
+    assert outcome == "pass", log
+
+
+def test_an_endless_loop_times_out(sandbox):
+    outcome, _, _ = sandbox(ENDLESS, timeout=3)
+    assert outcome == "timeout"
+
+
+@root_only
+def test_a_process_spawning_loop_is_contained(sandbox):
+    outcome, _, _ = sandbox(FORK_BOMB, timeout=3)
+    assert outcome in ("timeout", "runtime_error")
+    assert live_sandbox_processes() == []  # nothing it spawned survives
+    assert subprocess.run(["true"]).returncode == 0  # and the machine still forks
+
+
+@root_only
+def test_writes_outside_the_sandbox_fail(sandbox, tmp_path):
+    tag = uuid.uuid4().hex
+    targets = [f"/tmp/cuset-escape-{tag}", f"{tmp_path}/escape-{tag}", f"{ROOT}/escape-{tag}",
+               f"../escape-{tag}", f"/var/tmp/cuset-escape-{tag}"]
+    outcome, log, _ = sandbox(escape_program(targets))
+    assert outcome == "wrong_output"
+    for t in targets:
+        path = Path(t) if t.startswith("/") else None
+        assert path is None or not path.exists(), f"{t} was written: {log}"
+    assert not list(tmp_path.rglob(f"escape-{tag}"))
+
+
+def test_the_reference_output_is_not_reachable(sandbox):
+    gen_ref = sandbox.gen_dir / "data" / "y_ref.bin"
+    outcome, log, _ = sandbox(steal_program(["data/y_ref.bin", "../../gen/data/y_ref.bin",
+                                             "../gen/data/y_ref.bin", str(gen_ref)]))
+    assert outcome == "wrong_output", log
+    assert "no reference reachable" in log
+
+
+def test_megabytes_of_output_are_truncated(sandbox):
+    outcome, log, _ = sandbox(FLOOD)
+    assert outcome == "wrong_output"
+    assert "bytes cut" in log and len(log) < 3 * ev.LOG_KEEP
+
+
+@pytest.mark.parametrize("source", [SEGFAULT, EXIT_3], ids=["segfault", "exit-3"])
+def test_crashes_are_runtime_errors(sandbox, source):
+    outcome, log, _ = sandbox(source)
+    assert outcome == "runtime_error", log
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the full protocol
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["standalone", "kernel"])
+def test_reference_passes_everything_on_the_gpu(tmp_path, mode):
+    out = tmp_path / "ev"
+    assert ev.main(["--reference", "--split", "eval", "--levels", "1", "--mode", mode, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    print(mode, summary["overall"], summary["outcomes"])
+    assert summary["executed"] and summary["overall"]["pass@1"] == 1.0, summary["outcomes"]
+    if mode == "kernel":
+        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        assert all(r.get("speedup") for r in rows)
