@@ -49,6 +49,9 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -344,7 +347,8 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
 
     Prompt and response are tokenized separately so that the boundary is a token boundary
     and the spans index into the response text. Returns input_ids (list), response_start
-    (index of the first response token), spans [(start, end)] per response token,
+    (index of the first response token, i.e. of the first predicted one), spans [(start, end)]
+    per response token from response_start on,
     response_text, truncated (the response lost its tail to max_length).
     """
     prompt_text, response_text = render_prompt_and_response(tokenizer, record)
@@ -353,5 +357,8 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
     resp_ids, spans = enc["input_ids"], [tuple(s) for s in enc["offset_mapping"]]
     room = max(0, max_length - len(prompt_ids))
     truncated = len(resp_ids) > room
-    return {"input_ids": prompt_ids + resp_ids[:room], "response_start": len(prompt_ids),
-            "spans": spans[:room], "response_text": response_text, "truncated": truncated}
+    start, spans = len(prompt_ids), spans[:room]
+    if start == 0 and spans:  # `text` form: nothing predicts the first token, it is context only (assumption)
+        start, spans = 1, spans[1:]
+    return {"input_ids": prompt_ids + resp_ids[:room], "response_start": start,
+            "spans": spans, "response_text": response_text, "truncated": truncated}

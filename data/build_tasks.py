@@ -15,14 +15,15 @@ The output is deterministic: running this again reproduces the file byte for byt
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 from taskgen import FAMILIES
 from taskgen.core import OpSpec, render_task, to_jsonl_line
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
+from cuset_common import write_text_atomic  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "tasks" / "tasks.jsonl"
 
@@ -42,14 +43,6 @@ def collect_specs() -> list[OpSpec]:
 
 def render_all(specs: list[OpSpec]) -> str:
     return "".join(to_jsonl_line(render_task(s)) for s in specs)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def summary(specs: list[OpSpec]) -> str:
@@ -75,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         same = args.out.exists() and args.out.read_text(encoding="utf-8") == text
         print(f"{args.out}: {'up to date' if same else 'STALE, run python data/build_tasks.py'}")
         return 0 if same else 1
-    write_atomic(args.out, text)
+    write_text_atomic(args.out, text)
     print(f"wrote {args.out}")
     print(summary(specs))
     return 0
