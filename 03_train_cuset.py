@@ -227,12 +227,11 @@ def collate(samples: list[dict], pad_id: int, device: str) -> dict:
         ids[i, :n] = torch.tensor(s["input_ids"])
         attn[i, :n] = 1
         # response token j sits at position start + j and is predicted from position start + j - 1
-        lo, hi = max(start - 1, 0), n - 1
-        first = 1 if start == 0 else 0  # with no prompt the very first token has no predictor
+        lo, hi = start - 1, n - 1
         valid[i, lo:hi] = True
-        region[i, lo:hi] = torch.from_numpy(np.asarray(s["region"][first:], dtype=bool))
+        region[i, lo:hi] = torch.from_numpy(np.asarray(s["region"], dtype=bool))
         if s["p0"] is not None:
-            p0[i, lo:hi] = torch.from_numpy(np.asarray(s["p0"][first:], dtype=np.float32))
+            p0[i, lo:hi] = torch.from_numpy(np.asarray(s["p0"], dtype=np.float32))
     weight = torch.tensor([s["weight"] for s in samples], dtype=torch.float32)
     return {k: v.to(device) for k, v in dict(ids=ids, attn=attn, valid=valid, region=region, p0=p0,
                                              weight=weight).items()}
@@ -385,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]], tokenizer.pad_token_id, device)
                  for i in range(0, len(mine), args.micro_batch_size)]
         # N: response tokens of the whole global batch, before masking (DESIGN.md, Objectives).
-        n_all = sum(len(samples[j]["input_ids"]) - max(samples[j]["start"], 1) for j in batch_ids)
+        n_all = sum(len(samples[j]["input_ids"]) - samples[j]["start"] for j in batch_ids)
         n_norm = float(n_all) if args.norm == "all" else count_kept(net, micro, args, knobs, autocast, world)
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)

@@ -268,3 +268,28 @@ def test_reference_passes_everything_on_the_gpu(tmp_path, mode):
     if mode == "kernel":
         rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
         assert all(r.get("speedup") for r in rows)
+
+
+def mutate(task_id: str, old: str, new: str) -> tuple[dict, str]:
+    task = next(t for t in load_tasks(TASKS_FILE) if t["id"] == task_id)
+    kernels = task["kernel_mode"]["reference_kernels"]
+    assert old in kernels, f"{task_id}: mutation anchor {old!r} not found"
+    return task, "```cpp\n" + kernels.replace(old, new) + "\n```"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("task_id,old,new", [
+    ("square_1500007", "if (i < n)", "if (i < n - 1)"),  # the guard drops the last element
+    ("matmul_tiled_1000x750x900", "int kb = k0 + ty;", "int kb = ty;"),  # every step reads B's first tile
+], ids=["guard-skips-last", "wrong-tile"])
+def test_subtly_wrong_kernels_are_caught_on_the_gpu(tmp_path, task_id, old, new):
+    task, completion = mutate(task_id, old, new)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(task) + "\n")
+    sols = tmp_path / "sols.jsonl"
+    sols.write_text(json.dumps({"task_id": task_id, "level": 1, "sample": 0, "completion": completion}) + "\n")
+    out = tmp_path / "ev"
+    assert ev.main(["--tasks", str(tasks), "--split", "all", "--levels", "1", "--mode", "kernel",
+                    "--solutions", str(sols), "--out", str(out)]) == 0
+    row = json.loads((out / "results.jsonl").read_text())
+    assert row["outcome"] == "wrong_output", row

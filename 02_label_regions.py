@@ -1,0 +1,555 @@
+"""Stage 02: low-confidence CUDA-sensitive regions and region-aware sample weights.
+
+CuSeT's second level of CUDA sensitivity: the few sensitive tokens the base model predicts
+with LOW confidence cluster into regions (index arithmetic, guards, shared-memory staging,
+synchronization, write-back). This stage finds those regions in the stage-01 profile,
+gives each sample a weight from its region mass, reports the finding on the data (are
+sensitive tokens mostly confident? do the unconfident ones cluster more than chance?) and
+draws samples as an HTML page. The rules are our reconstruction (DESIGN.md "Regions").
+
+Inputs -> outputs:
+  profile artifact (01_profile.py; default data/artifacts/profile)
+  -> regions artifact (default data/artifacts/regions):
+     tensors.safetensors  region_id int32 [T] (-1 = none), region_category uint8 [R],
+                          region_start / region_end int64 [R] (flat token index, end exclusive),
+                          tau / sample_mass / sample_weight float32 [S], sample_offsets int64 [S+1]
+     meta.json            stage, args, model, tokenizer_fingerprint, data, max_length, categories,
+                          profile {path, meta_sha256}, counts, finding (the report's figures)
+     report.md            the finding (also printed)
+     regions.html         self-contained page: tokens shaded by confidence, regions outlined
+
+Commands:
+  python 02_label_regions.py                                   # bundled tiny model + data
+  python 02_label_regions.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl \\
+      --profile runs/profile --out runs/regions --rho 0.2 --tau-max 0.5 --gap 2
+  python 02_label_regions.py --no-snap-lines --html-samples 20
+--model and --data must name what 01_profile.py was run with, or the profile is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, check_meta_matches, read_artifact, read_jsonl,
+                          run_main, sha256_file, tokenizer_fingerprint, write_artifact)
+
+STAGE = "02_label_regions"
+PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
+                   "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}  # all [T]
+CATEGORY_COLORS = {1: "#7c3aed", 2: "#2563eb", 3: "#d97706", 4: "#0d9488", 5: "#db2777",  # HTML, by code
+                   6: "#65a30d", 7: "#0891b2", 8: "#64748b", 9: "#b91c1c"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder")
+    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder")
+    ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)")
+    ap.add_argument("--data", type=Path, default=SFT_FILE, help="SFT JSONL the profile was made from")
+    ap.add_argument("--rho", type=float, default=0.2, help="quantile of a sample's p0 for its threshold tau_i")
+    ap.add_argument("--tau-max", type=float, default=0.5, help="upper bound on tau_i")
+    ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
+    ap.add_argument("--alpha", type=float, default=1.0, help="weight slope: w = 1 + alpha * m / mean(m)")
+    ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
+    ap.add_argument("--snap-lines", action=argparse.BooleanOptionalAction, default=True,
+                    help="extend regions to whole source lines")
+    ap.add_argument("--permutations", type=int, default=100, help="shuffles for the clustering baseline")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the permutation baseline")
+    ap.add_argument("--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)")
+    ap.add_argument("--force", action="store_true", help="use a profile made from other inputs anyway")
+    args = ap.parse_args(argv)
+    if not (0.0 <= args.rho <= 1.0) or not (0.0 < args.tau_max <= 1.0):
+        raise UserError("--rho must lie in [0, 1] and --tau-max in (0, 1]")
+    if min(args.gap, args.alpha, args.permutations, args.html_samples) < 0 or args.w_max < 1.0:
+        raise UserError("--gap, --alpha, --permutations, --html-samples must be >= 0 and --w-max >= 1")
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# Load and validate the profile (DESIGN.md Artifacts: refuse foreign inputs before any work)
+# ---------------------------------------------------------------------------------------
+
+
+def same_model(a: str, b: str) -> bool:
+    """Model names match: equal strings, or two spellings of the same local folder."""
+    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
+
+
+def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict[int, str]]:
+    """(tensors, meta, samples, category names) of the profile; refused when foreign, inconsistent or made
+    from other inputs."""
+    hint = f"python 01_profile.py --model {args.model} --data {args.data} --out {args.profile}"
+    tensors, meta = read_artifact(args.profile, "01_profile", hint)
+    if not args.data.exists():
+        raise UserError(f"{args.data}: data file not found")
+    from transformers import AutoTokenizer  # late: a slow import, needed only for the fingerprint
+
+    try:
+        fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(args.model))
+    except OSError as e:
+        raise UserError(f"--model {args.model}: cannot load its tokenizer ({e})") from None
+    seen = {"model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
+            "data_sha256": (meta.get("data") or {}).get("sha256"),
+            "tokenizer_fingerprint": meta.get("tokenizer_fingerprint")}
+    expected = {"model": args.model, "data_sha256": sha256_file(args.data), "tokenizer_fingerprint": fingerprint}
+    check_meta_matches(seen, expected, args.profile, hint, args.force)
+    try:
+        samples = [s for _, s in read_jsonl(args.profile / "samples.jsonl")]
+    except UserError as e:
+        raise UserError(f"{e}; rerun {hint}") from None
+    if not all(isinstance(s.get("response_text"), str) for s in samples):
+        raise UserError(f"{args.profile}/samples.jsonl: a sample lacks its response_text; rerun {hint}")
+    check_profile_tensors(tensors, len(samples), args.profile, hint)
+    names = {int(k): v for k, v in sorted((meta.get("categories") or {}).items(), key=lambda kv: int(kv[0]))}
+    if not set(np.unique(tensors["sensitive"]).tolist()) <= {0, *names}:
+        raise UserError(f"{args.profile}: meta.json 'categories' lacks a code used in 'sensitive'; rerun {hint}")
+    return tensors, meta, samples, names
+
+
+def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> None:
+    """Names, dtypes, lengths and offsets as the artifact contract says."""
+    def bad(msg: str) -> UserError:
+        return UserError(f"{where}: {msg}; rerun {hint}")
+
+    for name, dtype in {**PROFILE_TENSORS, "sample_offsets": np.int64}.items():
+        if name not in t or t[name].dtype != dtype or t[name].ndim != 1:
+            raise bad(f"tensor {name} missing or not 1-D {np.dtype(dtype).name}")
+    off, n_tok = t["sample_offsets"], len(t["confidence"])
+    if any(len(t[k]) != n_tok for k in PROFILE_TENSORS):
+        raise bad("per-token tensors differ in length")
+    if len(off) != n_samples + 1 or off[0] != 0 or off[-1] != n_tok or np.any(np.diff(off) < 0):
+        raise bad(f"sample_offsets do not cover {n_tok} tokens in {n_samples} samples (samples.jsonl)")
+    if n_tok == 0:
+        raise bad("the profile holds no response tokens")
+    sample_of = np.repeat(np.arange(n_samples), np.diff(off))
+    line_steps = np.diff(t["line_index"].astype(np.int64))[sample_of[1:] == sample_of[:-1]]
+    if np.any(line_steps < 0):
+        raise bad("line_index decreases within a sample")
+
+
+# ---------------------------------------------------------------------------------------
+# Regions (DESIGN.md "Regions", our reconstruction), on flat arrays over all T response tokens
+# ---------------------------------------------------------------------------------------
+
+
+def adaptive_thresholds(p: np.ndarray, offsets: np.ndarray, rho: float, tau_max: float) -> np.ndarray:
+    """tau_i = min(tau_max, quantile_rho(p0 over sample i's tokens)), numpy's linear quantile; [S].
+
+    Assumption: a sample without response tokens gets tau = 0 (no token can be below it).
+    """
+    tau = np.zeros(len(offsets) - 1, dtype=np.float64)
+    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if b > a:  # a loop over samples: ~0.1 s per 1000 samples, small next to stage 01
+            tau[i] = min(tau_max, float(np.quantile(p[a:b], rho)))
+    return tau
+
+
+def grow_regions(low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Grow each seed over low-confidence neighbours (p0 < tau_i), bridging <= gap confident tokens.
+
+    Low tokens chain when they are in the same sample and at most gap + 1 positions apart; a
+    chain holding a seed is a region [first low token, last low token + 1). Returns (starts,
+    ends) int64 [R], sorted and disjoint.
+    """
+    idx = np.flatnonzero(low)  # [L] positions of low-confidence tokens
+    if len(idx) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    new_chain = np.ones(len(idx), dtype=bool)
+    new_chain[1:] = (np.diff(idx) > gap + 1) | (sample_of[idx[1:]] != sample_of[idx[:-1]])
+    chain = np.cumsum(new_chain) - 1  # [L] chain of each low token
+    first = np.flatnonzero(new_chain)
+    last = np.r_[first[1:], len(idx)] - 1
+    has_seed = np.bincount(chain, weights=seed[idx], minlength=len(first)) > 0
+    return idx[first][has_seed].astype(np.int64), idx[last][has_seed].astype(np.int64) + 1
+
+
+def snap_to_lines(starts: np.ndarray, ends: np.ndarray, line_index: np.ndarray, sample_of: np.ndarray):
+    """Extend [start, end) to every token on a line the region touches (a token's line: that of its first char).
+
+    The key (sample, line) never decreases along the flat arrays, so a sorted search finds a
+    line's first and last token without crossing into another sample.
+    """
+    key = sample_of.astype(np.int64) * (int(line_index.max()) + 1) + line_index  # [T]
+    return (np.searchsorted(key, key[starts], side="left").astype(np.int64),
+            np.searchsorted(key, key[ends - 1], side="right").astype(np.int64))
+
+
+def merge_overlaps(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of overlapping spans (sorted by start); spans that only touch stay apart."""
+    if len(starts) == 0:
+        return starts, ends
+    reach = np.maximum.accumulate(ends)  # furthest end so far
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] >= reach[:-1]
+    return starts[new], np.maximum.reduceat(ends, np.flatnonzero(new))
+
+
+def label_tokens(starts: np.ndarray, ends: np.ndarray, n_tokens: int) -> np.ndarray:
+    """region_id int32 [T]: r for tokens in [starts[r], ends[r]), -1 elsewhere (spans disjoint)."""
+    depth, opened = np.zeros(n_tokens + 1, np.int64), np.zeros(n_tokens + 1, np.int64)
+    np.add.at(depth, starts, 1)
+    np.add.at(depth, ends, -1)
+    np.add.at(opened, starts, 1)
+    inside = np.cumsum(depth)[:n_tokens] > 0
+    return np.where(inside, np.cumsum(opened)[:n_tokens] - 1, -1).astype(np.int32)
+
+
+def region_categories(region_id: np.ndarray, sensitive: np.ndarray, n_regions: int) -> np.ndarray:
+    """Majority category of each region's sensitive tokens, uint8 [R]; a tie goes to the lower code (assumption)."""
+    inside = (region_id >= 0) & (sensitive > 0)
+    counts = np.bincount(region_id[inside].astype(np.int64) * 10 + sensitive[inside],
+                         minlength=n_regions * 10).reshape(n_regions, 10)
+    return (np.argmax(counts[:, 1:], axis=1) + 1).astype(np.uint8)  # argmax picks the first maximum
+
+
+def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n_tok: np.ndarray) -> np.ndarray:
+    """m_i = sum over sample i's region tokens of (1 - p0), divided by n_i; [S] (0 for an empty sample)."""
+    summed = np.bincount(sample_of, weights=(1.0 - p) * (region_id >= 0), minlength=len(n_tok))
+    return summed / np.maximum(n_tok, 1)
+
+
+def sample_weights(mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float) -> np.ndarray:
+    """w_i = clip(1 + alpha * m_i / mean(m), 1, w_max), then rescaled so that sum_i n_i w_i / sum_i n_i = 1.
+
+    Assumption: mean(m) is over samples with response tokens; with no region anywhere every
+    weight is 1. The rescale only divides (the raw weights are >= 1), so w stays <= w_max.
+    """
+    mean_m = mass[n_tok > 0].mean()
+    raw = np.clip(1.0 + alpha * mass / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(mass)
+    return raw * n_tok.sum() / (n_tok * raw).sum()
+
+
+# ---------------------------------------------------------------------------------------
+# The finding: confidence of sensitive tokens, and clustering against a permutation baseline
+# ---------------------------------------------------------------------------------------
+
+
+def in_multi_token_run(low: np.ndarray, sample_of: np.ndarray, gap: int) -> np.ndarray:
+    """bool [T]: the token is low and another low token of its sample lies within gap + 1 positions,
+    i.e. exactly the low tokens whose chain in grow_regions holds >= 2 low tokens."""
+    idx = np.flatnonzero(low)  # [L] positions of low tokens
+    out = np.zeros(len(low), dtype=bool)
+    if len(idx) < 2:
+        return out
+    chained = (np.diff(idx) <= gap + 1) & (sample_of[idx[1:]] == sample_of[idx[:-1]])  # [L-1] low j and j+1
+    out[idx[np.r_[False, chained] | np.r_[chained, False]]] = True
+    return out
+
+
+def clustered_share(p, tau_t, sensitive, sample_of, gap: int) -> tuple[float, np.ndarray]:
+    """Share of low-confidence sensitive tokens (seeds) in multi-token runs: overall, and per category [10]."""
+    low = p < tau_t
+    seed = low & (sensitive > 0)
+    multi = in_multi_token_run(low, sample_of, gap) & seed
+    with np.errstate(invalid="ignore", divide="ignore"):  # a category without seeds: NaN
+        per_cat = np.bincount(sensitive[multi], minlength=10) / np.bincount(sensitive[seed], minlength=10)
+    return (multi.sum() / seed.sum() if seed.any() else np.nan), per_cat
+
+
+def permutation_baseline(p, tau_t, sensitive, sample_of, gap: int, n_perm: int, seed: int):
+    """clustered_share when each sample's confidences are shuffled over its own positions.
+
+    Tags, positions and each sample's tau stay fixed, so only where low confidence falls is
+    random. Returns (overall [n_perm], per category [n_perm, 10]).
+    """
+    rng = np.random.default_rng(seed)
+    overall, per_cat = np.zeros(n_perm), np.zeros((n_perm, 10))
+    for k in range(n_perm):
+        perm = np.argsort(sample_of + rng.random(len(p)))  # [T] a shuffle within each sample
+        overall[k], per_cat[k] = clustered_share(p[perm], tau_t, sensitive, sample_of, gap)
+    return overall, per_cat
+
+
+def p_value(observed: float, null: np.ndarray) -> float:
+    """One-sided permutation p-value (1 + #{null >= observed}) / (1 + n), over the shuffles where
+    the statistic is defined (a shuffle may leave a category without low tokens)."""
+    null = null[~np.isnan(null)]
+    if np.isnan(observed) or len(null) == 0:
+        return float("nan")
+    return float((1 + np.sum(null >= observed - 1e-12)) / (1 + len(null)))
+
+
+def mean(x) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if len(x) else float("nan")
+
+
+def spread(x) -> dict[str, float]:
+    """mean, sd and quantiles of x (NaN when x is empty)."""
+    q = np.quantile(x, [0, 0.1, 0.5, 0.9, 1]) if len(x) else [float("nan")] * 5
+    return {"mean": mean(x), "sd": float(np.std(x)) if len(x) else float("nan"),
+            **{k: float(v) for k, v in zip(("min", "p10", "median", "p90", "max"), q)}}
+
+
+def compute_finding(v: dict, names: dict[int, str], args) -> dict:
+    """Every figure of the report (also stored in meta.json). v holds the arrays of main():
+    [T] per token, [R] per region, [S] per sample; low confidence means p0 < tau of the sample."""
+    p, sens_code, tau_t, sample_of = v["p"], v["sensitive"], v["tau_t"], v["sample_of"]
+    low, sens, in_region, has = p < tau_t, sens_code > 0, v["region_id"] >= 0, v["n_tok"] > 0
+    obs, obs_cat = clustered_share(p, tau_t, sens_code, sample_of, args.gap)
+    null, null_cat = permutation_baseline(p, tau_t, sens_code, sample_of, args.gap, args.permutations, args.seed)
+    per_cat = {name: {"code": c, "tokens": int((sens_code == c).sum()), "high_conf_share": mean(~low[sens_code == c]),
+                      "mean_p": mean(p[sens_code == c]), "low_conf_tokens": int((low & (sens_code == c)).sum()),
+                      "clustered_share": float(obs_cat[c]), "baseline_mean": mean(null_cat[:, c]),
+                      "p_value": p_value(obs_cat[c], null_cat[:, c]), "regions": int((v["cats"] == c).sum())}
+               for c, name in names.items()}
+    starts, ends, line = v["starts"], v["ends"], v["line"]
+    return {
+        "tokens": len(p), "sensitive_tokens": int(sens.sum()), "low_conf_tokens": int(low.sum()),
+        "high_conf_share_sensitive": mean(~low[sens]), "high_conf_share_other": mean(~low[~sens]),
+        "above_tau_max_sensitive": mean(p[sens] >= args.tau_max), "above_tau_max_other": mean(p[~sens] >= args.tau_max),
+        "mean_entropy_sensitive": mean(v["entropy"][sens]), "mean_entropy_other": mean(v["entropy"][~sens]),
+        "sensitive_share_of_low": mean(sens[low]), "sensitive_share_of_all": mean(sens),
+        "clustered_share": float(obs), "baseline_mean": mean(null), "baseline_std": spread(null)["sd"],
+        "p_value": p_value(obs, null), "permutations": args.permutations, "per_category": per_cat,
+        "regions": {"count": len(starts), "tokens": int(in_region.sum()),
+                    "samples_with_regions": int(np.unique(sample_of[in_region]).size),
+                    "length_tokens": spread(ends - starts), "length_lines": spread(line[ends - 1] - line[starts] + 1)},
+        "weights": {**spread(v["weight"][has]), "mean_mass": mean(v["mass"][has]),
+                    "samples_above_1": int(np.sum(v["weight"][has] > 1.0)),
+                    "token_weighted_mean": float((v["weight"] * v["n_tok"]).sum() / v["n_tok"].sum())},
+    }
+
+
+def json_safe(x):
+    """NaN -> None, recursively (meta.json stays strict JSON)."""
+    if isinstance(x, dict):
+        return {k: json_safe(val) for k, val in x.items()}
+    return None if isinstance(x, float) and x != x else x
+
+
+def pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"  # x != x: NaN
+
+
+def num(x: float, digits: int = 3) -> str:
+    return "n/a" if x != x else f"{x:.{digits}f}"
+
+
+def render_report(f: dict, args, n_samples: int) -> str:
+    """The finding as Markdown (report.md, and stdout)."""
+    r, w, lt, ll = f["regions"], f["weights"], f["regions"]["length_tokens"], f["regions"]["length_lines"]
+    out = ["# CuSeT stage 02: regions and the finding", "",
+           f"Profile `{args.profile}`: {n_samples} samples, {f['tokens']} response tokens. Low confidence: p0 < tau_i "
+           f"= min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high confidence: the rest. Gap {args.gap}, "
+           f"line snapping {'on' if args.snap_lines else 'off'}.", "",
+           "## Level 1: how confidently are CUDA-sensitive tokens predicted?", "",
+           f"- sensitive tokens: {f['sensitive_tokens']} ({pct(f['sensitive_tokens'] / f['tokens'])} of response "
+           f"tokens)",
+           f"- high-confidence share: **{pct(f['high_conf_share_sensitive'])}** of sensitive tokens (other tokens: "
+           f"{pct(f['high_conf_share_other'])}); p0 >= {args.tau_max}: {pct(f['above_tau_max_sensitive'])} "
+           f"(other tokens: {pct(f['above_tau_max_other'])})",
+           f"- mean entropy: sensitive {num(f['mean_entropy_sensitive'])}, other {num(f['mean_entropy_other'])} nats",
+           f"- sensitive share of low-confidence tokens: **{pct(f['sensitive_share_of_low'])}** (of all tokens: "
+           f"{pct(f['sensitive_share_of_all'])})", "",
+           "## Level 2: do low-confidence sensitive tokens cluster into regions?", "",
+           f"- low-confidence sensitive tokens in multi-token runs (another low token within {args.gap + 1} "
+           f"positions): **{pct(f['clustered_share'])}**",
+           f"- permutation baseline (confidences shuffled within each sample, {f['permutations']} shuffles): "
+           f"mean {pct(f['baseline_mean'])} (sd {pct(f['baseline_std'])}), p = {num(f['p_value'], 4)}", "",
+           "| category | tokens | high-conf | mean p0 | low-conf | in runs | baseline | p | regions |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {c['code']} {name} | {c['tokens']} | {pct(c['high_conf_share'])} | {num(c['mean_p'])} | "
+            f"{c['low_conf_tokens']} | {pct(c['clustered_share'])} | {pct(c['baseline_mean'])} | "
+            f"{num(c['p_value'], 4)} | {c['regions']} |" for name, c in f["per_category"].items()]
+    cats = ", ".join(f"{n} {c['regions']} ({pct(c['regions'] / r['count'])})"
+                     for n, c in f["per_category"].items() if c["regions"])
+    out += ["", "## Regions", "",
+            f"- {r['count']} regions in {r['samples_with_regions']} of {n_samples} samples, covering {r['tokens']} "
+            f"tokens ({pct(r['tokens'] / f['tokens'])})",
+            f"- length: mean {num(lt['mean'], 1)} tokens (median {num(lt['median'], 1)}, max {num(lt['max'], 0)}), "
+            f"mean {num(ll['mean'], 2)} lines (max {num(ll['max'], 0)})",
+            f"- categories: {cats or 'none'}", "", "## Sample weights", "",
+            f"- w = clip(1 + {args.alpha} * m / mean(m), 1, {args.w_max}), rescaled to token-weighted mean "
+            f"{num(w['token_weighted_mean'], 4)}; mean region mass m {num(w['mean_mass'], 4)}",
+            f"- min {num(w['min'])}, p10 {num(w['p10'])}, median {num(w['median'])}, p90 {num(w['p90'])}, "
+            f"max {num(w['max'])}; {w['samples_above_1']} samples above 1", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# HTML page: self-contained (inline CSS, no scripts, no external assets)
+# ---------------------------------------------------------------------------------------
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1280px;color:#1f2937;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:15px;margin:0}
+.legend,.sample{border:1px solid #e5e7eb;border-radius:8px;padding:12px 16px;margin:14px 0;background:#fff}
+.legend p{margin:4px 0}.chip{display:inline-block;margin:2px 10px 2px 0;white-space:nowrap}
+.sw{display:inline-block;min-width:3.4em;text-align:center;font-size:12px;border:1px solid #e5e7eb;margin-right:-1px}
+.meta{color:#6b7280;font-size:12.5px;margin:2px 0 10px}
+.code{font:12.5px/1.55 ui-monospace,Menlo,Consolas,monospace;background:#fafafa;border-radius:6px;padding:8px 0}
+.ln{display:flex;white-space:pre-wrap;overflow-wrap:anywhere}
+.no{flex:0 0 3.2em;text-align:right;padding-right:10px;color:#9ca3af;user-select:none}
+.src{flex:1;padding-right:11.5em}
+.box{position:relative;margin:5px 6px 5px 0;border-radius:4px;box-shadow:0 0 0 2px var(--c);
+     background:color-mix(in srgb,var(--c) 6%,transparent)}
+.lbl{position:absolute;right:5px;top:2px;white-space:nowrap;font:600 10.5px/15px system-ui,sans-serif;color:#fff;
+     padding:0 6px;border-radius:3px;background:var(--c)}
+.s{border-bottom:2px solid var(--c)}.lo{font-weight:700}
+.trunc{color:#9ca3af;font-style:italic;padding-left:3.9em}
+"""
+
+
+def shade(p: float) -> str:
+    """Background of a token: red on a log scale, from none at p0 = 1 to full at p0 <= 1e-4.
+
+    Log, not linear: a weak model puts most tokens below 0.1 and a strong one most above 0.9,
+    and the page must tell 0.2 from 0.01 in both cases.
+    """
+    x = min(1.0, -np.log10(max(p, 1e-12)) / 4.0)
+    return f"rgba(239,68,68,{0.85 * x:.3f})"
+
+
+def display_lines(text: str, cs: np.ndarray, ce: np.ndarray) -> list[list[tuple[str, int]]]:
+    """The response text up to its last token, as lines of (piece, token index or -1) pieces.
+
+    A token spanning a newline is split into one piece per line; a token that is only a
+    newline is drawn as a space at the end of its line (so its shade shows); text that no
+    token covers is drawn unshaded (-1).
+    """
+    lines, pos = [[]], 0
+    for t in range(len(cs)):
+        a, b = max(int(cs[t]), pos), int(ce[t])
+        for piece, tok in ((text[pos:a], -1), (text[a:b], t)):
+            parts = piece.split("\n")
+            if tok >= 0 and not "".join(parts):
+                lines[-1].append((" ", tok))
+            for k, part in enumerate(parts):
+                if k:
+                    lines.append([])
+                if part:
+                    lines[-1].append((part, tok))
+        pos = max(pos, b)
+    return lines if len(cs) else []
+
+
+def region_boxes(los: list[int], his: list[int]) -> list[tuple[int, int, list[int]]]:
+    """Group regions (line ranges lo..hi, in order) into boxes (lo, hi, members): overlapping ranges share one."""
+    boxes: list[tuple[int, int, list[int]]] = []
+    for r, (lo, hi) in enumerate(zip(los, his)):
+        if boxes and lo <= boxes[-1][1]:
+            boxes[-1] = (boxes[-1][0], max(hi, boxes[-1][1]), boxes[-1][2] + [r])
+        else:
+            boxes.append((lo, hi, [r]))
+    return boxes
+
+
+def render_line(k: int, pieces: list[tuple[str, int]], a: int, v: dict, names: dict[int, str]) -> str:
+    """One source line: each token piece shaded by p0, underlined when sensitive, bold when low, with a tooltip."""
+    spans = []
+    for text, t in pieces:
+        if t < 0:
+            spans.append(html.escape(text))
+            continue
+        g = a + t
+        c, p, rid = int(v["sensitive"][g]), float(v["p"][g]), int(v["region_id"][g])
+        tip = f"p={p:.4f}" + (f" · {names[c]}" if c else "") + (f" · R{rid}" if rid >= 0 else "")
+        style = f"background:{shade(p)}" + (f";--c:{CATEGORY_COLORS[c]}" if c else "")
+        cls = " ".join(name for name, on in (("s", c), ("lo", p < v["tau_t"][g])) if on)
+        spans.append(f'<span{f" class={cls!r}" if cls else ""} style="{style}" title="{html.escape(tip)}">'
+                     f'{html.escape(text)}</span>')
+    return f'<div class="ln"><span class="no">{k + 1}</span><span class="src">{"".join(spans)}</span></div>'
+
+
+def render_sample(i: int, s: dict, v: dict, names: dict[int, str]) -> str:
+    """One sample: a header, then its lines; the lines of each region inside an outlined, labelled box."""
+    a, b = int(v["off"][i]), int(v["off"][i + 1])
+    lines = display_lines(s["response_text"], v["cs"][a:b], v["ce"][a:b])
+    rs = np.flatnonzero((v["starts"] >= a) & (v["starts"] < b))  # this sample's regions
+    boxes = region_boxes([int(v["line"][v["starts"][r]]) for r in rs], [int(v["line"][v["ends"][r] - 1]) for r in rs])
+    out, n = [], 0
+    for lo, hi, members in boxes + [(len(lines), len(lines), [])]:
+        out += [render_line(k, lines[k], a, v, names) for k in range(n, min(lo, len(lines)))]
+        if members:
+            cats = [int(v["cats"][rs[m]]) for m in members]
+            by_cat = {c: [f"R{rs[m]}" for m, cm in zip(members, cats) if cm == c] for c in cats}  # first-seen order
+            label = " · ".join(f"{' '.join(ids)} {names[c]}" for c, ids in by_cat.items())
+            out.append(f'<div class="box" style="--c:{CATEGORY_COLORS[cats[0]]}"><span class="lbl">'
+                       f'{html.escape(label)}</span>'
+                       + "".join(render_line(k, lines[k], a, v, names) for k in range(lo, hi + 1)) + "</div>")
+        n = hi + 1
+    head = (f"<h2>#{i} · {html.escape(str(s.get('id')))}</h2><div class='meta'>{b - a} response tokens · "
+            f"τ = {v['tau'][i]:.3g} · {len(rs)} regions · mass {v['mass'][i]:.4f} · "
+            f"weight {v['weight'][i]:.3f}</div>")
+    tail = "<div class='trunc'>… truncated at max_length</div>" if s.get("truncated") else ""
+    return f"<section class='sample'>{head}<div class='code'>{''.join(out)}{tail}</div></section>"
+
+
+def render_html(sections: list[str], f: dict, args, names: dict[int, str]) -> str:
+    swatches = "".join(f"<span class='sw' style='background:{shade(q)}'>{q:g}</span>"
+                       for q in (1e-4, 1e-3, 0.01, 0.1, 0.5, 1))
+    chips = "".join(f'<span class="chip"><span class="s" style="--c:{CATEGORY_COLORS[c]}">{c} {html.escape(n)}'
+                    f'</span></span>' for c, n in names.items())
+    snap = "snapped to whole lines" if args.snap_lines else "not snapped to lines"
+    legend = (f"<div class='legend'><p><b>Confidence</b> p0 of the gold token (log scale): {swatches} "
+              f"<span class='lo'>bold</span>: below the sample's τ. Hover a token for p0, category, region.</p>"
+              f"<p><b>CUDA-sensitive</b> tokens are underlined in their category colour: {chips}</p>"
+              f"<p><b>Regions</b>, outlined and labelled with id and category "
+              f"(<span class='lbl' style='--c:#2563eb;position:static'>R3 indexing</span>): runs of low-confidence "
+              f"tokens (p0 &lt; τ = min({args.tau_max}, quantile {args.rho} of the sample)) around sensitive ones, "
+              f"bridging up to {args.gap} confident tokens, {snap}.</p>"
+              f"<p>Finding: {pct(f['high_conf_share_sensitive'])} of sensitive tokens are high-confidence; "
+              f"{pct(f['clustered_share'])} of low-confidence sensitive tokens lie in multi-token runs "
+              f"(shuffled baseline {pct(f['baseline_mean'])}, p = {num(f['p_value'], 4)}).</p></div>")
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>CuSeT regions</title>"
+            f"<style>{CSS}</style></head><body><h1>CuSeT stage 02: low-confidence CUDA-sensitive regions</h1>"
+            f"<div class='meta'>profile {html.escape(str(args.profile))} · samples shown: {len(sections)}, "
+            f"highest region mass first</div>{legend}{''.join(sections)}</body></html>\n")
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t, meta, samples, names = load_profile(args)
+    p = t["confidence"].astype(np.float64)  # [T]
+    sensitive, line_index, off = t["sensitive"], t["line_index"].astype(np.int64), t["sample_offsets"]
+    n_tok = np.diff(off)  # [S]
+    sample_of = np.repeat(np.arange(len(n_tok)), n_tok)  # [T] sample of each token
+
+    tau = adaptive_thresholds(p, off, args.rho, args.tau_max)  # [S]
+    low = p < tau[sample_of]  # [T]
+    starts, ends = grow_regions(low, low & (sensitive > 0), sample_of, args.gap)  # [R]
+    if args.snap_lines:
+        starts, ends = merge_overlaps(*snap_to_lines(starts, ends, line_index, sample_of))
+    region_id = label_tokens(starts, ends, len(p))  # [T]
+    cats = region_categories(region_id, sensitive, len(starts))  # [R]
+    mass = region_mass(p, region_id, sample_of, n_tok)  # [S]
+    weight = sample_weights(mass, n_tok, args.alpha, args.w_max)  # [S]
+
+    v = {"off": off, "n_tok": n_tok, "sample_of": sample_of, "p": p, "entropy": t["entropy"].astype(np.float64),
+         "sensitive": sensitive, "line": line_index, "cs": t["char_start"], "ce": t["char_end"], "tau": tau,
+         "tau_t": tau[sample_of], "region_id": region_id, "starts": starts, "ends": ends, "cats": cats,
+         "mass": mass, "weight": weight}
+    finding = compute_finding(v, names, args)
+    report = render_report(finding, args, len(samples))
+    shown = np.argsort(-mass, kind="stable")[: args.html_samples].tolist()  # highest region mass first
+    page = render_html([render_sample(i, samples[i], v, names) for i in shown], finding, args, names)
+
+    tensors = {"region_id": region_id, "region_category": cats, "region_start": starts, "region_end": ends,
+               "tau": tau.astype(np.float32), "sample_mass": mass.astype(np.float32),
+               "sample_weight": weight.astype(np.float32), "sample_offsets": off.astype(np.int64)}
+    out_meta = {"stage": STAGE, "args": {k: str(a) if isinstance(a, Path) else a for k, a in vars(args).items()},
+                **{k: meta.get(k) for k in ("model", "tokenizer_fingerprint", "data", "max_length", "categories")},
+                "profile": {"path": str(args.profile), "meta_sha256": sha256_file(args.profile / "meta.json")},
+                "counts": {"samples": len(n_tok), "response_tokens": len(p), "regions": len(starts),
+                           "region_tokens": int((region_id >= 0).sum()), "seeds": int((low & (sensitive > 0)).sum())},
+                "finding": json_safe(finding)}
+    write_artifact(args.out, tensors, out_meta, {"report.md": report, "regions.html": page})
+    print(report)
+    print(f"wrote {args.out} ({len(starts)} regions; report.md, regions.html)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
