@@ -114,6 +114,19 @@ def test_solutions_file_is_scored_and_missing_answers_are_no_code(tmp_path):
     assert by[(tasks[0]["id"], 2)]["outcome"] == "no_code"
 
 
+def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
+    out = tmp_path / "ev"
+    assert ev.main(["--split", "eval", "--levels", "1,3", "--limit", "2", "--num-samples", "2", "--temperature",
+                    "0.8", "--max-new-tokens", "48", "--out", str(out)]) == 0
+    completions = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(completions) == len(rows) == 2 * 2 * 2
+    assert all(c["completion"].strip() for c in completions)
+    assert {r["outcome"] for r in rows} <= {*ev.OUTCOMES, ev.COMPILED_ONLY}
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["by_level"]) == {"L1", "L3"}
+
+
 def test_malformed_solutions_line_is_reported_with_file_and_line(tmp_path, capsys):
     sols = tmp_path / "sols.jsonl"
     sols.write_text('{"task_id": "x", "level": 1, "sample": 0, "completion": "a"}\n{"task_id": "y"}\n')
