@@ -2,7 +2,6 @@
 sandbox path against hostile host-side programs; GPU tests for the full protocol."""
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -14,18 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 from cuset_common import TASKS_FILE, load_tasks
 
 
-def load_stage():
-    spec = importlib.util.spec_from_file_location("eval_kernels", ROOT / "04_eval_kernels.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ev = load_stage()
+ev = load_script("04_eval_kernels.py")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and the sandbox uid need root")
 
 

@@ -7,7 +7,6 @@ The end-to-end test runs 01_profile.py on the tiny model and tests/fixtures/sft_
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -17,20 +16,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from conftest import load_script
 from cuset_common import ROOT, TINY_MODEL, sha256_file, tokenizer_fingerprint, write_artifact
 
 CATEGORIES = {"1": "signature", "2": "indexing", "3": "guard", "4": "shared_memory", "5": "synchronization",
               "6": "warp_atomic", "7": "launch", "8": "memory_api", "9": "write_back"}
 
 
-def load_stage(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace(".py", ""), ROOT / name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-stage = load_stage("02_label_regions.py")
+stage = load_script("02_label_regions.py")
 
 
 # ---------------------------------------------------------------------------------------
@@ -397,7 +390,7 @@ def test_end_to_end_on_the_tiny_model(tmp_path, capsys):
     missing = [p for p in (ROOT / "01_profile.py", TINY_MODEL / "model.safetensors", FIXTURE) if not p.exists()]
     if missing:
         pytest.skip(f"end-to-end needs {', '.join(str(p.relative_to(ROOT)) for p in missing)}")
-    profile = load_stage("01_profile.py")
+    profile = load_script("01_profile.py")
     assert profile.main(["--model", str(TINY_MODEL), "--data", str(FIXTURE), "--out", str(tmp_path / "profile"),
                          "--max-length", "256"]) == 0
     # The same model folder spelled differently (relative path) is the same model.

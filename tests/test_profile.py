@@ -6,7 +6,6 @@ truncation / no-response counting, and refusals (malformed line, unknown form, b
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import load_script
 from cuset_common import encode_sample, load_sft, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,14 +25,7 @@ SFT_SMALL = FIXTURES / "sft_small.jsonl"
 MAX_LEN = 384
 
 
-def load_stage():
-    spec = importlib.util.spec_from_file_location("profile_stage", ROOT / "01_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-stage = load_stage()
+stage = load_script("01_profile.py")
 
 
 def read_profile(out: Path) -> tuple[dict, dict, list[dict]]:

@@ -2,7 +2,6 @@
 input validation, and the checkpoint, on the bundled tiny model."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -15,22 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 from cuset_common import (SFT_FILE, TINY_MODEL, encode_sample, load_sft, sha256_file, tokenizer_fingerprint,
                           write_artifact)
 
-MODEL = os.environ.get("CUSET_TEST_MODEL", str(TINY_MODEL))
+MODEL = str(TINY_MODEL)
 MAX_LENGTH = 384
 
 
-def load_stage():
-    spec = importlib.util.spec_from_file_location("train_cuset", ROOT / "03_train_cuset.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-train = load_stage()
+train = load_script("03_train_cuset.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,691 @@
+"""Build the bundled tiny CUDA base model data/models/tiny-cuda-lm, so the whole pipeline runs
+offline on a CPU.
+
+What it does, top to bottom:
+  1. corpus: the `pretrain` split of data/tasks/tasks.jsonl (bench.cu, the kernel-mode reference
+     kernels, and chat examples in the exact prompt format of the stages, levels 1-3, both modes)
+     plus a deterministic, device-code-first sample of the CUDA toolkit's C++ headers. The
+     `train` and `eval` splits are never trained on: they are what the pipeline fine-tunes and
+     evaluates on.
+  2. a byte-level BPE tokenizer (no normalization, exact round trip, character offsets) with
+     ChatML special tokens and chat template;
+  3. a small Llama-architecture causal LM trained from scratch, logging train / validation loss
+     (validation = held-out header files);
+  4. quality: mean per-token NLL of the eval split's reference programs and kernels (never
+     seen) against uniform ln(vocab), and a greedy answer to an eval kernel prompt;
+  5. save everything to a temp folder, reload it from there, and rename it into place.
+
+Deterministic: the same tasks file, toolkit headers, arguments and thread count give the same
+tokenizer and the same weights (on the same CPU type). --max-minutes is a wall-clock safety cap;
+a build that hits it stops early, says so, and is no longer the deterministic default.
+
+    python data/build_tiny_model.py                                  # full build (~11 min, one core)
+    python data/build_tiny_model.py --steps 60 --out /tmp/tiny       # quick check (~2 min)
+    python data/build_tiny_model.py --cuda-include /opt/cuda/include # toolkit elsewhere
+
+Inputs: data/tasks/tasks.jsonl (read at build time), the CUDA toolkit's include folder (found
+from --cuda-include, CUDA_HOME / CUDA_PATH, nvcc on PATH, or /usr/local/cuda).
+Output: --out (default data/models/tiny-cuda-lm) with config.json, model.safetensors,
+generation_config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja,
+build_report.json and README.md (the model card).
+"""
+from __future__ import annotations
+
+import os
+
+# Everything is local: never let transformers reach for the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import shutil
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedTokenizerFast)
+
+transformers.utils.logging.disable_progress_bar()  # one line per step is the log; no shard bars
+
+# The shared plumbing lives at the repo root; this builder lives in data/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cuset_common import (LEVELS, MODES, ROOT, TASKS_FILE, TINY_MODEL, UserError, build_messages, fence,  # noqa: E402
+                          load_tasks, replace_dir_atomic, write_text_atomic)
+
+EOT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [EOT, IM_START, IM_END]  # ids 0, 1, 2
+# ChatML. The rendered prompt (add_generation_prompt) is a prefix of the rendered conversation,
+# which is what the stages rely on to mask prompt tokens.
+CHAT_TEMPLATE = ("{% for message in messages %}"
+                 "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+                 "{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+MAX_DISK_BYTES = 25 * 1000 * 1000
+
+# CUDA headers by priority: device code (collectives, warp intrinsics, atomics, half types)
+# before declaration-heavy or host-side headers. Globs are relative to the include folder.
+HEADER_PRIORITY = [
+    ["cooperative_groups.h", "cooperative_groups/**/*"],
+    ["cccl/cub/block/**/*", "cccl/cub/warp/**/*", "cccl/cub/thread/**/*", "cccl/cub/grid/**/*"],
+    ["sm_*_intrinsics.h*", "sm_*_atomic_functions.h*", "device_atomic_functions.h*", "crt/sm_*"],
+    ["cuda_fp16.hpp", "cuda_bf16.hpp", "cuda_pipeline*.h", "cuda_awbarrier*.h", "crt/mma.hpp",
+     "crt/device_functions.hpp", "crt/device_double_functions.hpp", "crt/math_functions.hpp"],
+    ["cccl/cub/agent/**/*"],
+    ["device_functions.h", "crt/device_functions.h", "math_functions.h", "crt/math_functions.h"],
+    ["cccl/cub/device/**/*", "cccl/cub/detail/**/*", "cccl/cub/iterator/**/*"],
+]
+HEADER_SUFFIXES = (".h", ".cuh", ".hpp")
+# A leading comment block that is a license banner: /* ... */ or a run of // lines.
+LICENSE_BANNER = re.compile(r"\A\s*(/\*.*?\*/|(?://[^\n]*\n)+)", re.DOTALL)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=Path, default=TASKS_FILE, help="task file (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=TINY_MODEL, help="output model folder (default: %(default)s)")
+    ap.add_argument("--cuda-include", type=Path, default=None,
+                    help="CUDA toolkit include folder (default: from CUDA_HOME, CUDA_PATH, nvcc, /usr/local/cuda)")
+    # corpus
+    ap.add_argument("--header-bytes", type=int, default=3_000_000, help="header text to train on (default: %(default)s)")
+    ap.add_argument("--val-header-bytes", type=int, default=200_000,
+                    help="held-out header text for validation loss (default: %(default)s)")
+    ap.add_argument("--pool-weight", type=float, default=0.6,
+                    help="share of training windows drawn from the pretrain-task pool; it is small but "
+                         "closest to the target, so it is upweighted (default: %(default)s)")
+    ap.add_argument("--min-corpus-bytes", type=int, default=50_000,
+                    help="fail if the training corpus is smaller (default: %(default)s)")
+    # tokenizer and model
+    ap.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary incl. special tokens (default: %(default)s)")
+    ap.add_argument("--hidden", type=int, default=256, help="model width (default: %(default)s)")
+    ap.add_argument("--layers", type=int, default=4, help="transformer blocks (default: %(default)s)")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
+    ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads, grouped-query attention (default: %(default)s)")
+    ap.add_argument("--ffn", type=int, default=768, help="MLP width (default: %(default)s)")
+    # training
+    ap.add_argument("--steps", type=int, default=550, help="optimizer steps (default: %(default)s)")
+    ap.add_argument("--seq-len", type=int, default=1024, help="training window in tokens (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=4, help="windows per step (default: %(default)s)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=50, help="linear warmup steps (default: %(default)s)")
+    ap.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default: %(default)s)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                    help="bfloat16 autocast for training matmuls, ~1.8x faster on CPUs with AVX512-BF16; "
+                         "weights stay float32 (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=1234, help="seed for init and batch order (default: %(default)s)")
+    # One thread: on a shared 2-core machine two threads wait on each other whenever another
+    # process takes a core (measured: 2 threads 6.7k tok/s alone but ~1k tok/s beside a compile;
+    # 1 thread ~3.4k tok/s either way).
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads; part of the determinism contract (default: %(default)s)")
+    ap.add_argument("--max-minutes", type=float, default=15.0,
+                    help="wall-clock cap for the whole build; training stops early to fit (default: %(default)s)")
+    ap.add_argument("--log-every", type=int, default=10, help="steps between train-loss lines (default: %(default)s)")
+    ap.add_argument("--eval-every", type=int, default=100, help="steps between validation losses (default: %(default)s)")
+    ap.add_argument("--sample-tokens", type=int, default=160, help="greedy tokens for the quality sample (default: %(default)s)")
+    args = ap.parse_args(argv)
+
+    if not 4096 <= args.vocab_size <= 16384:
+        ap.error("--vocab-size must be between 4096 and 16384")
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
+    if not 0.0 <= args.pool_weight <= 1.0:
+        ap.error("--pool-weight must be in [0, 1]")
+    for name in ("steps", "seq_len", "batch_size", "threads", "log_every", "eval_every", "max_minutes"):
+        if getattr(args, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# Corpus
+# ---------------------------------------------------------------------------------------
+
+
+def find_cuda_include(explicit: Path | None) -> Path | None:
+    """The toolkit's include folder: the first candidate that holds cuda_runtime.h."""
+    if explicit is not None:
+        if not (explicit / "cuda_runtime.h").exists():
+            raise UserError(f"--cuda-include {explicit}: no cuda_runtime.h there")
+        return explicit
+    candidates = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        # nvcc may be a wrapper script outside the toolkit, so also try the usual install path.
+        candidates.append(Path(nvcc).resolve().parents[1] / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    return next((c for c in candidates if (c / "cuda_runtime.h").exists()), None)
+
+
+def strip_license(text: str) -> str:
+    """Drop leading license banners: identical boilerplate in every file, no CUDA to learn."""
+    while (m := LICENSE_BANNER.match(text)) and re.search(r"copyright|license|SPDX", m.group(1), re.I):
+        text = text[m.end():]
+    return text.lstrip("\n")
+
+
+def select_headers(include: Path, train_bytes: int, val_bytes: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(path, text) of headers for training and for validation, in priority then path order.
+
+    A file goes to validation when crc32(path) % 20 == 0, so the split does not depend on the
+    budgets; each side takes files in order while they fit its budget.
+    """
+    seen: set[Path] = set()
+    train, val = [], []
+    budget = {"train": train_bytes, "val": val_bytes}
+    for group in HEADER_PRIORITY:
+        paths = sorted({p for pattern in group for p in include.glob(pattern)
+                        if p.is_file() and p.suffix in HEADER_SUFFIXES} - seen)
+        for path in paths:
+            seen.add(path)
+            try:
+                text = strip_license(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                continue  # a few vendor headers are Latin-1; not worth a special case
+            rel = path.relative_to(include).as_posix()
+            side = "val" if zlib.crc32(rel.encode()) % 20 == 0 else "train"
+            if len(text.encode()) <= budget[side]:
+                budget[side] -= len(text.encode())
+                (val if side == "val" else train).append((rel, text))
+    return train, val
+
+
+def split_tasks(tasks_path: Path) -> dict[str, list[dict]]:
+    tasks = load_tasks(tasks_path)
+    splits: dict[str, list[dict]] = {"train": [], "eval": [], "pretrain": []}
+    for t in tasks:
+        if t.get("split") in splits:
+            splits[t["split"]].append(t)
+    return splits
+
+
+def pool_material(pretrain: list[dict]) -> tuple[list[str], list[list[dict]]]:
+    """Code documents and chat conversations from the pretrain tasks.
+
+    Chats use the stages' own prompt builder, so the model learns the exact prompt format and
+    to answer with one ```cpp block: the whole program (standalone) or the kernels (kernel).
+    """
+    code, chats = [], []
+    for task in pretrain:
+        kernels = (task.get("kernel_mode") or {}).get("reference_kernels")
+        code.append(task["bench.cu"])
+        if kernels:
+            code.append(kernels)
+        for level in LEVELS:
+            for mode in MODES:
+                answer = task["bench.cu"] if mode == "standalone" else kernels
+                if answer:
+                    chats.append(build_messages(task, level, mode) + [{"role": "assistant", "content": fence(answer)}])
+    return code, chats
+
+
+def check_no_leak(docs: list[str], held_out: list[dict]) -> None:
+    """Refuse to train on any train/eval reference program or kernel: they are what the
+    pipeline fine-tunes and evaluates on, so the base model must not have seen them."""
+    for task in held_out:
+        refs = [task["bench.cu"], (task.get("kernel_mode") or {}).get("reference_kernels") or ""]
+        for ref in filter(None, (r.strip() for r in refs)):
+            if any(ref in d for d in docs):
+                raise UserError(f"task {task['id']} ({task['split']}): its reference code also appears in the "
+                                f"pretrain pool; fix the splits in the tasks file")
+
+
+@dataclass
+class Corpus:
+    splits: dict[str, list[dict]]
+    code_docs: list[str]                 # pretrain-pool code: bench.cu and reference kernels
+    chats: list[list[dict]]              # pretrain-pool conversations (system, user, assistant)
+    include: Path | None                 # the toolkit include folder, if found
+    header_train: list[tuple[str, str]]  # (path, text)
+    header_val: list[tuple[str, str]]
+    pool_bytes: int = 0
+    header_bytes: int = 0
+    pool_tokens: int = 0                 # filled in once tokenized
+    header_tokens: int = 0
+    val_name: str = "held-out headers"
+
+    def tokenizer_texts(self) -> list[str]:
+        return self.code_docs + [m["content"] for c in self.chats for m in c] + [t for _, t in self.header_train]
+
+
+def collect_corpus(args: argparse.Namespace) -> Corpus:
+    """Read the tasks and headers, check that nothing held out leaks in, and say what was found."""
+    splits = split_tasks(args.tasks)
+    print(f"tasks {shown(args.tasks)}: " + ", ".join(f"{k}={len(v)}" for k, v in splits.items()))
+    if not splits["pretrain"]:
+        raise UserError(f"{args.tasks}: no tasks with split 'pretrain'; the pool is the core of the corpus "
+                        f"(run data/build_tasks.py)")
+    if not any(t.get("kernel_mode") for t in splits["eval"]):
+        raise UserError(f"{args.tasks}: no 'eval' task with a kernel_mode harness; the held-out quality "
+                        f"check needs one")
+    code_docs, chats = pool_material(splits["pretrain"])
+    include = find_cuda_include(args.cuda_include)
+    header_train, header_val = select_headers(include, args.header_bytes, args.val_header_bytes) if include else ([], [])
+    corpus = Corpus(splits, code_docs, chats, include, header_train, header_val)
+    check_no_leak(corpus.tokenizer_texts(), splits["train"] + splits["eval"])
+
+    corpus.pool_bytes = sum(len(d.encode()) for d in code_docs) + sum(len(m["content"].encode()) for c in chats for m in c)
+    corpus.header_bytes = sum(len(t.encode()) for _, t in header_train)
+    print(f"pretrain pool: {len(splits['pretrain'])} tasks -> {len(code_docs)} code docs + {len(chats)} chats, "
+          f"{corpus.pool_bytes:,} bytes")
+    print(f"CUDA headers: {include or 'NOT FOUND (pass --cuda-include)'}: {len(header_train)} files, "
+          f"{corpus.header_bytes:,} bytes for training; {len(header_val)} files, "
+          f"{sum(len(t.encode()) for _, t in header_val):,} bytes for validation")
+    if corpus.pool_bytes + corpus.header_bytes < args.min_corpus_bytes:
+        raise UserError(f"corpus has {corpus.pool_bytes + corpus.header_bytes:,} bytes, below --min-corpus-bytes "
+                        f"{args.min_corpus_bytes:,}: add pretrain tasks or point --cuda-include at a toolkit")
+    if not header_val:  # validation needs text the model never trains on
+        corpus.val_name = "eval programs"
+    return corpus
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE: every byte is in the alphabet, no normalization and no prefix space, so
+    decode(encode(x)) == x for any text; trim_offsets=False keeps offsets covering whitespace,
+    so they tile the text (the stages map character spans to tokens with them)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOT,
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def encode_docs(tok: PreTrainedTokenizerFast, docs: list[str]) -> np.ndarray:
+    """All documents as one token stream, each followed by <|endoftext|>."""
+    eot = tok.convert_tokens_to_ids(EOT)
+    ids: list[int] = []
+    for d in docs:
+        ids += tok(d, add_special_tokens=False)["input_ids"] + [eot]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def tokenize_corpus(args: argparse.Namespace, corpus: Corpus
+                    ) -> tuple[PreTrainedTokenizerFast, list[np.ndarray], list[float], torch.Tensor]:
+    """Train the tokenizer; return it, the training streams with their sampling weights, and the
+    fixed validation windows [n, seq_len + 1]."""
+    t_tok = time.time()
+    tok = train_tokenizer(corpus.tokenizer_texts(), args.vocab_size)
+    if len(tok) < args.vocab_size:
+        print(f"note: the corpus supports only {len(tok)} of the {args.vocab_size} vocabulary entries asked for")
+    chat_docs = [tok.apply_chat_template(c, tokenize=False) for c in corpus.chats]
+    streams, weights = [encode_docs(tok, corpus.code_docs + chat_docs)], [1.0]
+    if corpus.header_train:
+        streams.append(encode_docs(tok, [t for _, t in corpus.header_train]))
+        weights = [args.pool_weight, 1.0 - args.pool_weight]
+    corpus.pool_tokens = int(len(streams[0]))
+    corpus.header_tokens = int(len(streams[1])) if corpus.header_train else 0
+    val_stream = encode_docs(tok, [t for _, t in corpus.header_val] or [t["bench.cu"] for t in corpus.splits["eval"]])
+    print(f"tokenizer: vocab {len(tok)} in {time.time() - t_tok:.1f}s; tokens: pool {corpus.pool_tokens:,}, "
+          f"headers {corpus.header_tokens:,}, validation {len(val_stream):,}")
+    for s in streams + [val_stream]:
+        if len(s) <= args.seq_len + 1:
+            raise UserError(f"a token stream has {len(s)} tokens, not more than --seq-len {args.seq_len}; "
+                            f"lower --seq-len or add data")
+    n_val = min(16, len(val_stream) // (args.seq_len + 1))  # evenly spaced, the same at every evaluation
+    starts = np.linspace(0, len(val_stream) - args.seq_len - 1, n_val).astype(np.int64)
+    val_windows = torch.from_numpy(np.stack([val_stream[s:s + args.seq_len + 1] for s in starts]))
+    return tok, streams, weights, val_windows
+
+
+# ---------------------------------------------------------------------------------------
+# Model and training
+# ---------------------------------------------------------------------------------------
+
+
+def make_model(args: argparse.Namespace, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.ffn,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        # Trained on seq_len windows; RoPE runs past that (worse) for the stages' longer samples.
+        max_position_embeddings=max(2048, args.seq_len), tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids(IM_END), pad_token_id=tok.convert_tokens_to_ids(EOT))
+    torch.manual_seed(args.seed)
+    return LlamaForCausalLM(config)
+
+
+def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
+    # Decay matrices only, not norms (nanoGPT's convention); betas for short runs.
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak at --steps."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def sample_batch(rng: np.random.Generator, streams: list[np.ndarray], weights: list[float],
+                 batch_size: int, seq_len: int) -> torch.Tensor:
+    """[batch, seq_len + 1] windows at random offsets; each row's stream is drawn by weight."""
+    rows = []
+    for source in rng.choice(len(streams), size=batch_size, p=weights):
+        stream = streams[source]
+        start = rng.integers(0, len(stream) - seq_len - 1)
+        rows.append(stream[start:start + seq_len + 1])
+    return torch.from_numpy(np.stack(rows))
+
+
+def lm_loss(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of [batch, seq+1] windows."""
+    logits = model(input_ids=window[:, :-1]).logits  # [batch, seq, vocab]
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, windows: torch.Tensor, batch_size: int) -> float:
+    model.eval()
+    losses = [lm_loss(model, windows[i:i + batch_size]).item() for i in range(0, len(windows), batch_size)]
+    model.train()
+    return float(np.mean(losses))
+
+
+def fmt_time(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def train(model: LlamaForCausalLM, args: argparse.Namespace, streams: list[np.ndarray], weights: list[float],
+          val_windows: torch.Tensor, val_name: str, deadline: float) -> dict:
+    """The training loop; returns the loss history and whether the time cap cut it short."""
+    rng = np.random.default_rng(args.seed)
+    opt = make_optimizer(model, args)
+    model.train()
+    history: dict = {"train": [], "val": []}
+    recent: list[float] = []
+    t_start = time.time()
+    step = 0
+    while step < args.steps:
+        if time.time() > deadline:
+            print(f"!! --max-minutes reached at step {step}/{args.steps}: stopping early; this build is "
+                  f"NOT the deterministic default")
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
+        batch = sample_batch(rng, streams, weights, args.batch_size, args.seq_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = lm_loss(model, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        recent.append(loss.item())
+        step += 1
+
+        if step % args.log_every == 0 or step == args.steps:
+            elapsed = time.time() - t_start
+            tok_s = step * args.batch_size * args.seq_len / elapsed
+            history["train"].append((step, float(np.mean(recent))))
+            print(f"step {step:5d}/{args.steps} | loss {np.mean(recent):.3f} | lr {lr_at(step - 1, args):.2e} | "
+                  f"{tok_s:,.0f} tok/s | {fmt_time(elapsed)} elapsed, ETA {fmt_time(elapsed / step * (args.steps - step))}",
+                  flush=True)
+            recent = []
+        if step % args.eval_every == 0 or step == args.steps:
+            history["val"].append((step, mean_loss(model, val_windows, args.batch_size)))
+            print(f"step {step:5d} | val loss {history['val'][-1][1]:.3f} ({val_name})", flush=True)
+    if not history["val"] or history["val"][-1][0] != step:  # stopped early: validate where it stopped
+        history["val"].append((step, mean_loss(model, val_windows, args.batch_size)))
+    history["steps_done"] = step
+    history["stopped_early"] = step < args.steps
+    history["train_seconds"] = time.time() - t_start
+    return history
+
+
+# ---------------------------------------------------------------------------------------
+# Quality
+# ---------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def heldout_nll(model: torch.nn.Module, tok: PreTrainedTokenizerFast, texts: list[str], seq_len: int) -> tuple[float, int]:
+    """Mean per-token NLL over texts, each read after <|endoftext|> in windows of seq_len tokens
+    (no context carried across a window boundary), in float32."""
+    model.eval()
+    eot = tok.convert_tokens_to_ids(EOT)
+    total, count = 0.0, 0
+    for text in texts:
+        ids = torch.tensor([eot] + tok(text, add_special_tokens=False)["input_ids"])
+        for start in range(0, len(ids) - 1, seq_len):
+            window = ids[start:start + seq_len + 1][None]  # [1, <= seq_len + 1]
+            n = window.shape[1] - 1
+            total += lm_loss(model, window).item() * n
+            count += n
+    return total / count, count
+
+
+@torch.no_grad()
+def greedy_sample(model: torch.nn.Module, tok: PreTrainedTokenizerFast, task: dict, max_new_tokens: int) -> str:
+    """The model's greedy answer to a level-1 kernel-mode prompt, as the stages would ask it."""
+    prompt = tok.apply_chat_template(build_messages(task, 1, "kernel"), add_generation_prompt=True,
+                                     tokenize=False)
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_new_tokens)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def measure(model: torch.nn.Module, tok: PreTrainedTokenizerFast, eval_tasks: list[dict], args: argparse.Namespace) -> dict:
+    """Held-out NLL of the eval split's programs and kernels, and one greedy answer."""
+    programs = [t["bench.cu"] for t in eval_tasks]
+    kernels = [t["kernel_mode"]["reference_kernels"] for t in eval_tasks if t.get("kernel_mode")]
+    bench_nll, bench_n = heldout_nll(model, tok, programs, args.seq_len)
+    kernel_nll, kernel_n = heldout_nll(model, tok, kernels, args.seq_len)
+    sample_task = next(t for t in eval_tasks if t.get("kernel_mode"))
+    sample = greedy_sample(model, tok, sample_task, args.sample_tokens)
+    print(f"held-out NLL: eval programs {bench_nll:.3f} ({bench_n:,} tokens), eval kernels {kernel_nll:.3f} "
+          f"({kernel_n:,} tokens); uniform ln({len(tok)}) = {math.log(len(tok)):.3f}")
+    print(f"greedy sample (eval task {sample_task['id']}, level 1, kernel mode):\n{sample}\n")
+    return {"uniform_nll": math.log(len(tok)), "eval_bench_nll": bench_nll, "eval_bench_tokens": bench_n,
+            "eval_kernel_nll": kernel_nll, "eval_kernel_tokens": kernel_n,
+            "sample_task": sample_task["id"], "greedy_sample": sample}
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------
+
+
+def save_tokenizer(tok: PreTrainedTokenizerFast, folder: Path) -> None:
+    tok.save_pretrained(folder)
+    # Record the class by its long-standing name so transformers 4.x loads it too (5.x aliases it).
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def shown(path: Path) -> str:
+    """A path as the report shows it: relative to the repo when inside it, so reports are portable."""
+    path = Path(path).resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def cuda_version(include: Path | None) -> str | None:
+    """'13.0' from cuda.h's CUDA_VERSION (13000)."""
+    m = include and re.search(r"#define\s+CUDA_VERSION\s+(\d+)", (include / "cuda.h").read_text(errors="replace"))
+    return f"{int(m.group(1)) // 1000}.{int(m.group(1)) % 1000 // 10}" if m else None
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def model_card(r: dict) -> str:
+    c, m, t, q = r["corpus"], r["model"], r["training"], r["quality"]
+    header_line = (f"- CUDA toolkit headers from `{c['cuda_include']}` (CUDA {c['cuda_version']}): {c['header_train_files']} "
+                   f"files, {c['header_train_bytes']:,} bytes for training, license banners stripped; "
+                   f"{c['header_val_files']} other files ({c['header_val_bytes']:,} bytes) for validation."
+                   if c["cuda_include"] else "- No CUDA toolkit was found, so no headers were used.")
+    return f"""# tiny-cuda-lm
+
+A tiny CUDA base model bundled with CuSeT so that every stage runs offline on a CPU in minutes.
+
+**This model only demonstrates the pipeline.** It is {m['params'] / 1e6:.1f}M parameters trained for
+{fmt_time(t['train_seconds'])} on a CPU; it cannot write working kernels and cannot reproduce the
+paper's numbers. For a real replication pass `--model` with a real instruction model.
+
+Built by `{r['command']}`; the build is deterministic for the same tasks file, toolkit
+headers, arguments and thread count (details in `build_report.json`).
+
+## Corpus
+
+- Pretrain pool (`split == "pretrain"` of `{c['tasks_file']}`, sha256 `{c['tasks_sha256'][:16]}...`):
+  {c['pretrain_tasks']} tasks -> {c['pool_code_docs']} code documents (bench.cu, reference kernels)
+  and {c['pool_chats']} chat examples (levels 1-3, standalone and kernel mode, prompts from
+  `cuset_common.build_messages`, answers in one ```cpp block), {c['pool_tokens']:,} tokens, drawn for
+  {r['args']['pool_weight']:.0%} of the training windows.
+{header_line}
+- Excluded: the reference programs and kernels of the `train` ({c['train_tasks']} tasks) and `eval`
+  ({c['eval_tasks']} tasks) splits.
+
+## Model
+
+{m['architecture']}: {m['params']:,} parameters, vocabulary {m['vocab_size']} (byte-level BPE trained on
+the corpus; special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (end of turn = eos)),
+hidden {m['hidden']}, {m['layers']} layers, {m['heads']} heads ({m['kv_heads']} key/value heads), MLP {m['ffn']},
+tied embeddings, float32 weights ({r['weights_bytes'] / 1e6:.1f} MB). ChatML chat template.
+
+## Training
+
+Seed {r['args']['seed']}, {t['steps_done']} steps of {r['args']['batch_size']} x {r['args']['seq_len']} tokens
+({t['tokens_seen']:,} tokens), AdamW, peak lr {r['args']['lr']}, warmup {r['args']['warmup']}, cosine to 10%,
+bf16 autocast {'on' if r['args']['bf16'] else 'off'}, CPU threads: {r['args']['threads']}, {fmt_time(t['train_seconds'])} of training
+({fmt_time(r['build_seconds'])} for the whole build){', STOPPED EARLY by --max-minutes' if t['stopped_early'] else ''}.
+Final train loss {t['final_train_loss']:.3f}, validation loss ({t['val_name']}) {t['final_val_loss']:.3f}.
+
+## Quality
+
+Mean per-token NLL (nats, float32) on never-seen CUDA, against uniform ln({m['vocab_size']}) = {q['uniform_nll']:.3f}:
+
+| held-out text | tokens | NLL |
+|---|---|---|
+| `eval` split reference programs (bench.cu) | {q['eval_bench_tokens']:,} | {q['eval_bench_nll']:.3f} |
+| `eval` split reference kernels only | {q['eval_kernel_tokens']:,} | {q['eval_kernel_nll']:.3f} |
+
+The programs share host boilerplate with the pretrain pool, so their NLL is lower than the
+kernels'. Greedy answer to the level-1 kernel-mode prompt of eval task `{q['sample_task']}`:
+
+````
+{q['greedy_sample']}
+````
+"""
+
+
+def make_report(args: argparse.Namespace, argv: list[str] | None, corpus: Corpus, tok: PreTrainedTokenizerFast, n_params: int,
+                history: dict, quality: dict, t0: float, folder: Path) -> dict:
+    return {
+        "command": " ".join(["python", "data/build_tiny_model.py", *(sys.argv[1:] if argv is None else argv)]),
+        "args": {k: shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__, "numpy": np.__version__},
+        "corpus": {
+            "tasks_file": shown(args.tasks), "tasks_sha256": sha256_file(args.tasks),
+            "pretrain_tasks": len(corpus.splits["pretrain"]), "train_tasks": len(corpus.splits["train"]),
+            "eval_tasks": len(corpus.splits["eval"]), "pool_code_docs": len(corpus.code_docs),
+            "pool_chats": len(corpus.chats), "pool_bytes": corpus.pool_bytes, "pool_tokens": corpus.pool_tokens,
+            "cuda_include": str(corpus.include) if corpus.include else None,
+            "cuda_version": cuda_version(corpus.include),
+            "header_train_files": len(corpus.header_train), "header_train_bytes": corpus.header_bytes,
+            "header_train_tokens": corpus.header_tokens,
+            "header_val_files": len(corpus.header_val),
+            "header_val_bytes": sum(len(t.encode()) for _, t in corpus.header_val),
+            "header_files_train": [p for p, _ in corpus.header_train],
+            "header_files_val": [p for p, _ in corpus.header_val],
+        },
+        "model": {"architecture": "LlamaForCausalLM", "params": n_params, "vocab_size": len(tok),
+                  "hidden": args.hidden, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+                  "ffn": args.ffn},
+        "training": {"val_name": corpus.val_name, "steps_done": history["steps_done"],
+                     "stopped_early": history["stopped_early"],
+                     "tokens_seen": history["steps_done"] * args.batch_size * args.seq_len,
+                     "train_seconds": round(history["train_seconds"], 1),
+                     "final_train_loss": history["train"][-1][1] if history["train"] else float("nan"),
+                     "final_val_loss": history["val"][-1][1],
+                     "train_loss": history["train"], "val_loss": history["val"]},
+        "quality": quality,
+        "build_seconds": round(time.time() - t0, 1),
+        "weights_bytes": (folder / "model.safetensors").stat().st_size,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.time()
+    deadline = t0 + args.max_minutes * 60 - 45  # leave time to evaluate, save and reload
+    torch.set_num_threads(args.threads)
+
+    corpus = collect_corpus(args)
+    tok, streams, weights, val_windows = tokenize_corpus(args, corpus)
+
+    model = make_model(args, tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: Llama, {n_params:,} params, hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
+          f"({args.kv_heads} kv), ffn {args.ffn}; {args.steps} steps x {args.batch_size} x {args.seq_len} tokens; "
+          f"uniform loss ln({len(tok)}) = {math.log(len(tok)):.3f}")
+    history = train(model, args, streams, weights, val_windows, corpus.val_name, deadline)
+
+    # Save to a temp folder beside the output, measure the model reloaded from there (what users
+    # will load), and only then rename it into place.
+    out = args.out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        model.save_pretrained(tmp)
+        save_tokenizer(tok, tmp)
+        GenerationConfig(eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id,
+                         bos_token_id=None).save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(tmp)
+        quality = measure(model, tok, corpus.splits["eval"], args)
+
+        report = make_report(args, argv, corpus, tok, n_params, history, quality, t0, tmp)
+        write_text_atomic(tmp / "build_report.json", json.dumps(report, indent=2) + "\n")
+        write_text_atomic(tmp / "README.md", model_card(report))
+        if folder_bytes(tmp) > MAX_DISK_BYTES:
+            raise UserError(f"model folder would be {folder_bytes(tmp) / 1e6:.1f} MB, over the "
+                            f"{MAX_DISK_BYTES / 1e6:.0f} MB limit: shrink --hidden, --layers, --ffn or --vocab-size")
+        replace_dir_atomic(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+    t = report["training"]
+    print(f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB) in {fmt_time(time.time() - t0)}: "
+          f"{t['steps_done']} steps, train loss {t['final_train_loss']:.3f}, val loss {t['final_val_loss']:.3f}, "
+          f"eval-program NLL {quality['eval_bench_nll']:.3f} vs uniform {quality['uniform_nll']:.3f}"
+          + (" [STOPPED EARLY: not the deterministic build]" if t["stopped_early"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

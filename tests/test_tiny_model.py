@@ -1,0 +1,152 @@
+"""The bundled tiny model (data/models/tiny-cuda-lm, built by data/build_tiny_model.py) loads
+offline and has what the stages rely on: an exact round-trip tokenizer with character offsets,
+a ChatML chat template, an end-of-turn eos, and weights that are trained, not random. Plus the
+builder's corpus rules: license banners stripped, train/eval reference code never trained on."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers (and huggingface_hub) read it
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "data" / "models" / "tiny-cuda-lm"
+
+CUDA_SNIPPETS = [
+    "__global__ void add(const float* a, const float* b, float* c, int n) {\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) c[i] = a[i] + b[i];\n"
+    "}\n",
+    "__shared__ float tile[32][33];\n\ttile[threadIdx.y][threadIdx.x] = in[idx];\n\t__syncthreads();\n",
+    "add<<<(n + 255) / 256, 256>>>(d_a, d_b, d_c, n);\r\ncudaDeviceSynchronize();  \n",
+    "// réduction: Σ x² — warp 🚀\nfloat v = __shfl_down_sync(0xffffffff, v, 16);\n",
+    "  leading spaces, trailing tab\t\n\n\n<<<>>>",
+]
+
+FIXTURE = """#include <cuda_runtime.h>
+
+// Grid-stride loop: each thread handles elements i, i + stride, ...
+__global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float a, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        y[i] = a * x[i];
+    }
+}
+
+int main() {
+    const int n = 1 << 20;
+    float* d_x = nullptr;
+    float* d_y = nullptr;
+    cudaMalloc(&d_x, n * sizeof(float));
+    cudaMalloc(&d_y, n * sizeof(float));
+    scale_kernel<<<1024, 256>>>(d_x, d_y, 2.0f, n);
+    cudaDeviceSynchronize();
+    cudaFree(d_x);
+    cudaFree(d_y);
+    return 0;
+}
+"""
+
+MESSAGES = [{"role": "system", "content": "You are an expert CUDA programmer."},
+            {"role": "user", "content": "Write a kernel that adds two vectors."},
+            {"role": "assistant", "content": "```cpp\n__global__ void add() {}\n```"}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True, dtype=torch.float32).eval()
+
+
+def test_folder_is_complete_and_small():
+    names = {p.name for p in MODEL_DIR.iterdir()}
+    for required in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                     "tokenizer_config.json", "README.md", "build_report.json"):
+        assert required in names, f"{required} missing from {MODEL_DIR}; run python data/build_tiny_model.py"
+    assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) <= 25_000_000
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    assert config["model_type"] in ("llama", "qwen2")
+
+
+def test_tokenizer_is_fast_and_round_trips(tok):
+    assert tok.is_fast
+    for text in CUDA_SNIPPETS:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+
+
+def test_offsets_map_tokens_to_their_substrings(tok):
+    for text in CUDA_SNIPPETS:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        # Offsets tile the text: every character belongs to a token, in order.
+        assert offsets[0][0] == 0 and offsets[-1][1] == len(text)
+        assert all(a <= b for a, b in offsets)
+        assert all(prev[1] <= cur[0] or prev == cur for prev, cur in zip(offsets, offsets[1:]))
+        for tid, (a, b) in zip(enc["input_ids"], offsets):
+            if text[a:b].isascii():  # a token inside a multi-byte character decodes to part of it
+                assert tok.decode([tid]) == text[a:b]
+
+
+def test_cuda_lexemes_have_exact_spans(tok):
+    text = CUDA_SNIPPETS[1]
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    start = text.index("__syncthreads")
+    covering = [text[a:b] for a, b in enc["offset_mapping"] if a < start + len("__syncthreads") and b > start]
+    assert "".join(covering).strip() == "__syncthreads"
+
+
+def test_chat_template(tok, model):
+    full = tok.apply_chat_template(MESSAGES, tokenize=False)
+    prompt = tok.apply_chat_template(MESSAGES[:2], tokenize=False, add_generation_prompt=True)
+    positions = [full.index(m["content"]) for m in MESSAGES]
+    assert positions == sorted(positions)
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert full.startswith(prompt)  # the stages mask the prompt by this prefix
+    assert full.rstrip("\n").endswith(MESSAGES[2]["content"] + tok.eos_token)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token is not None
+    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+
+
+def test_forward_loss_is_trained(tok, model):
+    ids = tok(FIXTURE, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss.item()
+    # A random model sits at ln(vocab); trained weights must be clearly below it.
+    assert math.isfinite(loss) and loss < math.log(len(tok)) - 2.0, loss
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return load_script("data/build_tiny_model.py")
+
+
+def test_strip_license_keeps_code_and_ordinary_comments(builder):
+    banner = "/*\n * Copyright (c) 2020 NVIDIA CORPORATION.\n */\n// SPDX-License-Identifier: BSD-3-Clause\n\n"
+    code = "// Warp-level sum.\n#pragma once\n__device__ float warp_sum(float v);\n"
+    assert builder.strip_license(banner + code) == code
+    assert builder.strip_license(code) == code
+
+
+def test_pool_uses_only_pretrain_tasks_and_the_stage_prompt_format(builder):
+    splits = builder.split_tasks(ROOT / "data" / "tasks" / "tasks.jsonl")
+    code, chats = builder.pool_material(splits["pretrain"])
+    texts = code + [m["content"] for chat in chats for m in chat]
+    builder.check_no_leak(texts, splits["train"] + splits["eval"])
+    assert all(chat[-1]["content"].startswith("```cpp\n") and chat[-1]["content"].endswith("\n```") for chat in chats)
+    assert len(chats) == 6 * len(splits["pretrain"])  # levels 1-3, standalone and kernel
+    held_out = splits["eval"][0]
+    with pytest.raises(builder.UserError):
+        builder.check_no_leak(texts + ["// copied\n" + held_out["bench.cu"]], [held_out])
