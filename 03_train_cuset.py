@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{args.data}: {len(samples)} samples, fewer than --batch-size {args.batch_size}")
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device)
-    if args.grad_checkpointing:
-        model.gradient_checkpointing_enable()
+    if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.config.use_cache = False
     model.train()
     net = GoldLogProbs(model, args.chunk_size)

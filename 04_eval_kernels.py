@@ -18,9 +18,9 @@ the inputs -> compare.py on its outputs. Outcomes: no_code, compile_error, runti
 timeout, wrong_output, pass. Without a GPU the stage compiles only, and says so.
 
 Sandbox (generated code is untrusted): every compile and run gets its own folder, a
-wall-clock timeout that kills the whole process group, resource limits (CPU time, file
-size, processes, core dumps), a scrubbed environment, and, when started as root, a private
-network and mount namespace (private /tmp, /var/tmp, /dev/shm) and an unprivileged uid.
+wall-clock timeout that kills everything it started, resource limits (CPU time, file size,
+processes, core dumps), a scrubbed environment and, when started as root, private network,
+PID and mount namespaces (private /tmp, /var/tmp, /dev/shm) and an unprivileged uid.
 """
 from __future__ import annotations
 
@@ -166,22 +166,24 @@ def _scrubbed_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _isolated(cmd: list[str], drop_uid: bool) -> list[str]:
-    """As root: private network, PID and mount namespaces; the mount namespace's /tmp, /var/tmp and /dev/shm are fresh
-    and empty except for the sandbox folder itself, bound back at its own path; with drop_uid,
-    the unprivileged SANDBOX_UID. Elsewhere the command runs as it is (limits still apply).
+def _isolated(cmd: list[str], untrusted: bool) -> list[str]:
+    """As root: private network and PID namespaces (no network; when the program dies the kernel
+    kills all it spawned). Untrusted code also gets a private mount namespace whose /tmp,
+    /var/tmp and /dev/shm are fresh and empty but for the sandbox folder itself (bound back at
+    its own path), and runs as the unprivileged SANDBOX_UID. Elsewhere the command runs as it
+    is; the resource limits and the timeout still apply.
     """
     if not is_root():
         return cmd
+    namespaces = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
+    if not untrusted:  # task scripts: their interpreter may live under /tmp (a venv), so no masking
+        return [*namespaces, "--", *cmd]
     script = ('P="$(pwd)" && mount -t tmpfs -o size=256m tmpfs /tmp && mount -t tmpfs -o size=64m tmpfs /var/tmp'
               ' && mount -t tmpfs -o size=64m tmpfs /dev/shm && mkdir -p "$P"'
               # mount's own cwd is still the real folder: bind it (uncanonicalized) over the new, empty path
-              ' && mount --no-canonicalize --bind /proc/self/cwd "$P" && cd "$P" && exec ')
-    if drop_uid:
-        script += f"setpriv --reuid={SANDBOX_UID} --regid={SANDBOX_UID} --clear-groups --no-new-privs -- "
-    # --pid: when the program (the namespace's init) dies, the kernel kills everything it spawned.
-    return ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--", "sh", "-c", script + '"$@"', "sh",
-            *cmd]
+              ' && mount --no-canonicalize --bind /proc/self/cwd "$P" && cd "$P" && exec '
+              f"setpriv --reuid={SANDBOX_UID} --regid={SANDBOX_UID} --clear-groups --no-new-privs -- ")
+    return [*namespaces, "--mount", "--", "sh", "-c", script + '"$@"', "sh", *cmd]
 
 
 def _kill_everything(proc: subprocess.Popen) -> None:
@@ -229,14 +231,15 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, as_sandbox_user:
                   file_mb: int = 512, nproc: int = 256) -> tuple[int | None, str]:
     """Run cmd in cwd under the sandbox; returns (exit status, or None on timeout; head+tail of output).
 
-    as_sandbox_user: generated code and its compiler run as SANDBOX_UID (when root). Task
-    scripts (gen.py, compare.py) keep our uid, since the interpreter may live where that uid
-    cannot read, but get the same namespaces, limits, timeout and scrubbed environment.
+    as_sandbox_user: generated code and its compiler run as SANDBOX_UID with a masked /tmp (when
+    root). Task scripts (gen.py, compare.py) keep our uid and file system view, since the
+    interpreter may live where that uid cannot read or under /tmp, but get no network, the
+    limits, the timeout and the scrubbed environment.
     """
     if as_sandbox_user and is_root():
         for p in [cwd, *cwd.rglob("*")]:
             os.chown(p, SANDBOX_UID, SANDBOX_UID)
-    proc = subprocess.Popen(_isolated(cmd, as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd),
+    proc = subprocess.Popen(_isolated(cmd, untrusted=as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=_limits(cpu_s, file_mb, nproc))
     out: list[str] = []

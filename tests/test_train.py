@@ -197,11 +197,12 @@ def test_training_lowers_the_loss_and_the_checkpoint_reloads_and_generates(tmp_p
 
 
 def test_gradient_accumulation_does_not_depend_on_the_micro_batch_split(tmp_path, small_data):
+    """Also with activation checkpointing on one side: recomputation must not change the result."""
     outs = []
-    for micro in (8, 2):
+    for micro, extra in ((8, {}), (2, {"grad_checkpointing": True})):
         out = tmp_path / f"mb{micro}"
         assert run(base_args(small_data, out, objective="dft", max_steps=2, batch_size=8,
-                             micro_batch_size=micro)) == 0
+                             micro_batch_size=micro, **extra)) == 0
         outs.append(weights_of(out))
     for name in outs[0]:
         torch.testing.assert_close(outs[0][name], outs[1][name], atol=2e-6, rtol=1e-5, msg=name)
