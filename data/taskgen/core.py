@@ -113,6 +113,34 @@ def _seed(task_id: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# Small helpers the family modules share.
+# ---------------------------------------------------------------------------------------
+
+
+def int_constants(**dims: int) -> str:
+    """Host constants for the launch, one `const int NAME = value;` per size."""
+    return "\n".join(f"const int {name} = {value};" for name, value in dims.items())
+
+
+def kernel_signatures(kernels: str) -> list[str]:
+    """The `__global__` lines of `kernels` (each signature written on one line)."""
+    return [line.removesuffix(" {") for line in dedent(kernels).splitlines() if line.startswith("__global__")]
+
+
+def matrix_io(rows: int, cols: int) -> tuple[list[Buffer], list[Buffer], str]:
+    """Input x and output y of shape (rows, cols), and their host constants."""
+    return ([Buffer("x", "float32", (rows, cols))], [Buffer("y", "float32", (rows, cols))],
+            f"const int rows = {rows};\nconst int cols = {cols};")
+
+
+def grid_stride_launch(fn: str, args: str, what: str = "n", blocks: int = 1024, block: int = 256) -> tuple[str, str]:
+    """(launch, launch_note) of a grid-stride kernel on a fixed grid smaller than the work."""
+    return (f"{{k}}{fn}<<<{blocks}, {block}>>>({args});",
+            f"{fn} is launched once with {blocks} blocks of {block} threads (a fixed grid smaller than "
+            f"{what} / {block}), so each thread must loop over outputs with a grid stride.")
+
+
+# ---------------------------------------------------------------------------------------
 # bench.cu and the kernel-mode harness share the host boilerplate below.
 # ---------------------------------------------------------------------------------------
 

@@ -10,21 +10,11 @@ bitwise (a transpose, flip or roll of random data is never the data itself).
 """
 from __future__ import annotations
 
-from taskgen.core import Buffer, OpSpec, dedent
+from taskgen.core import Buffer, OpSpec, int_constants, kernel_signatures
 
 CATEGORY = "layout"
 EXACT = {"atol": 0.0, "rtol": 0.0}  # pure data movement: every value must arrive unchanged
 GRID_STRIDE_BLOCKS = 1024  # grid-stride kernels launch a fixed grid of 256-thread blocks
-
-
-def _ints(**dims: int) -> str:
-    """Host constants for the launch, one `const int NAME = value;` per size."""
-    return "\n".join(f"const int {name} = {value};" for name, value in dims.items())
-
-
-def _signatures(kernels: str) -> list[str]:
-    """The `__global__` lines of `kernels`; every kernel signature is written on one line."""
-    return [line.removesuffix(" {") for line in dedent(kernels).splitlines() if line.startswith("__global__")]
 
 
 def _gen(dims: str, draws: list[str], reference: str, args: str, outputs: str) -> str:
@@ -74,9 +64,9 @@ def _transpose_naive(rows: int, cols: int, variant: str) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("y", "float32", (cols, rows))],
-        constants=_ints(rows=rows, cols=cols),
+        constants=int_constants(rows=rows, cols=cols),
         kernels=TRANSPOSE_NAIVE_KERNEL,
-        signatures=_signatures(TRANSPOSE_NAIVE_KERNEL),
+        signatures=kernel_signatures(TRANSPOSE_NAIVE_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((cols + 31) / 32, (rows + 7) / 8);
@@ -140,9 +130,9 @@ def _transpose_tiled(rows: int, cols: int, variant: str) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("y", "float32", (cols, rows))],
-        constants=_ints(rows=rows, cols=cols),
+        constants=int_constants(rows=rows, cols=cols),
         kernels=TRANSPOSE_TILED_KERNEL,
-        signatures=_signatures(TRANSPOSE_TILED_KERNEL),
+        signatures=kernel_signatures(TRANSPOSE_TILED_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((cols + 31) / 32, (rows + 31) / 32);
@@ -191,9 +181,9 @@ def _nchw_to_nhwc(N: int, C: int, H: int, W: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (N, C, H, W))],
         outputs=[Buffer("y", "float32", (N, H, W, C))],
-        constants=_ints(N=N, C=C, H=H, W=W),
+        constants=int_constants(N=N, C=C, H=H, W=W),
         kernels=NCHW_KERNEL,
-        signatures=_signatures(NCHW_KERNEL),
+        signatures=kernel_signatures(NCHW_KERNEL),
         launch=f"{{k}}nchw_to_nhwc_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_x, d_y, N, C, H, W);",
         launch_note=f"nchw_to_nhwc_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads, "
                     "fewer threads than elements, so each thread loops over output indices with a grid stride.",
@@ -230,9 +220,9 @@ def _flip_horizontal(H: int, W: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (H, W))],
         outputs=[Buffer("y", "float32", (H, W))],
-        constants=_ints(H=H, W=W),
+        constants=int_constants(H=H, W=W),
         kernels=FLIP_H_KERNEL,
-        signatures=_signatures(FLIP_H_KERNEL),
+        signatures=kernel_signatures(FLIP_H_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((W + 31) / 32, (H + 7) / 8);
@@ -282,9 +272,9 @@ def _reverse_array(n: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "int32", (n,))],
         outputs=[Buffer("y", "int32", (n,))],
-        constants=_ints(n=n),
+        constants=int_constants(n=n),
         kernels=REVERSE_KERNEL,
-        signatures=_signatures(REVERSE_KERNEL),
+        signatures=kernel_signatures(REVERSE_KERNEL),
         launch="{k}reverse_array_kernel<<<(n + 255) / 256, 256>>>(d_x, d_y, n);",
         launch_note="reverse_array_kernel is launched once with (n + 255) / 256 blocks of 256 threads; block b "
                     "reads input elements 256*b..256*b+255 (the last block is partial).",
@@ -324,9 +314,9 @@ def _interleave_rgb(H: int, W: int) -> OpSpec:
             """,
         inputs=[Buffer("r", "uint8", (H, W)), Buffer("g", "uint8", (H, W)), Buffer("b", "uint8", (H, W))],
         outputs=[Buffer("rgb", "uint8", (H, W, 3))],
-        constants=_ints(n=H * W),
+        constants=int_constants(n=H * W),
         kernels=INTERLEAVE_KERNEL,
-        signatures=_signatures(INTERLEAVE_KERNEL),
+        signatures=kernel_signatures(INTERLEAVE_KERNEL),
         launch=f"{{k}}interleave_rgb_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_r, d_g, d_b, d_rgb, n);",
         launch_note=f"interleave_rgb_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads and "
                     "n = H * W pixels, fewer threads than pixels, so each thread loops with a grid stride.",
@@ -369,9 +359,9 @@ def _zero_pad_2d(H: int, W: int, pad: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (H, W))],
         outputs=[Buffer("y", "float32", (OH, OW))],
-        constants=_ints(H=H, W=W, pad=pad),
+        constants=int_constants(H=H, W=W, pad=pad),
         kernels=ZERO_PAD_KERNEL,
-        signatures=_signatures(ZERO_PAD_KERNEL),
+        signatures=kernel_signatures(ZERO_PAD_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((W + 2 * pad + 31) / 32, (H + 2 * pad + 7) / 8);
@@ -418,9 +408,9 @@ def _concat_columns(rows: int, Ca: int, Cb: int) -> OpSpec:
             """,
         inputs=[Buffer("a", "float32", (rows, Ca)), Buffer("b", "float32", (rows, Cb))],
         outputs=[Buffer("y", "float32", (rows, Ca + Cb))],
-        constants=_ints(rows=rows, Ca=Ca, Cb=Cb),
+        constants=int_constants(rows=rows, Ca=Ca, Cb=Cb),
         kernels=CONCAT_KERNEL,
-        signatures=_signatures(CONCAT_KERNEL),
+        signatures=kernel_signatures(CONCAT_KERNEL),
         launch=f"{{k}}concat_columns_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_a, d_b, d_y, rows, Ca, Cb);",
         launch_note=f"concat_columns_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads, fewer "
                     "threads than outputs, so each thread loops over output indices with a grid stride.",
@@ -473,9 +463,9 @@ def _reflect_pad_2d(H: int, W: int, pad: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (H, W))],
         outputs=[Buffer("y", "float32", (OH, OW))],
-        constants=_ints(H=H, W=W, pad=pad),
+        constants=int_constants(H=H, W=W, pad=pad),
         kernels=REFLECT_PAD_KERNEL,
-        signatures=_signatures(REFLECT_PAD_KERNEL),
+        signatures=kernel_signatures(REFLECT_PAD_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((W + 2 * pad + 31) / 32, (H + 2 * pad + 7) / 8);
@@ -519,9 +509,9 @@ def _deinterleave_rgb(H: int, W: int) -> OpSpec:
             """,
         inputs=[Buffer("rgb", "uint8", (H, W, 3))],
         outputs=[Buffer("r", "uint8", (H, W)), Buffer("g", "uint8", (H, W)), Buffer("b", "uint8", (H, W))],
-        constants=_ints(n=H * W),
+        constants=int_constants(n=H * W),
         kernels=DEINTERLEAVE_KERNEL,
-        signatures=_signatures(DEINTERLEAVE_KERNEL),
+        signatures=kernel_signatures(DEINTERLEAVE_KERNEL),
         launch="{k}deinterleave_rgb_kernel<<<(n + 255) / 256, 256>>>(d_rgb, d_r, d_g, d_b, n);",
         launch_note="deinterleave_rgb_kernel is launched once with (n + 255) / 256 blocks of 256 threads, "
                     "n = H * W pixels, one thread per pixel.",
@@ -562,9 +552,9 @@ def _tile_repeat_2d(rows: int, cols: int, reps_y: int, reps_x: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("y", "float32", (OR, OC))],
-        constants=_ints(rows=rows, cols=cols, reps_y=reps_y, reps_x=reps_x),
+        constants=int_constants(rows=rows, cols=cols, reps_y=reps_y, reps_x=reps_x),
         kernels=TILE_REPEAT_KERNEL,
-        signatures=_signatures(TILE_REPEAT_KERNEL),
+        signatures=kernel_signatures(TILE_REPEAT_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((cols * reps_x + 31) / 32, (rows * reps_y + 7) / 8);
@@ -608,9 +598,9 @@ def _flip_vertical(H: int, W: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (H, W))],
         outputs=[Buffer("y", "float32", (H, W))],
-        constants=_ints(H=H, W=W),
+        constants=int_constants(H=H, W=W),
         kernels=FLIP_V_KERNEL,
-        signatures=_signatures(FLIP_V_KERNEL),
+        signatures=kernel_signatures(FLIP_V_KERNEL),
         launch="{k}flip_vertical_kernel<<<H, 256>>>(d_x, d_y, H, W);",
         launch_note="flip_vertical_kernel is launched once with H blocks of 256 threads: block r writes row r "
                     "of y, looping over the columns with a stride of 256.",
@@ -647,9 +637,9 @@ def _roll_array(n: int, shift: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
-        constants=_ints(n=n, shift=shift),
+        constants=int_constants(n=n, shift=shift),
         kernels=ROLL_KERNEL,
-        signatures=_signatures(ROLL_KERNEL),
+        signatures=kernel_signatures(ROLL_KERNEL),
         launch=f"{{k}}roll_array_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_x, d_y, n, shift);",
         launch_note=f"roll_array_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads, fewer "
                     "threads than elements, so each thread loops over output indices with a grid stride.",

@@ -15,21 +15,11 @@ summation order, while one missing or doubled product (about 0.3) fails.
 """
 from __future__ import annotations
 
-from taskgen.core import Buffer, OpSpec, dedent
+from taskgen.core import Buffer, OpSpec, int_constants, kernel_signatures
 
 CATEGORY = "matmul"
 SUM_ATOL = 1e-3
 SUM_RTOL = 1e-3
-
-
-def _ints(**dims: int) -> str:
-    """Host constants for the launch, one `const int NAME = value;` per size."""
-    return "\n".join(f"const int {name} = {value};" for name, value in dims.items())
-
-
-def _signatures(kernels: str) -> list[str]:
-    """The `__global__` lines of `kernels`; every kernel signature is written on one line."""
-    return [line.removesuffix(" {") for line in dedent(kernels).splitlines() if line.startswith("__global__")]
 
 
 def _uniform(name: str, shape: str) -> str:
@@ -91,9 +81,9 @@ def _matmul_naive(M: int, K: int, N: int, variant: str = "") -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (M, K)), Buffer("B", "float32", (K, N))],
         outputs=[Buffer("C", "float32", (M, N))],
-        constants=_ints(M=M, K=K, N=N),
+        constants=int_constants(M=M, K=K, N=N),
         kernels=NAIVE_KERNEL,
-        signatures=_signatures(NAIVE_KERNEL),
+        signatures=kernel_signatures(NAIVE_KERNEL),
         launch="""
             dim3 block(16, 16);
             dim3 grid((N + 15) / 16, (M + 15) / 16);
@@ -159,9 +149,9 @@ def _matmul_tiled(M: int, K: int, N: int, variant: str = "") -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (M, K)), Buffer("B", "float32", (K, N))],
         outputs=[Buffer("C", "float32", (M, N))],
-        constants=_ints(M=M, K=K, N=N),
+        constants=int_constants(M=M, K=K, N=N),
         kernels=TILED_KERNEL,
-        signatures=_signatures(TILED_KERNEL),
+        signatures=kernel_signatures(TILED_KERNEL),
         launch="""
             dim3 block(16, 16);
             dim3 grid((N + 15) / 16, (M + 15) / 16);
@@ -213,9 +203,9 @@ def _matvec(M: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (M, N)), Buffer("x", "float32", (N,))],
         outputs=[Buffer("y", "float32", (M,))],
-        constants=_ints(M=M, N=N),
+        constants=int_constants(M=M, N=N),
         kernels=MATVEC_KERNEL,
-        signatures=_signatures(MATVEC_KERNEL),
+        signatures=kernel_signatures(MATVEC_KERNEL),
         launch="{k}matvec_warp_kernel<<<(M + 7) / 8, 256>>>(d_A, d_x, d_y, M, N);",
         launch_note="matvec_warp_kernel is launched once with (M + 7) / 8 blocks of 256 threads: one warp "
                     "(32 consecutive threads) per row of A, global warp index = row; the last block has "
@@ -303,9 +293,9 @@ def _batched_matmul(batch: int, M: int, K: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (batch, M, K)), Buffer("B", "float32", (batch, K, N))],
         outputs=[Buffer("C", "float32", (batch, M, N))],
-        constants=_ints(BATCH=batch, M=M, K=K, N=N),
+        constants=int_constants(BATCH=batch, M=M, K=K, N=N),
         kernels=BATCHED_KERNEL,
-        signatures=_signatures(BATCHED_KERNEL),
+        signatures=kernel_signatures(BATCHED_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((N + 31) / 32, (M + 31) / 32, BATCH);
@@ -352,9 +342,9 @@ def _outer_product(M: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (M,)), Buffer("y", "float32", (N,))],
         outputs=[Buffer("C", "float32", (M, N))],
-        constants=_ints(M=M, N=N),
+        constants=int_constants(M=M, N=N),
         kernels=OUTER_KERNEL,
-        signatures=_signatures(OUTER_KERNEL),
+        signatures=kernel_signatures(OUTER_KERNEL),
         launch="{k}outer_product_kernel<<<1024, 256>>>(d_x, d_y, d_C, M, N);",
         launch_note="outer_product_kernel is launched once with 1024 blocks of 256 threads, fewer threads "
                     "than outputs, so each thread loops over the flattened output with a grid stride.",
@@ -422,9 +412,9 @@ def _gemm_alpha_beta(M: int, K: int, N: int, alpha: float, beta: float) -> OpSpe
             """,
         inputs=[Buffer("A", "float32", (M, K)), Buffer("B", "float32", (K, N)), Buffer("C", "float32", (M, N))],
         outputs=[Buffer("D", "float32", (M, N))],
-        constants=_ints(M=M, K=K, N=N) + f"\nconst float alpha = {alpha}f;\nconst float beta = {beta}f;",
+        constants=int_constants(M=M, K=K, N=N) + f"\nconst float alpha = {alpha}f;\nconst float beta = {beta}f;",
         kernels=GEMM_KERNEL,
-        signatures=_signatures(GEMM_KERNEL),
+        signatures=kernel_signatures(GEMM_KERNEL),
         launch="""
             dim3 block(32, 32);
             dim3 grid((N + 31) / 32, (M + 31) / 32);
@@ -505,9 +495,9 @@ def _matmul_at_b(M: int, K: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (K, M)), Buffer("B", "float32", (K, N))],
         outputs=[Buffer("C", "float32", (M, N))],
-        constants=_ints(M=M, K=K, N=N),
+        constants=int_constants(M=M, K=K, N=N),
         kernels=AT_B_KERNEL,
-        signatures=_signatures(AT_B_KERNEL),
+        signatures=kernel_signatures(AT_B_KERNEL),
         launch="""
             dim3 block(16, 16);
             dim3 grid((N + 15) / 16, (M + 15) / 16);
@@ -568,9 +558,9 @@ def _vecmat(M: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("x", "float32", (M,)), Buffer("A", "float32", (M, N))],
         outputs=[Buffer("y", "float32", (N,))],
-        constants=_ints(M=M, N=N),
+        constants=int_constants(M=M, N=N),
         kernels=VECMAT_KERNEL,
-        signatures=_signatures(VECMAT_KERNEL),
+        signatures=kernel_signatures(VECMAT_KERNEL),
         launch="""
             dim3 block(32, 16);
             {k}vecmat_kernel<<<(N + 31) / 32, block>>>(d_x, d_A, d_y, M, N);
@@ -643,9 +633,9 @@ def _gram_matrix(M: int, K: int) -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (M, K))],
         outputs=[Buffer("G", "float32", (M, M))],
-        constants=_ints(M=M, K=K),
+        constants=int_constants(M=M, K=K),
         kernels=GRAM_KERNEL,
-        signatures=_signatures(GRAM_KERNEL),
+        signatures=kernel_signatures(GRAM_KERNEL),
         launch="""
             dim3 block(16, 16);
             dim3 grid((M + 15) / 16, (M + 15) / 16);
@@ -712,9 +702,9 @@ def _batched_matvec(batch: int, M: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("A", "float32", (batch, M, N)), Buffer("x", "float32", (batch, N))],
         outputs=[Buffer("y", "float32", (batch, M))],
-        constants=_ints(BATCH=batch, M=M, N=N),
+        constants=int_constants(BATCH=batch, M=M, N=N),
         kernels=BATCHED_MATVEC_KERNEL,
-        signatures=_signatures(BATCHED_MATVEC_KERNEL),
+        signatures=kernel_signatures(BATCHED_MATVEC_KERNEL),
         launch="""
             dim3 grid((M + 127) / 128, BATCH);
             {k}batched_matvec_kernel<<<grid, 128, N * sizeof(float)>>>(d_A, d_x, d_y, M, N);
@@ -769,9 +759,9 @@ def _linear_forward(M: int, K: int, N: int) -> OpSpec:
             """,
         inputs=[Buffer("X", "float32", (M, K)), Buffer("W", "float32", (K, N)), Buffer("bias", "float32", (N,))],
         outputs=[Buffer("Y", "float32", (M, N))],
-        constants=_ints(M=M, K=K, N=N),
+        constants=int_constants(M=M, K=K, N=N),
         kernels=LINEAR_KERNEL,
-        signatures=_signatures(LINEAR_KERNEL),
+        signatures=kernel_signatures(LINEAR_KERNEL),
         launch="""
             dim3 block(32, 8);
             dim3 grid((N + 31) / 32, (M + 7) / 8);

@@ -11,7 +11,7 @@ Every column loop is strided, so any column count works.
 """
 from __future__ import annotations
 
-from taskgen.core import Buffer, OpSpec
+from taskgen.core import Buffer, OpSpec, matrix_io
 
 CATEGORY = "normalization"
 
@@ -95,12 +95,6 @@ __device__ float warp_all_sum(float v) {
 """
 
 
-def _matrix(rows: int, cols: int) -> tuple[list[Buffer], list[Buffer], str]:
-    """Input x and output y of shape (rows, cols), and their host constants."""
-    return ([Buffer("x", "float32", (rows, cols))], [Buffer("y", "float32", (rows, cols))],
-            f"const int rows = {rows};\nconst int cols = {cols};")
-
-
 def _gen(inputs: str, reference: str, call: str) -> str:
     """gen.py body: draw the inputs, define `reference` (float64 math), store as float32."""
     return f"{inputs}\n\n\n{reference.strip()}\n\n\n{call}"
@@ -112,7 +106,7 @@ def _gen(inputs: str, reference: str, call: str) -> str:
 
 
 def row_softmax(rows: int, cols: int, variant: str) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = "constexpr int SOFTMAX_THREADS = 256;  // block size; sizes the shared buffer\n"
     kernels += SMEM_TREE_MAX + SMEM_TREE_SUM + """
 // One block per row, three strided passes: the row max, the sum of exp(x - max), the write.
@@ -163,7 +157,7 @@ def reference(x):
 
 
 def row_log_softmax(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = WARP_XOR_MAX_SUM + """
 // One warp per row (blockDim.x is a multiple of 32). Lanes stride over the row by 32.
 __global__ void row_log_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
@@ -216,7 +210,7 @@ def reference(x):
 
 
 def layer_norm(rows: int, cols: int, variant: str) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     inputs += [Buffer("gamma", "float32", (cols,)), Buffer("beta", "float32", (cols,))]
     kernels = WARP_SHUFFLE_BLOCK_SUM + """
 // One block per row: mean, then variance as the mean of squared deviations (a second pass over
@@ -276,7 +270,7 @@ def reference(x, gamma, beta, eps=1e-5):
 
 
 def rms_norm(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     inputs.append(Buffer("weight", "float32", (cols,)))
     kernels = """
 constexpr int RMS_THREADS = 512;  // block size; sizes the shared buffer
@@ -337,7 +331,7 @@ def reference(x, weight, eps=1e-6):
 
 
 def l2_row_normalize(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 // One warp per row, 4 rows per block of 128 threads.
 __global__ void l2_row_normalize_kernel(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
@@ -453,7 +447,7 @@ def reference(x, mean, var, gamma, beta, eps=1e-5):
 
 
 def softmax_temperature(rows: int, cols: int, temperature: float) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = WARP_XOR_MAX_SUM + """
 // Block-wide max and sum: lane 0 of each warp posts its warp's result in `slots`, then every
 // thread folds the posted values itself (at most 32). Every thread must call them (they sync).
@@ -613,7 +607,7 @@ def reference(x, gamma, beta, groups={groups}, eps=1e-5):
 
 
 def min_max_row_normalize(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 constexpr int MINMAX_THREADS = 256;  // block size; sizes the shared buffers
 
@@ -734,7 +728,7 @@ def reference(x, eps=1e-5):
 
 
 def row_mean_center(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 // One warp per row, 8 rows per block of 256 threads.
 __global__ void row_mean_center_kernel(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {

@@ -10,7 +10,7 @@ dynamic shared memory, a block-per-plane warp-shuffle reduction, and float4 load
 """
 from __future__ import annotations
 
-from taskgen.core import Buffer, OpSpec
+from taskgen.core import Buffer, OpSpec, grid_stride_launch
 
 CATEGORY = "pooling"
 BLOCK = 256
@@ -36,12 +36,6 @@ def _nchw_input(shape: tuple[int, ...]) -> str:
 def _gen(setup: str, body: str, out: str = "y") -> str:
     return (f"{setup}\n\n\n{body}\n\n\n"
             f"{out}_ref = reference(x.astype(np.float64)).astype(np.float32)  # float64 math, stored as float32")
-
-
-def _grid_stride(fn: str, args: str, what: str) -> tuple[str, str]:
-    return (f"{{k}}{fn}<<<{GRID_STRIDE_BLOCKS}, {BLOCK}>>>({args});",
-            f"{fn} is launched once with {GRID_STRIDE_BLOCKS} blocks of {BLOCK} threads (a fixed grid smaller than "
-            f"{what} / {BLOCK}), so each thread must loop over outputs with a grid stride.")
 
 
 def _guarded(fn: str, args: str, count: str) -> tuple[str, str]:
@@ -177,7 +171,7 @@ def _maxpool1d(tag: str) -> OpSpec:
     out_len = (length - 3) // 2 + 1
     fn = "maxpool1d_k3s2_kernel"
     sig = "(const float* __restrict__ x, float* __restrict__ y, int rows, int length)"
-    launch, note = _grid_stride(fn, "d_x, d_y, rows, length", "rows * out_len")
+    launch, note = grid_stride_launch(fn, "d_x, d_y, rows, length", "rows * out_len", GRID_STRIDE_BLOCKS, BLOCK)
     formula = "y[r][j] = max(x[r][2j], x[r][2j+1], x[r][2j+2])"
     return _task(
         op="maxpool1d_k3_stride2", name="MaxPool1D_Kernel3_Stride2", split="train", variant=tag,
@@ -273,7 +267,8 @@ def _maxpool2d_argmax() -> OpSpec:
     oh, ow = h // 2, w // 2
     fn = "maxpool2d_2x2_argmax_kernel"
     sig = f"(const float* __restrict__ x, float* __restrict__ y, int* __restrict__ idx, {NCHW_ARGS})"
-    launch, note = _grid_stride(fn, "d_x, d_y, d_idx, batch * channels, height, width", "out_count")
+    launch, note = grid_stride_launch(fn, "d_x, d_y, d_idx, batch * channels, height, width", "out_count",
+                                      GRID_STRIDE_BLOCKS, BLOCK)
     return _task(
         op="maxpool2d_2x2_with_argmax", name="MaxPool2D_2x2_With_Argmax", split="train",
         description=f"2-D max pooling (2x2 window, stride 2) over an NCHW float32 tensor of shape {shape} that also "
@@ -619,7 +614,8 @@ def _avgpool2d_2x2() -> OpSpec:
     oh, ow = h // 2, w // 2
     fn = "avgpool2d_2x2_kernel"
     sig = f"(const float* __restrict__ x, float* __restrict__ y, {NCHW_ARGS})"
-    launch, note = _grid_stride(fn, "d_x, d_y, batch * channels, height, width", "out_count")
+    launch, note = grid_stride_launch(fn, "d_x, d_y, batch * channels, height, width", "out_count",
+                                      GRID_STRIDE_BLOCKS, BLOCK)
     return _task(
         op="avgpool2d_2x2_stride2", name="AvgPool2D_2x2_Stride2", split="pretrain",
         description=f"2-D average pooling with a 2x2 window and stride 2 over an NCHW float32 tensor of shape "

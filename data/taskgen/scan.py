@@ -15,7 +15,7 @@ sums float32 holds exactly); int32 scans are compared exactly.
 """
 from __future__ import annotations
 
-from taskgen.core import Buffer, OpSpec
+from taskgen.core import Buffer, OpSpec, matrix_io
 
 CATEGORY = "scan"
 
@@ -73,12 +73,6 @@ __device__ int exclusive_scan_in_place(int* tile_totals, int num_tiles) {
 """
 
 
-def _matrix(rows: int, cols: int) -> tuple[list[Buffer], list[Buffer], str]:
-    """Input x and output y of shape (rows, cols), and their host constants."""
-    return ([Buffer("x", "float32", (rows, cols))], [Buffer("y", "float32", (rows, cols))],
-            f"const int rows = {rows};\nconst int cols = {cols};")
-
-
 def _gen(inputs: str, reference: str, call: str) -> str:
     """gen.py body: draw the inputs, define `reference` (float64 math unless integer)."""
     return f"{inputs}\n\n\n{reference.strip()}\n\n\n{call}"
@@ -98,7 +92,7 @@ ROW_SUM_ATOL, ROW_SUM_RTOL = 1e-3, 1e-4
 
 
 def row_inclusive_scan(rows: int, cols: int, variant: str) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 constexpr int ROW_SCAN_THREADS = 512;  // block size; sizes the shared buffers
 
@@ -258,7 +252,7 @@ def reference(counts):
 
 
 def row_exclusive_scan(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = WARP_SCAN_FLOAT + """
 // Exclusive prefix of v over the block's threads in thread order. blockDim.x is a multiple of
 // 32 and every thread of the block must call it (it syncs). Called once per kernel.
@@ -328,7 +322,7 @@ def reference(x):
 
 
 def row_cumulative_max(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 // One warp per row, 8 rows per block of 256 threads. The warp walks the row 32 columns at a
 // time: a __shfl_up_sync max-scan of the chunk, combined with the maximum of earlier chunks.
@@ -381,7 +375,7 @@ def reference(x):
 
 
 def row_running_mean(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = WARP_SCAN_FLOAT + """
 // One block per row, walked in chunks of blockDim.x columns. Each warp scans its 32 values with
 // shuffles; after a barrier every thread adds the totals of the warps before it (read from
@@ -794,7 +788,7 @@ def reference(x):
 
 
 def row_cumulative_product(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 // One warp per row, 4 rows per block of 128 threads, 32 columns per step: a __shfl_up_sync
 // product scan of the chunk, times the product of the earlier chunks.
@@ -856,7 +850,7 @@ def reference(x):
 
 
 def row_suffix_sum(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 constexpr int SUFFIX_THREADS = 256;  // block size; sizes the shared buffer
 
@@ -914,7 +908,7 @@ def reference(x):
 
 
 def row_cumulative_min(rows: int, cols: int) -> OpSpec:
-    inputs, outputs, constants = _matrix(rows, cols)
+    inputs, outputs, constants = matrix_io(rows, cols)
     kernels = """
 // One warp per row, 8 rows per block of 256 threads, raking: lane l owns a contiguous run of
 // ceil(cols / 32) columns. A shuffle min-scan of the run minima gives each lane the minimum of

@@ -12,7 +12,7 @@ separable filter through a scratch buffer.
 """
 from __future__ import annotations
 
-from taskgen.core import Buffer, OpSpec
+from taskgen.core import Buffer, OpSpec, grid_stride_launch
 
 CATEGORY = "stencil"
 BLOCK = 256  # 1-D kernels
@@ -31,12 +31,6 @@ def _guarded_1d(fn: str, args: str) -> tuple[str, str]:
     return (f"{{k}}{fn}<<<(n + {BLOCK - 1}) / {BLOCK}, {BLOCK}>>>({args});",
             f"{fn} is launched once with (n + {BLOCK - 1}) / {BLOCK} blocks of {BLOCK} threads, one thread per "
             f"output element; the last block is only partly used.")
-
-
-def _grid_stride(fn: str, args: str, what: str = "n") -> tuple[str, str]:
-    return (f"{{k}}{fn}<<<{GRID_STRIDE_BLOCKS}, {BLOCK}>>>({args});",
-            f"{fn} is launched once with {GRID_STRIDE_BLOCKS} blocks of {BLOCK} threads (a fixed grid smaller "
-            f"than {what} / {BLOCK}), so each thread must loop over outputs with a grid stride.")
 
 
 def _grid_2d(fn: str, args: str, bx: int, by: int, z: str = "") -> tuple[str, str]:
@@ -108,7 +102,7 @@ def _stencil1d_3pt(tag: str) -> OpSpec:
 def _stencil1d_5pt() -> OpSpec:
     n = SIZES_1D["1048576"]
     fn = "stencil1d_5pt_kernel"
-    launch, note = _grid_stride(fn, "d_x, d_y, n")
+    launch, note = grid_stride_launch(fn, "d_x, d_y, n", "n", GRID_STRIDE_BLOCKS, BLOCK)
     formula = "y[i] = (-x[i-2] + 16 x[i-1] - 30 x[i] + 16 x[i+1] - x[i+2]) / 12"
     return _task(
         op="stencil1d_5pt_second_derivative", name="Stencil_1D_5Point_Second_Derivative", split="train",
@@ -377,7 +371,7 @@ def _jacobi() -> OpSpec:
     fn = "jacobi_poisson_step_kernel"
     sig = ("(const float* __restrict__ u, const float* __restrict__ f, float* __restrict__ u_new, int rows, "
            "int cols, float h2)")
-    launch, note = _grid_stride(fn, "d_u, d_f, d_u_new, rows, cols, h2", what="rows * cols")
+    launch, note = grid_stride_launch(fn, "d_u, d_f, d_u_new, rows, cols, h2", "rows * cols", GRID_STRIDE_BLOCKS, BLOCK)
     formula = "u_new[r][c] = 0.25 * (u[r-1][c] + u[r+1][c] + u[r][c-1] + u[r][c+1] + h2 * f[r][c])"
     return _task(
         op="jacobi_poisson_step", name="Jacobi_Poisson_Step", split="train",
@@ -666,7 +660,7 @@ def _median3() -> OpSpec:
 def _central_diff() -> OpSpec:
     n = SIZES_1D["1048576"]
     fn = "central_diff_kernel"
-    launch, note = _grid_stride(fn, "d_x, d_y, n")
+    launch, note = grid_stride_launch(fn, "d_x, d_y, n", "n", GRID_STRIDE_BLOCKS, BLOCK)
     return _task(
         op="central_difference_1d", name="Central_Difference_1D", split="pretrain",
         description=f"Compute the central difference (x[i+1] - x[i-1]) / 2 with clamped indices of a float32 "
