@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -39,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, check_meta_matches, encode_sample,
@@ -336,7 +334,6 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x --micro-batch-size "
                         f"({world} x {args.micro_batch_size})")
     torch.manual_seed(args.seed)
-    random.seed(args.seed)
 
     # Load and validate inputs before any work.
     records = load_sft(args.data)

@@ -42,8 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
-                          UserError, build_messages, load_tasks, read_jsonl, render_prompt_and_response, run_main,
-                          write_jsonl_atomic, write_text_atomic)
+                          UserError, build_messages, fence, load_tasks, pick_device, read_jsonl,
+                          render_prompt_and_response, run_main, write_jsonl_atomic, write_text_atomic)
 
 OUTCOMES = ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 COMPILED_ONLY = "compiled"  # the outcome of a program that compiled where no GPU could run it
@@ -325,8 +325,6 @@ def clip(text: str) -> str:
 
 
 def reference_completion(task: dict, mode: str) -> str:
-    from cuset_common import fence
-
     return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
 
 
@@ -350,8 +348,6 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple
     """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT data)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from cuset_common import pick_device
 
     device = pick_device(args.device)
     tok = AutoTokenizer.from_pretrained(args.model, padding_side="left")

@@ -5,9 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
