@@ -243,8 +243,13 @@ def write_artifact(out_dir: Path, tensors: dict, meta: dict, extra_files: dict[s
         raise
 
 
-def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str) -> tuple[dict, dict]:
-    """Load (tensors, meta) of an artifact folder; a missing or foreign one is a UserError."""
+def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_tensors: dict | None = None,
+                  sample_tensors: dict | None = None) -> tuple[dict, dict]:
+    """Load (tensors, meta) of an artifact folder; a missing, foreign or damaged one is a UserError.
+
+    token_tensors / sample_tensors: {name: numpy dtype} that must be present, 1-D, of that dtype, and as
+    long as the response tokens (sample_offsets[-1]) / the samples (len(sample_offsets) - 1).
+    """
     from safetensors.numpy import load_file
 
     art_dir = Path(art_dir)
@@ -252,13 +257,68 @@ def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str) -> tuple[
     if not meta_path.exists() or not tensor_path.exists():
         raise UserError(f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
                         f"run {rerun_hint} first")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("stage") != expected_stage:
-        raise UserError(f"{art_dir}: is a {meta.get('stage')!r} artifact, expected {expected_stage!r}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{meta_path}: not valid JSON ({e}); rerun {rerun_hint}") from None
+    if not isinstance(meta, dict) or meta.get("stage") != expected_stage:
+        stage = meta.get("stage") if isinstance(meta, dict) else None
+        raise UserError(f"{art_dir}: is a {stage!r} artifact, expected {expected_stage!r}")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
                         f"{SCHEMA_VERSION}; rerun {rerun_hint}")
-    return load_file(str(tensor_path)), meta
+    try:
+        tensors = load_file(str(tensor_path))
+    except Exception as e:  # safetensors raises its own SafetensorError, or OSError, on a damaged file
+        raise UserError(f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
+                        f"rerun {rerun_hint}") from None
+    if token_tensors is not None or sample_tensors is not None:
+        check_flat_tensors(tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ", rerun_hint)
+    return tensors, meta
+
+
+def check_flat_tensors(t: dict, token_tensors: dict, sample_tensors: dict, meta: dict, where: str,
+                       rerun_hint: str) -> None:
+    """The artifact contract for flat per-token data: names, dtypes, lengths and sample_offsets."""
+    import numpy as np
+
+    def bad(msg: str) -> UserError:
+        return UserError(f"{where}{msg}; rerun {rerun_hint}")
+
+    for name, dtype in {**token_tensors, **sample_tensors, "sample_offsets": np.int64}.items():
+        if name not in t or t[name].dtype != dtype or t[name].ndim != 1:
+            raise bad(f"tensor {name} missing or not 1-D {np.dtype(dtype).name}")
+    off = t["sample_offsets"]
+    if len(off) == 0 or off[0] != 0 or np.any(np.diff(off) < 0):
+        raise bad("sample_offsets must start at 0 and never decrease")
+    n_tok, n_samples = int(off[-1]), len(off) - 1
+    for name in token_tensors:
+        if len(t[name]) != n_tok:
+            raise bad(f"tensor {name} has {len(t[name])} entries but sample_offsets cover {n_tok} tokens")
+    for name in sample_tensors:
+        if len(t[name]) != n_samples:
+            raise bad(f"tensor {name} has {len(t[name])} entries but there are {n_samples} samples")
+    counts = meta.get("counts") or {}
+    if counts.get("samples", n_samples) != n_samples or counts.get("response_tokens", n_tok) != n_tok:
+        raise bad(f"meta.json counts ({counts.get('samples')} samples, {counts.get('response_tokens')} tokens) "
+                  f"disagree with the tensors ({n_samples}, {n_tok})")
+
+
+def args_to_json(args) -> dict:
+    """argparse values as JSON-friendly values (paths as strings), for meta.json and resume checks."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path) -> None:
+    """--resume continues one run: refuse other arguments than the ones it started with (issue 9, item 5).
+
+    may_change: arguments that do not change the result (logging, --stop-after, --resume itself).
+    """
+    diff = [f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
+            for k in sorted(set(saved) | set(now)) if k not in may_change and saved.get(k) != now.get(k)]
+    if diff:
+        raise UserError(f"{where}: --resume with arguments other than the run's own:\n  " + "\n  ".join(diff)
+                        + "\nresume with the same arguments, or start a new run (another --out, or --force)")
 
 
 def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:
@@ -333,13 +393,33 @@ def render_prompt_and_response(tokenizer, record: dict) -> tuple[str, str]:
         if not full.startswith(prompt):
             raise UserError("the chat template does not render the prompt as a prefix of the conversation; "
                             "pass a tokenizer whose template does")
-        return prompt, full[len(prompt):]
+        return prompt, close_turn(tokenizer, full[len(prompt):], record["response"])
     eos = tokenizer.eos_token or ""
     if not msgs:
         return "", record["response"] + eos
     system = "\n".join(m["content"] for m in msgs if m["role"] == "system")
     user = "\n\n".join(m["content"] for m in msgs if m["role"] != "system")
     return PLAIN_PROMPT_TEMPLATE.format(system=system, user=user), record["response"] + eos
+
+
+def special_token_strings(tokenizer) -> list[str]:
+    """Text of every special token: the named ones and the added tokens marked special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return sorted({*tokenizer.all_special_tokens, *(t.content for t in added.values() if t.special)} - {""})
+
+
+def close_turn(tokenizer, response: str, content: str) -> str:
+    """The response as the model must produce it: the assistant content and the template's text up to and
+    including its end-of-turn token, nothing after it.
+
+    ChatML writes `<|im_end|>\n` after a turn; generation stops at `<|im_end|>`, so the `\n` is never
+    predicted and must not be trained or profiled either (issue 9, item 6). A template that closes the turn
+    without any special token keeps its closing text minus trailing whitespace.
+    """
+    body = response.find(content) + len(content) if content and content in response else 0
+    tail = response[body:]
+    ends = [tail.find(s) + len(s) for s in special_token_strings(tokenizer) if s in tail]
+    return response[:body] + (tail[:min(ends)] if ends else tail.rstrip())
 
 
 def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
@@ -360,5 +440,89 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
     start, spans = len(prompt_ids), spans[:room]
     if start == 0 and spans:  # `text` form: nothing predicts the first token, it is context only (assumption)
         start, spans = 1, spans[1:]
-    return {"input_ids": prompt_ids + resp_ids[:room], "response_start": start,
+    # a prompt that alone fills max_length leaves no response token: nothing of it is worth a forward
+    # pass, so it is cut to max_length too and the stages skip and count the sample (issue 9, item 4)
+    return {"input_ids": (prompt_ids + resp_ids[:room])[:max_length], "response_start": min(start, max_length),
             "spans": spans, "response_text": response_text, "truncated": truncated}
+
+
+# ---------------------------------------------------------------------------------------
+# Models: loading with one-line errors, and the check that logits are a plain linear head.
+# ---------------------------------------------------------------------------------------
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _check_model_source(name: str, what: str, needed: tuple[str, ...]) -> None:
+    """A local folder must exist and hold one of `needed`; anything else is taken for a hub id."""
+    path = Path(name).expanduser()
+    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+    if not looks_local:
+        return
+    if not path.is_dir():
+        raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; pass a "
+                        f"folder holding a Hugging Face model (config.json, weights, tokenizer) or a hub id")
+    if not any((path / f).exists() for f in needed):
+        raise UserError(f"--model {name}: this folder holds no {what} (none of {', '.join(needed)}); point "
+                        f"--model at the folder that save_pretrained wrote")
+
+
+def load_tokenizer(name: str, **kwargs):
+    """The model's tokenizer; must be fast (character offsets). A failure is one line naming the path."""
+    from transformers import AutoTokenizer
+
+    _check_model_source(name, "tokenizer", TOKENIZER_FILES)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError, ImportError, KeyError) as e:
+        raise UserError(f"--model {name}: cannot load its tokenizer ({str(e).splitlines()[0] if str(e) else e!r})"
+                        ) from None
+    if not tokenizer.is_fast:
+        raise UserError(f"--model {name}: its tokenizer is not a fast tokenizer; character offsets are needed")
+    return tokenizer
+
+
+def load_causal_lm(name: str, dtype):
+    """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is missing."""
+    from transformers import AutoModelForCausalLM
+
+    _check_model_source(name, "model", ("config.json",))
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError, ImportError, KeyError) as e:
+        raise UserError(f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
+                        ) from None
+
+
+def output_head(model):
+    """(weight [V, d], bias [V] or None) of the model's output layer: logits = h @ weight.T + bias."""
+    head = model.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def check_head_is_plain(model, input_ids, stage: str) -> None:
+    """Refuse a model whose logits are not `last_hidden_state @ W.T + b` (issue 9, item 2).
+
+    The stages apply the output layer themselves, in chunks over response positions only, so a model
+    that scales (Granite's logits_scaling) or soft-caps (Gemma 2) its logits would be scored and trained
+    on the wrong distribution. Compared once, in float32 and eval mode, on up to 64 tokens.
+    """
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ids = input_ids[:, :64]  # [1, L]
+            ref = torch.softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)  # [1, L, V]
+            hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state.float()  # [1, L, d]
+            weight, bias = output_head(model)
+            logits = hidden @ weight.float().t() + (bias.float() if bias is not None else 0.0)  # [1, L, V]
+            err = (torch.softmax(logits, dim=-1) - ref).abs().max().item()
+    finally:
+        model.train(was_training)
+    if err > 1e-4:
+        raise UserError(f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are not "
+                        f"last_hidden_state @ lm_head.weight.T (+ bias): probabilities differ by up to {err:.2g} "
+                        f"(logit scaling or soft-capping?); {stage} applies the output layer itself and does not "
+                        f"support this model")

@@ -1,0 +1,116 @@
+"""The shared plumbing of cuset_common: turn closing, artifact validation, resume checks, model loading."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cuset_common import (TINY_MODEL, UserError, check_resume_args, close_turn, encode_sample, load_causal_lm,
+                          load_tokenizer, read_artifact, write_artifact)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(str(TINY_MODEL))
+
+
+class FakeSpecials(SimpleNamespace):
+    """Just what close_turn reads of a tokenizer: its special tokens."""
+    all_special_tokens: list
+    added_tokens_decoder: dict = {}
+
+
+@pytest.mark.parametrize("specials, response, content, expected", [
+    (["<|im_end|>"], "int x;<|im_end|>\n", "int x;", "int x;<|im_end|>"),                 # ChatML
+    (["<|eot_id|>"], "int x;<|eot_id|>", "int x;", "int x;<|eot_id|>"),                    # Llama 3: nothing after
+    (["<end_of_turn>", "<eos>"], "a<end_of_turn>\n<eos>", "a", "a<end_of_turn>"),          # first special closes
+    ([], "int x;\n\n", "int x;", "int x;"),                                                # no special: strip
+    (["<|im_end|>"], "<|im_end|> in text<|im_end|>\n", "<|im_end|> in text", "<|im_end|> in text<|im_end|>"),
+])
+def test_close_turn_keeps_the_end_of_turn_token_and_nothing_after(specials, response, content, expected):
+    tok = FakeSpecials(all_special_tokens=specials, added_tokens_decoder={})
+    assert close_turn(tok, response, content) == expected
+
+
+def test_encoded_chat_sample_ends_at_the_end_of_turn_token(tokenizer):
+    record = {"prompt_messages": [{"role": "user", "content": "add"}], "response": "```cpp\nint x;\n```"}
+    enc = encode_sample(tokenizer, record, 512)
+    assert enc["response_text"].endswith("<|im_end|>")
+    assert enc["input_ids"][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_a_prompt_longer_than_max_length_is_cut_and_has_no_response_tokens(tokenizer):
+    record = {"prompt_messages": [{"role": "user", "content": "word " * 400}], "response": "int x;"}
+    enc = encode_sample(tokenizer, record, 64)
+    assert len(enc["input_ids"]) == 64 and enc["response_start"] == 64 and enc["spans"] == []
+    assert enc["truncated"]
+
+
+def write_small_artifact(path):
+    tensors = {"confidence": np.array([0.5, 0.25, 1.0], np.float32), "sample_offsets": np.array([0, 2, 3], np.int64),
+               "sample_weight": np.array([1.0, 2.0], np.float32)}
+    write_artifact(path, tensors, {"stage": "x", "counts": {"samples": 2, "response_tokens": 3}})
+
+
+SCHEMA = dict(token_tensors={"confidence": np.float32}, sample_tensors={"sample_weight": np.float32})
+
+
+def test_a_valid_artifact_reads_back(tmp_path):
+    write_small_artifact(tmp_path / "a")
+    t, meta = read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
+    assert t["confidence"].tolist() == [0.5, 0.25, 1.0] and meta["counts"]["samples"] == 2
+
+
+def test_a_truncated_tensor_file_is_a_user_error(tmp_path):
+    write_small_artifact(tmp_path / "a")
+    f = tmp_path / "a" / "tensors.safetensors"
+    f.write_bytes(f.read_bytes()[:-7])
+    with pytest.raises(UserError, match="cannot be read.*rerun stage x"):
+        read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda t, m: t.update(confidence=t["confidence"].astype(np.float64)), "confidence missing or not 1-D float32"),
+    (lambda t, m: t.update(confidence=t["confidence"][:2]), "confidence has 2 entries but sample_offsets cover 3"),
+    (lambda t, m: t.update(sample_weight=t["sample_weight"][:1]), "sample_weight has 1 entries but there are 2"),
+    (lambda t, m: t.update(sample_offsets=np.array([0, 3, 2], np.int64)), "never decrease"),
+    (lambda t, m: m["counts"].update(samples=5), "meta.json counts"),
+])
+def test_inconsistent_tensors_are_refused_with_what_is_wrong(tmp_path, damage, message):
+    from safetensors.numpy import load_file, save_file
+
+    write_small_artifact(tmp_path / "a")
+    t = load_file(str(tmp_path / "a" / "tensors.safetensors"))
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    damage(t, meta)
+    save_file(t, str(tmp_path / "a" / "tensors.safetensors"))
+    (tmp_path / "a" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=message):
+        read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
+
+
+def test_resume_with_other_arguments_names_each_difference(tmp_path):
+    saved = {"objective": "cuset", "lr": 1e-4, "resume": False, "stop_after": 3}
+    check_resume_args(saved, {**saved, "resume": True, "stop_after": None}, {"resume", "stop_after"}, tmp_path)
+    with pytest.raises(UserError, match=r"--lr: the run has 0.0001, now 0.05\n  --objective: the run has 'cuset', now 'sft'"):
+        check_resume_args(saved, {**saved, "objective": "sft", "lr": 5e-2}, {"resume"}, tmp_path)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: None, "no such folder"),
+    (lambda p: p.mkdir(), "holds no tokenizer"),
+    (lambda p: p.write_text("x"), "is not a folder"),
+])
+def test_a_path_without_a_model_is_one_clear_line(tmp_path, make, message):
+    make(tmp_path / "m")
+    with pytest.raises(UserError, match=message):
+        load_tokenizer(str(tmp_path / "m"))
+
+
+def test_a_folder_with_a_tokenizer_but_no_model_names_config_json(tmp_path, tokenizer):
+    tokenizer.save_pretrained(tmp_path / "m")
+    assert load_tokenizer(str(tmp_path / "m")).vocab_size == tokenizer.vocab_size
+    with pytest.raises(UserError, match="holds no model.*config.json"):
+        load_causal_lm(str(tmp_path / "m"), None)
