@@ -3,9 +3,11 @@
 CuSeT's second level of CUDA sensitivity: the few sensitive tokens the base model predicts
 with LOW confidence cluster into regions (index arithmetic, guards, shared-memory staging,
 synchronization, write-back). This stage finds those regions in the stage-01 profile,
-gives each sample a weight from its region mass, reports the finding on the data (are
-sensitive tokens mostly confident? do the unconfident ones cluster more than chance?) and
-draws samples as an HTML page. The rules are our reconstruction (DESIGN.md "Regions").
+gives each sample a weight from its region mass, tests the finding on the data against
+three permutation nulls (does low confidence come in runs at all? do SENSITIVE low tokens
+cluster more than other low tokens? the same on untagged tokens) and says in one sentence
+what the data supports, and draws samples as an HTML page. The rules are our
+reconstruction (DESIGN.md "Regions").
 
 Inputs -> outputs:
   profile artifact (01_profile.py; default data/artifacts/profile)
@@ -40,6 +42,7 @@ from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, check_meta_matc
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
                    "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}  # all [T]
+LEVEL = 0.05  # significance level the report's plain sentence reads its tests at (per category: after Holm)
 CATEGORY_COLORS = {1: "#7c3aed", 2: "#2563eb", 3: "#d97706", 4: "#0d9488", 5: "#db2777",  # HTML, by code
                    6: "#65a30d", 7: "#0891b2", 8: "#64748b", 9: "#b91c1c"}
 
@@ -58,10 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
     ap.add_argument("--alpha", type=float, default=1.0, help="weight slope: w = 1 + alpha * m / mean(m)")
     ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
+    ap.add_argument("--weight-norm", choices=("token-mean", "none"), default="token-mean",
+                    help="token-mean: rescale w to token-weighted mean 1 (the sft loss scale); none: keep clipped w")
     ap.add_argument("--snap-lines", action=argparse.BooleanOptionalAction, default=True,
                     help="extend regions to whole source lines")
-    ap.add_argument("--permutations", type=int, default=100, help="shuffles for the clustering baseline")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the permutation baseline")
+    ap.add_argument("--permutations", type=int, default=200, help="draws of each permutation null")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the permutation nulls")
     ap.add_argument("--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)")
     ap.add_argument("--force", action="store_true", help="use a profile made from other inputs anyway")
     args = ap.parse_args(argv)
@@ -215,20 +220,33 @@ def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n_t
     return summed / np.maximum(n_tok, 1)
 
 
-def sample_weights(mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float) -> np.ndarray:
-    """w_i = clip(1 + alpha * m_i / mean(m), 1, w_max), then rescaled so that sum_i n_i w_i / sum_i n_i = 1.
+def sample_weights(mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float,
+                   norm: str = "token-mean") -> np.ndarray:
+    """w_i = clip(1 + alpha * m_i / mean(m), 1, w_max); norm "token-mean" then divides by the token-weighted
+    mean so that sum_i n_i w_i / sum_i n_i = 1, norm "none" keeps the clipped weights.
 
-    Assumption: mean(m) is over samples with response tokens; with no region anywhere every
-    weight is 1. The rescale only divides (the raw weights are >= 1), so w stays <= w_max.
+    Why token-mean 1: the cuset loss is sum_i w_i sum_t m_it l_it / N, so a mean weight of 1 per token keeps
+    it on the sft scale and one learning rate serves both. The price: once any sample has a region the
+    divisor exceeds 1, so samples with little or no region mass end below 1, down-weighted against sft
+    (the report gives how many and how far). Assumption: mean(m) is over samples with response tokens;
+    with no region anywhere every weight is 1. The rescale only divides, so w stays <= w_max.
     """
     mean_m = mass[n_tok > 0].mean()
     raw = np.clip(1.0 + alpha * mass / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(mass)
-    return raw * n_tok.sum() / (n_tok * raw).sum()
+    return raw * n_tok.sum() / (n_tok * raw).sum() if norm == "token-mean" else raw
 
 
 # ---------------------------------------------------------------------------------------
-# The finding: confidence of sensitive tokens, and clustering against a permutation baseline
+# The finding, each claim tested against the null that tests it (DESIGN.md "Regions").
+# Clustering statistic: the share of low-confidence tokens of a kind (tag code; 0 = not sensitive)
+# in multi-token runs, i.e. with another low token of their sample within gap + 1 positions.
 # ---------------------------------------------------------------------------------------
+
+NULLS = {  # name: (tokens the statistic is on, what the null moves, what a rejection shows)
+    "a": ("sensitive", "confidences shuffled within each sample", "low confidence comes in runs"),
+    "b": ("sensitive", "tags rotated within each sample", "sensitive low tokens cluster more than other low tokens"),
+    "c": ("non-sensitive", "confidences shuffled within each sample", "the same without tags (control for a)"),
+}
 
 
 def in_multi_token_run(low: np.ndarray, sample_of: np.ndarray, gap: int) -> np.ndarray:
@@ -243,37 +261,75 @@ def in_multi_token_run(low: np.ndarray, sample_of: np.ndarray, gap: int) -> np.n
     return out
 
 
-def clustered_share(p, tau_t, sensitive, sample_of, gap: int) -> tuple[float, np.ndarray]:
-    """Share of low-confidence sensitive tokens (seeds) in multi-token runs: overall, and per category [10]."""
-    low = p < tau_t
-    seed = low & (sensitive > 0)
-    multi = in_multi_token_run(low, sample_of, gap) & seed
-    with np.errstate(invalid="ignore", divide="ignore"):  # a category without seeds: NaN
-        per_cat = np.bincount(sensitive[multi], minlength=10) / np.bincount(sensitive[seed], minlength=10)
-    return (multi.sum() / seed.sum() if seed.any() else np.nan), per_cat
+def run_counts(low: np.ndarray, multi: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """int64 [2, 10]: per tag code (0 = not sensitive), low tokens in multi-token runs and low tokens."""
+    return np.stack([np.bincount(codes[multi], minlength=10), np.bincount(codes[low], minlength=10)])
 
 
-def permutation_baseline(p, tau_t, sensitive, sample_of, gap: int, n_perm: int, seed: int):
-    """clustered_share when each sample's confidences are shuffled over its own positions.
+def run_shares(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Share of low tokens in runs from run_counts [..., 2, 10]: (all sensitive [...], per code [..., 10]);
+    NaN where a kind has no low token."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return counts[..., 0, 1:].sum(-1) / counts[..., 1, 1:].sum(-1), counts[..., 0, :] / counts[..., 1, :]
 
-    Tags, positions and each sample's tau stay fixed, so only where low confidence falls is
-    random. Returns (overall [n_perm], per category [n_perm, 10]).
+
+def low_share_gap(counts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Low-confidence share of sensitive tokens minus that of other tokens, from run_counts [..., 2, 10] and
+    the tokens per code [10]. Either share alone is about rho by construction; their difference is not."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return counts[..., 1, 1:].sum(-1) / tokens[1:].sum() - counts[..., 1, 0] / tokens[0]
+
+
+def shuffled_confidence_null(p, tau_t, codes, sample_of, gap: int, n_perm: int, rng) -> np.ndarray:
+    """Nulls (a) and (c): run_counts [n_perm, 2, 10] with each sample's confidences shuffled over its positions.
+
+    Tags, positions and each sample's tau stay fixed and low confidence may land anywhere, so a
+    rejection says low confidence comes in runs, for whatever tokens the statistic is on; it says
+    nothing about CUDA sensitivity unless (c), the same test on untagged tokens, does not reject.
     """
-    rng = np.random.default_rng(seed)
-    overall, per_cat = np.zeros(n_perm), np.zeros((n_perm, 10))
+    out = np.zeros((n_perm, 2, 10), np.int64)
     for k in range(n_perm):
-        perm = np.argsort(sample_of + rng.random(len(p)))  # [T] a shuffle within each sample
-        overall[k], per_cat[k] = clustered_share(p[perm], tau_t, sensitive, sample_of, gap)
-    return overall, per_cat
+        low = p[np.argsort(sample_of + rng.random(len(p)))] < tau_t  # [T] a shuffle within each sample
+        out[k] = run_counts(low, in_multi_token_run(low, sample_of, gap), codes)
+    return out
 
 
-def p_value(observed: float, null: np.ndarray) -> float:
-    """One-sided permutation p-value (1 + #{null >= observed}) / (1 + n), over the shuffles where
-    the statistic is defined (a shuffle may leave a category without low tokens)."""
+def rotated_tags_null(low, multi, codes, off, sample_of, n_perm: int, rng) -> np.ndarray:
+    """Null (b): run_counts [n_perm, 2, 10] with each sample's tags rotated (cyclically) by a random offset.
+
+    Confidences and runs stay fixed, and the tags keep their own spacing (a lexeme of several
+    tokens stays whole), so a rejection says sensitive low tokens sit in runs more than the other
+    low tokens of the same samples: the CUDA-specific claim.
+    """
+    n, start = np.diff(off)[sample_of], off[sample_of]  # [T] length and first token of each token's sample
+    pos = np.arange(len(codes)) - start  # [T] position within the sample
+    out = np.zeros((n_perm, 2, 10), np.int64)
+    for k in range(n_perm):
+        shift = rng.integers(np.maximum(np.diff(off), 1))[sample_of]  # [T] one offset per sample
+        out[k] = run_counts(low, multi, codes[start + (pos + shift) % n])
+    return out
+
+
+def p_value(observed: float, null: np.ndarray, side: str = "greater") -> float:
+    """Permutation p-value (1 + #{draws at least as extreme}) / (1 + #draws) over the draws where the statistic
+    is defined; side "greater", "less" or "two" (twice the smaller one-sided p, at most 1)."""
     null = null[~np.isnan(null)]
     if np.isnan(observed) or len(null) == 0:
         return float("nan")
-    return float((1 + np.sum(null >= observed - 1e-12)) / (1 + len(null)))
+    if side == "two":
+        return min(1.0, 2 * min(p_value(observed, null), p_value(observed, null, "less")))
+    hits = null >= observed - 1e-12 if side == "greater" else null <= observed + 1e-12
+    return float((1 + hits.sum()) / (1 + len(null)))
+
+
+def holm(p) -> np.ndarray:
+    """Holm's step-down adjustment of a family of p-values; NaN (not tested) stays NaN, outside the family."""
+    p = np.asarray(p, dtype=np.float64)
+    order = np.flatnonzero(~np.isnan(p))
+    order = order[np.argsort(p[order], kind="stable")]
+    out = np.full(len(p), np.nan)
+    out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (len(order) - np.arange(len(order)))))
+    return out
 
 
 def mean(x) -> float:
@@ -289,34 +345,73 @@ def spread(x) -> dict[str, float]:
             **{k: float(v) for k, v in zip(("min", "p10", "median", "p90", "max"), q)}}
 
 
+def against(observed: float, null: np.ndarray, side: str = "greater") -> dict[str, float]:
+    """A statistic against its null draws: observed, null mean and sd, permutation p."""
+    return {"observed": float(observed), "null_mean": mean(null), "null_sd": spread(null[~np.isnan(null)])["sd"],
+            "p": p_value(observed, null, side)}
+
+
 def compute_finding(v: dict, names: dict[int, str], args) -> dict:
     """Every figure of the report (also stored in meta.json). v holds the arrays of main():
     [T] per token, [R] per region, [S] per sample; low confidence means p0 < tau of the sample."""
-    p, sens_code, tau_t, sample_of = v["p"], v["sensitive"], v["tau_t"], v["sample_of"]
-    low, sens, in_region, has = p < tau_t, sens_code > 0, v["region_id"] >= 0, v["n_tok"] > 0
-    obs, obs_cat = clustered_share(p, tau_t, sens_code, sample_of, args.gap)
-    null, null_cat = permutation_baseline(p, tau_t, sens_code, sample_of, args.gap, args.permutations, args.seed)
-    per_cat = {name: {"code": c, "tokens": int((sens_code == c).sum()), "high_conf_share": mean(~low[sens_code == c]),
-                      "mean_p": mean(p[sens_code == c]), "low_conf_tokens": int((low & (sens_code == c)).sum()),
-                      "clustered_share": float(obs_cat[c]), "baseline_mean": mean(null_cat[:, c]),
-                      "p_value": p_value(obs_cat[c], null_cat[:, c]), "regions": int((v["cats"] == c).sum())}
-               for c, name in names.items()}
+    p, codes, tau_t, sample_of = v["p"], v["sensitive"], v["tau_t"], v["sample_of"]
+    low, sens, in_region, has, w = p < tau_t, codes > 0, v["region_id"] >= 0, v["n_tok"] > 0, v["weight"]
+    multi, tokens = in_multi_token_run(low, sample_of, args.gap), np.bincount(codes, minlength=10)
+    rng = np.random.default_rng(args.seed)
+    obs = run_counts(low, multi, codes)  # [2, 10]
+    null_a = shuffled_confidence_null(p, tau_t, codes, sample_of, args.gap, args.permutations, rng)
+    null_b = rotated_tags_null(low, multi, codes, v["off"], sample_of, args.permutations, rng)
+    (obs_s, obs_c), (a_s, a_c), (b_s, b_c) = run_shares(obs), run_shares(null_a), run_shares(null_b)
+    p_a, p_b = ([p_value(obs_c[c], null[:, c]) for c in names] for null in (a_c, b_c))
+    per_cat = {name: {"code": c, "tokens": int(tokens[c]), "low_conf_tokens": int(obs[1, c]),
+                      "low_conf_share": mean(low[codes == c]), "mean_p": mean(p[codes == c]),
+                      "clustered_share": float(obs_c[c]), "null_a_mean": mean(a_c[:, c]), "p_a": pa, "p_a_holm": ha,
+                      "null_b_mean": mean(b_c[:, c]), "p_b": pb, "p_b_holm": hb, "regions": int((v["cats"] == c).sum())}
+               for (c, name), pa, ha, pb, hb in zip(names.items(), p_a, holm(p_a), p_b, holm(p_b))}
+    nulls = {k: {**dict(zip(("tokens", "moves", "rejection_shows"), NULLS[k])), **against(o, null)}
+             for k, o, null in (("a", obs_s, a_s), ("b", obs_s, b_s), ("c", obs_c[0], a_c[:, 0]))}
     starts, ends, line = v["starts"], v["ends"], v["line"]
-    return {
+    f = {
         "tokens": len(p), "sensitive_tokens": int(sens.sum()), "low_conf_tokens": int(low.sum()),
-        "high_conf_share_sensitive": mean(~low[sens]), "high_conf_share_other": mean(~low[~sens]),
+        "permutations": args.permutations, "seed": args.seed, "level": LEVEL, "nulls": nulls,
+        "low_share": {"sensitive": mean(low[sens]), "other": mean(low[~sens]),
+                      **against(low_share_gap(obs, tokens), low_share_gap(null_b, tokens), "two"),
+                      "test": "sensitive minus other, against the tag rotations of null (b), two-sided"},
         "above_tau_max_sensitive": mean(p[sens] >= args.tau_max), "above_tau_max_other": mean(p[~sens] >= args.tau_max),
         "mean_entropy_sensitive": mean(v["entropy"][sens]), "mean_entropy_other": mean(v["entropy"][~sens]),
-        "sensitive_share_of_low": mean(sens[low]), "sensitive_share_of_all": mean(sens),
-        "clustered_share": float(obs), "baseline_mean": mean(null), "baseline_std": spread(null)["sd"],
-        "p_value": p_value(obs, null), "permutations": args.permutations, "per_category": per_cat,
+        "per_category": per_cat,
         "regions": {"count": len(starts), "tokens": int(in_region.sum()),
                     "samples_with_regions": int(np.unique(sample_of[in_region]).size),
                     "length_tokens": spread(ends - starts), "length_lines": spread(line[ends - 1] - line[starts] + 1)},
-        "weights": {**spread(v["weight"][has]), "mean_mass": mean(v["mass"][has]),
-                    "samples_above_1": int(np.sum(v["weight"][has] > 1.0)),
-                    "token_weighted_mean": float((v["weight"] * v["n_tok"]).sum() / v["n_tok"].sum())},
+        "weights": {"norm": args.weight_norm, "samples": int(has.sum()), **spread(w[has]),
+                    "samples_above_1": int(np.sum(w[has] > 1.0)), "samples_below_1": int(np.sum(w[has] < 1.0)),
+                    "mean_mass": mean(v["mass"][has]), "token_weighted_mean": float((w * v["n_tok"]).sum() / len(p))},
     }
+    f["conclusion"] = conclusion(f)
+    return f
+
+
+def conclusion(f: dict) -> str:
+    """One plain sentence of what the data does and does not support, read off the tests at LEVEL:
+    (a) and (c) for runs at all, (b) for the CUDA-specific claim (per category after Holm), the low share."""
+    a, b, c, ls = f["nulls"]["a"], f["nulls"]["b"], f["nulls"]["c"], f["low_share"]
+    if b["p"] != b["p"]:  # NaN: no draws
+        return "No permutation test was run (--permutations 0), so this data supports no claim about clustering."
+    sa, sb, sc, sl = (q < LEVEL for q in (a["p"], b["p"], c["p"], ls["p"]))
+    runs = ("low confidence comes in runs, for sensitive and non-sensitive tokens alike" if sa and sc else
+            "low-confidence sensitive tokens come in runs, non-sensitive ones do not" if sa else
+            "low-confidence non-sensitive tokens come in runs, sensitive ones do not" if sc else
+            "low confidence does not come in runs")
+    vs = f"{pct(b['observed'])} in runs vs {pct(b['null_mean'])}, b: p = {num(b['p'], 4)}"
+    cats = ", ".join(n for n, cat in f["per_category"].items() if cat["p_b_holm"] < LEVEL) or "none"
+    spec = (f"low-confidence sensitive tokens {'sit' if sb else 'do not sit'} in runs {'' if sb else 'significantly '}"
+            f"more than their tags rotated over the same confidences ({vs}), so it "
+            f"{'supports' if sb else 'does not support'} that CUDA-sensitive low-confidence tokens cluster specially "
+            f"(categories that do after Holm: {cats})")
+    how = ("more" if ls["observed"] > 0 else "less") if sl else "neither more nor less"
+    return (f"At level {LEVEL}: {runs} (a: p = {num(a['p'], 4)}, c: p = {num(c['p'], 4)}); {spec}; and sensitive "
+            f"tokens are {how} often low-confidence than other tokens ({pct(ls['sensitive'])} vs "
+            f"{pct(ls['other'])}, p = {num(ls['p'], 4)}).")
 
 
 def json_safe(x):
@@ -336,42 +431,62 @@ def num(x: float, digits: int = 3) -> str:
 
 def render_report(f: dict, args, n_samples: int) -> str:
     """The finding as Markdown (report.md, and stdout)."""
-    r, w, lt, ll = f["regions"], f["weights"], f["regions"]["length_tokens"], f["regions"]["length_lines"]
+    r, w, ls = f["regions"], f["weights"], f["low_share"]
+    lt, ll = r["length_tokens"], r["length_lines"]
+    both = lambda q, h: f"{num(q, 4)} ({num(h, 4)})"  # noqa: E731  raw p (Holm-adjusted p)
     out = ["# CuSeT stage 02: regions and the finding", "",
            f"Profile `{args.profile}`: {n_samples} samples, {f['tokens']} response tokens. Low confidence: p0 < tau_i "
            f"= min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high confidence: the rest. Gap {args.gap}, "
            f"line snapping {'on' if args.snap_lines else 'off'}.", "",
+           f"**What this data supports.** {f['conclusion']}", "",
            "## Level 1: how confidently are CUDA-sensitive tokens predicted?", "",
            f"- sensitive tokens: {f['sensitive_tokens']} ({pct(f['sensitive_tokens'] / f['tokens'])} of response "
-           f"tokens)",
-           f"- high-confidence share: **{pct(f['high_conf_share_sensitive'])}** of sensitive tokens (other tokens: "
-           f"{pct(f['high_conf_share_other'])}); p0 >= {args.tau_max}: {pct(f['above_tau_max_sensitive'])} "
-           f"(other tokens: {pct(f['above_tau_max_other'])})",
-           f"- mean entropy: sensitive {num(f['mean_entropy_sensitive'])}, other {num(f['mean_entropy_other'])} nats",
-           f"- sensitive share of low-confidence tokens: **{pct(f['sensitive_share_of_low'])}** (of all tokens: "
-           f"{pct(f['sensitive_share_of_all'])})", "",
+           f"tokens); low-confidence: **{pct(ls['sensitive'])}** of them, {pct(ls['other'])} of other tokens",
+           f"- about rho = {args.rho} of each sample is low-confidence by construction, so only the difference is "
+           f"evidence: {num(100 * ls['observed'], 1)} points; with the tags rotated within samples (null b's draws) "
+           f"{num(100 * ls['null_mean'], 1)} points, two-sided p = {num(ls['p'], 4)}",
+           f"- p0 >= {args.tau_max}: {pct(f['above_tau_max_sensitive'])} of sensitive tokens, "
+           f"{pct(f['above_tau_max_other'])} of other tokens; mean entropy {num(f['mean_entropy_sensitive'])} vs "
+           f"{num(f['mean_entropy_other'])} nats", "",
            "## Level 2: do low-confidence sensitive tokens cluster into regions?", "",
-           f"- low-confidence sensitive tokens in multi-token runs (another low token within {args.gap + 1} "
-           f"positions): **{pct(f['clustered_share'])}**",
-           f"- permutation baseline (confidences shuffled within each sample, {f['permutations']} shuffles): "
-           f"mean {pct(f['baseline_mean'])} (sd {pct(f['baseline_std'])}), p = {num(f['p_value'], 4)}", "",
-           "| category | tokens | high-conf | mean p0 | low-conf | in runs | baseline | p | regions |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    out += [f"| {c['code']} {name} | {c['tokens']} | {pct(c['high_conf_share'])} | {num(c['mean_p'])} | "
-            f"{c['low_conf_tokens']} | {pct(c['clustered_share'])} | {pct(c['baseline_mean'])} | "
-            f"{num(c['p_value'], 4)} | {c['regions']} |" for name, c in f["per_category"].items()]
+           f"Statistic: the share of low-confidence tokens in multi-token runs (another low token within "
+           f"{args.gap + 1} positions), against three nulls ({f['permutations']} draws each, seed {f['seed']}; "
+           f"one-sided p of observed >= null).", "",
+           "| null | tokens | moves | a rejection shows | observed | null mean (sd) | p |",
+           "|---|---|---|---|---:|---:|---:|"]
+    out += [f"| ({k}) | {n['tokens']} | {n['moves']} | {n['rejection_shows']} | {pct(n['observed'])} | "
+            f"{pct(n['null_mean'])} ({pct(n['null_sd'])}) | {num(n['p'], 4)} |" for k, n in f["nulls"].items()]
+    out += ["", "Per category: low-confidence tokens (share), share in runs, null means, p raw (Holm-adjusted over "
+            "the categories).", "",
+            "| category | tokens | mean p0 | low-conf | in runs | null a | p a | null b | p b | regions |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {c['code']} {name} | {c['tokens']} | {num(c['mean_p'])} | {c['low_conf_tokens']} "
+            f"({pct(c['low_conf_share'])}) | {pct(c['clustered_share'])} | {pct(c['null_a_mean'])} | "
+            f"{both(c['p_a'], c['p_a_holm'])} | {pct(c['null_b_mean'])} | {both(c['p_b'], c['p_b_holm'])} | "
+            f"{c['regions']} |" for name, c in f["per_category"].items()]
+    m = sum(c["p_b"] == c["p_b"] for c in f["per_category"].values())  # categories tested (p not NaN)
+    if m and m / (f["permutations"] + 1) >= LEVEL:
+        out += ["", f"With {f['permutations']} draws the smallest Holm-adjusted p over {m} categories is "
+                f"{num(m / (f['permutations'] + 1), 4)}: none can pass {LEVEL}; use --permutations >= "
+                f"{int(m / LEVEL + 1e-9)}."]
     cats = ", ".join(f"{n} {c['regions']} ({pct(c['regions'] / r['count'])})"
                      for n, c in f["per_category"].items() if c["regions"])
+    why = (f"token-mean 1 keeps the cuset loss on the sft scale (one learning rate serves both); the price: samples "
+           f"with little or no region mass end below 1, down-weighted against sft by up to {num(1 / w['min'], 2)}x "
+           f"(--weight-norm none keeps w in [1, {args.w_max}])" if w["norm"] == "token-mean" else
+           f"not normalised: the cuset loss is about {num(w['token_weighted_mean'], 2)}x the sft scale at the same "
+           f"learning rate (--weight-norm token-mean rescales it to 1)")
     out += ["", "## Regions", "",
             f"- {r['count']} regions in {r['samples_with_regions']} of {n_samples} samples, covering {r['tokens']} "
             f"tokens ({pct(r['tokens'] / f['tokens'])})",
             f"- length: mean {num(lt['mean'], 1)} tokens (median {num(lt['median'], 1)}, max {num(lt['max'], 0)}), "
             f"mean {num(ll['mean'], 2)} lines (max {num(ll['max'], 0)})",
             f"- categories: {cats or 'none'}", "", "## Sample weights", "",
-            f"- w = clip(1 + {args.alpha} * m / mean(m), 1, {args.w_max}), rescaled to token-weighted mean "
-            f"{num(w['token_weighted_mean'], 4)}; mean region mass m {num(w['mean_mass'], 4)}",
-            f"- min {num(w['min'])}, p10 {num(w['p10'])}, median {num(w['median'])}, p90 {num(w['p90'])}, "
-            f"max {num(w['max'])}; {w['samples_above_1']} samples above 1", ""]
+            f"- w = clip(1 + {args.alpha} * m / mean(m), 1, {args.w_max}), normalisation {w['norm']}: token-weighted "
+            f"mean {num(w['token_weighted_mean'], 4)}; mean region mass m {num(w['mean_mass'], 4)}",
+            f"- min {num(w['min'])}, p10 {num(w['p10'])}, median {num(w['median'])}, p90 {num(w['p90'])}, max "
+            f"{num(w['max'])}; of {w['samples']} samples {w['samples_above_1']} end above 1, {w['samples_below_1']} "
+            f"({pct(w['samples_below_1'] / max(w['samples'], 1))}) below 1", f"- {why}", ""]
     return "\n".join(out)
 
 
@@ -497,9 +612,7 @@ def render_html(sections: list[str], f: dict, args, names: dict[int, str]) -> st
               f"(<span class='lbl' style='--c:#2563eb;position:static'>R3 indexing</span>): runs of low-confidence "
               f"tokens (p0 &lt; τ = min({args.tau_max}, quantile {args.rho} of the sample)) around sensitive ones, "
               f"bridging up to {args.gap} confident tokens, {snap}.</p>"
-              f"<p>Finding: {pct(f['high_conf_share_sensitive'])} of sensitive tokens are high-confidence; "
-              f"{pct(f['clustered_share'])} of low-confidence sensitive tokens lie in multi-token runs "
-              f"(shuffled baseline {pct(f['baseline_mean'])}, p = {num(f['p_value'], 4)}).</p></div>")
+              f"<p>Finding: {html.escape(f['conclusion'])}</p></div>")
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>CuSeT regions</title>"
             f"<style>{CSS}</style></head><body><h1>CuSeT stage 02: low-confidence CUDA-sensitive regions</h1>"
             f"<div class='meta'>profile {html.escape(str(args.profile))} · samples shown: {len(sections)}, "
@@ -525,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     region_id = label_tokens(starts, ends, len(p))  # [T]
     cats = region_categories(region_id, sensitive, len(starts))  # [R]
     mass = region_mass(p, region_id, sample_of, n_tok)  # [S]
-    weight = sample_weights(mass, n_tok, args.alpha, args.w_max)  # [S]
+    weight = sample_weights(mass, n_tok, args.alpha, args.w_max, args.weight_norm)  # [S]
 
     v = {"off": off, "n_tok": n_tok, "sample_of": sample_of, "p": p, "entropy": t["entropy"].astype(np.float64),
          "sensitive": sensitive, "line": line_index, "cs": t["char_start"], "ce": t["char_end"], "tau": tau,

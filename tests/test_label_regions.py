@@ -164,6 +164,7 @@ def test_mass_and_weights_follow_the_formulas():
     w = stage.sample_weights(m, n, alpha=1.0, w_max=3.0)
     mean_m = m[:3].mean()  # empty sample 3 not in the mean (assumption)
     raw = np.array([min(1 + m[0] / mean_m, 3.0), 1, 1, 1])
+    assert stage.sample_weights(m, n, 1.0, 3.0, norm="none") == pytest.approx(raw)
     assert w == pytest.approx(raw * n.sum() / (n * raw).sum())
     assert (w * n).sum() / n.sum() == pytest.approx(1.0)
     assert w[0] / w[1] == pytest.approx(3.0)  # 1 + 0.35 / (0.35 / 3) = 4, clipped to w_max
@@ -190,18 +191,95 @@ def test_multi_token_run_matches_the_grown_chains(gap):
     assert not stage.in_multi_token_run(np.array([False, True]), np.zeros(2, int), gap).any()
 
 
-def test_permutation_baseline_detects_clustering_and_is_seeded():
-    # 40 samples: low confidence sits in one contiguous run around the sensitive tokens.
-    p = np.tile(np.r_[np.full(30, 0.9), [0.1, 0.05, 0.1, 0.08], np.full(30, 0.95)], 40)
-    sens = np.tile(np.r_[np.zeros(30), [2, 0, 3, 2], np.zeros(30)], 40).astype(np.uint8)
-    sample = np.repeat(np.arange(40), 64)
-    tau_t = np.full(len(p), 0.5)
-    obs, obs_cat = stage.clustered_share(p, tau_t, sens, sample, 2)
-    null, null_cat = stage.permutation_baseline(p, tau_t, sens, sample, 2, 100, seed=1)
-    assert obs == 1.0 and obs_cat[2] == 1.0 and np.isnan(obs_cat[5])
-    assert null.mean() < 0.5 and stage.p_value(obs, null) == pytest.approx(1 / 101)
-    again, _ = stage.permutation_baseline(p, tau_t, sens, sample, 2, 100, seed=1)
+def test_holm_and_p_values():
+    assert stage.holm([0.01, 0.04, np.nan, 0.03]) == pytest.approx([0.03, 0.06, np.nan, 0.06], nan_ok=True)
+    assert stage.holm([0.5, 0.9]).tolist() == [1.0, 1.0] and stage.holm([]).size == 0
+    null = np.array([0.1, 0.2, 0.3, np.nan])  # a draw where the statistic is undefined is left out
+    assert stage.p_value(0.3, null) == pytest.approx(2 / 4) and stage.p_value(0.05, null, "less") == 1 / 4
+    assert stage.p_value(0.35, null, "two") == pytest.approx(2 / 4) and stage.p_value(0.2, null, "two") == 1.0
+    assert np.isnan(stage.p_value(0.3, np.zeros(0))) and np.isnan(stage.p_value(np.nan, null))
+
+
+def test_confidence_shuffle_stays_within_samples_and_is_seeded():
+    p = np.r_[np.full(30, 0.1), np.full(50, 0.9)]  # sample 0 all low, sample 1 all high
+    codes = np.r_[np.full(30, 3), np.full(50, 4)].astype(np.uint8)
+    sample = np.repeat([0, 1], [30, 50])
+    null = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20, np.random.default_rng(1))
+    assert np.all(null[:, 1, 3] == 30) and np.all(null[:, 1, 4] == 0)  # no low confidence crosses a sample
+    again = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20, np.random.default_rng(1))
     assert np.array_equal(null, again)
+
+
+def test_tag_rotation_keeps_a_lexeme_whole_and_stays_within_samples():
+    # Sample 0: tokens 0 and 1 low, one two-token lexeme (code 2) at 0-1 of 8. A rotation lands both tags on the
+    # low pair for 1 shift in 8 (a full shuffle would: 1 in 28). Sample 1: all low, all code 5.
+    codes = np.r_[[2, 2, 0, 0, 0, 0, 0, 0], np.full(6, 5)].astype(np.uint8)
+    low = np.r_[[True, True], np.zeros(6, bool), np.ones(6, bool)]
+    off, sample = np.array([0, 8, 14]), np.repeat([0, 1], [8, 6])
+    null = stage.rotated_tags_null(low, low, codes, off, sample, 4000, np.random.default_rng(0))
+    assert np.all(null[:, 1, 5] == 6) and np.all(null[:, 1, :].sum(1) == 8)  # the low tokens stay where they are
+    on_pair = np.bincount(null[:, 1, 2], minlength=3) / 4000  # tags landing on the low pair: 0, 1 or 2
+    assert on_pair == pytest.approx([5 / 8, 2 / 8, 1 / 8], abs=0.03)
+
+
+def runs_samples(planted: bool, seed: int, n_samples: int = 60, length: int = 96) -> list:
+    """Samples of `length` tokens at p0 = 0.9 but for two runs of 5 low tokens (p0 = 0.1) and two isolated low
+    ones, one item per quarter of the sample, >= 4 confident tokens apart. planted: 3 tokens of the first run
+    are tagged indexing and 3 of the second guard, plus 4 confident tokens; else every token is tagged
+    (indexing or guard) with probability 0.15, independently of where the runs are."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n_samples):
+        p, cat, q = np.full(length, 0.9), np.zeros(length, int), length // 4
+        for k, item in enumerate(rng.permutation([2, 3, 0, 0])):  # run tagged 2, run tagged 3, isolated x2
+            size = 5 if item else 1
+            a = k * q + int(rng.integers(4, q - 3 - size))
+            p[a:a + size] = 0.1
+            cat[a + 1:a + 4] = item * planted  # 3 tags inside a run (none for an isolated one)
+        if planted:
+            cat[rng.choice(np.flatnonzero(p > 0.5), 4, replace=False)] = rng.integers(2, 4, 4)
+        else:
+            cat = np.where(rng.random(length) < 0.15, rng.integers(2, 4, length), 0)
+        samples.append([("x\n" if t % 8 == 7 else "x ", float(p[t]), int(cat[t])) for t in range(length)])
+    return samples
+
+
+def test_finding_on_planted_clustering(inputs, tmp_path):
+    """Tags planted in the low-confidence runs: all three nulls reject at the smallest attainable p, and so do
+    the per-category tests after Holm; the sentence says the data supports CUDA-specific clustering."""
+    data, model, fp, argv = inputs
+    make_profile(tmp_path / "profile", runs_samples(planted=True, seed=0), model, data, fp)
+    assert stage.main(argv + ["--rho", "1", "--permutations", "200"]) == 0  # rho 1: low is exactly p0 < 0.5
+    f = read_regions(tmp_path / "regions")[1]["finding"]
+    n = f["nulls"]
+    assert n["a"]["observed"] == n["b"]["observed"] == 1.0 and n["b"]["null_mean"] < 0.9
+    assert n["a"]["p"] == n["b"]["p"] == n["c"]["p"] == pytest.approx(1 / 201)
+    cats = f["per_category"]
+    assert cats["indexing"]["p_b_holm"] < 0.05 and cats["guard"]["p_b_holm"] < 0.05 and cats["launch"]["p_b"] is None
+    assert f["low_share"]["sensitive"] > 0.5 > 0.1 > f["low_share"]["other"]
+    assert f["low_share"]["p"] == pytest.approx(2 / 201)  # two-sided
+    assert "so it supports that CUDA-sensitive low-confidence tokens cluster specially (categories that do after " \
+        "Holm: indexing, guard)" in f["conclusion"]
+    report = (tmp_path / "regions" / "report.md").read_text()
+    assert f["conclusion"] in report and report.count("| (") == 3 and "| 0.0050 (0.0100) |" in report
+
+
+def test_finding_when_tags_ignore_the_runs(inputs, tmp_path):
+    """Tags placed independently of the low-confidence runs: shuffling confidences rejects for sensitive and
+    non-sensitive tokens alike (autocorrelation), rotating the tags does not; the sentence says so."""
+    data, model, fp, argv = inputs
+    make_profile(tmp_path / "profile", runs_samples(planted=False, seed=0), model, data, fp)
+    assert stage.main(argv + ["--rho", "1", "--permutations", "200"]) == 0
+    f = read_regions(tmp_path / "regions")[1]["finding"]
+    n = f["nulls"]
+    assert n["a"]["p"] == n["c"]["p"] == pytest.approx(1 / 201)
+    assert n["b"]["p"] > 0.25 and abs(n["b"]["observed"] - n["b"]["null_mean"]) < 0.03
+    assert f["low_share"]["p"] > 0.25
+    assert all(c["p_b_holm"] is None or c["p_b_holm"] > 0.05 for c in f["per_category"].values())
+    assert "for sensitive and non-sensitive tokens alike" in f["conclusion"]
+    assert "does not support that CUDA-sensitive low-confidence tokens cluster specially (categories that do after " \
+        "Holm: none)" in f["conclusion"]
+    assert "neither more nor less often low-confidence" in f["conclusion"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,23 +333,33 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     assert meta["profile"]["meta_sha256"] == sha256_file(tmp_path / "profile" / "meta.json")
     assert meta["args"]["rho"] == 0.2 and meta["counts"]["regions"] == R and meta["counts"]["samples"] == S
     report = (out / "report.md").read_text()
-    for needle in ("high-confidence share", "permutation baseline", "| 2 indexing |", "## Regions", "## Sample w"):
+    for needle in ("What this data supports", "only the difference is evidence", "three nulls", "| 2 indexing |",
+                   "## Regions", "## Sample w", "end below 1", "sft scale",
+                   "use --permutations >= "):  # 50 draws: too few for Holm to pass over 7 categories
         assert needle in report
-    assert "permutation baseline" in capsys.readouterr().out
+    assert "three nulls" in capsys.readouterr().out
     f = meta["finding"]
-    assert 0 <= f["high_conf_share_sensitive"] <= 1 and f["regions"]["count"] == R and f["permutations"] == 50
+    assert 0 <= f["low_share"]["sensitive"] <= 1 and f["regions"]["count"] == R and f["permutations"] == 50
+    w = f["weights"]  # token-mean 1: samples without regions end below 1
+    assert w["norm"] == "token-mean" and w["samples_below_1"] == int(np.sum((t["sample_weight"] < 1) & (n > 0))) > 0
+    assert w["min"] == pytest.approx(t["sample_weight"][n > 0].min()) and meta["args"]["weight_norm"] == "token-mean"
 
 
 def test_without_line_snapping_regions_are_the_grown_chains(inputs, tmp_path):
     data, model, fp, argv = inputs
     make_profile(tmp_path / "profile", random_samples(30, seed=1), model, data, fp)
-    assert stage.main(argv + ["--no-snap-lines", "--gap", "1", "--rho", "0.3", "--tau-max", "0.4"]) == 0
+    assert stage.main(argv + ["--no-snap-lines", "--gap", "1", "--rho", "0.3", "--tau-max", "0.4",
+                              "--weight-norm", "none"]) == 0
     t, meta = read_regions(tmp_path / "regions")
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
     check_region_invariants(t, prof)
     low = prof["confidence"] < t["tau"][np.repeat(np.arange(30), np.diff(t["sample_offsets"]))]
     assert np.all(low[t["region_start"]]) and np.all(low[t["region_end"] - 1])  # chains start and end low
     assert meta["args"]["snap_lines"] is False and t["tau"].max() <= 0.4
+    w = t["sample_weight"]  # not normalised: the clipped weights, >= 1, one for samples without regions
+    assert w.min() == 1.0 and w.max() <= 3.0 and np.all(w[t["sample_mass"] == 0] == 1.0)
+    assert meta["args"]["weight_norm"] == "none" and meta["finding"]["weights"]["samples_below_1"] == 0
+    assert "x the sft scale" in (tmp_path / "regions" / "report.md").read_text()
 
 
 def test_hand_written_profile_gives_the_expected_regions(inputs, tmp_path):
@@ -297,9 +385,10 @@ def test_hand_written_profile_gives_the_expected_regions(inputs, tmp_path):
     assert stage.main(argv + ["--rho", "1", "--gap", "3", "--no-snap-lines"]) == 0
     t, _ = read_regions(tmp_path / "regions")
     assert list(zip(t["region_start"], t["region_end"])) == [(3, 13), (16, 17)]  # gap 3 chains in the comment
-    assert stage.main(argv + ["--rho", "1", "--permutations", "0"]) == 0  # no baseline: reported as n/a
-    _, meta = read_regions(tmp_path / "regions")
-    assert meta["finding"]["p_value"] is None and "p = n/a" in (tmp_path / "regions" / "report.md").read_text()
+    assert stage.main(argv + ["--rho", "1", "--permutations", "0"]) == 0  # no null draws: p reported as n/a
+    f = read_regions(tmp_path / "regions")[1]["finding"]
+    assert all(n["p"] is None for n in f["nulls"].values()) and f["conclusion"].startswith("No permutation test")
+    assert "| n/a |" in (tmp_path / "regions" / "report.md").read_text()
 
 
 def test_html_page_is_self_contained_and_outlines_every_region(inputs, tmp_path):
