@@ -16,45 +16,64 @@ Inputs -> outputs
                           text), line_index int32 [T] (0-based line of char_start), sample_offsets int64 [S+1]
      samples.jsonl        per sample: index, id, line, response_text, n_prompt_tokens,
                           n_response_tokens, truncated
-     meta.json            stage, args, model, tokenizer_fingerprint, data {path, sha256}, max_length,
-                          counts {samples, response_tokens, truncated, no_response}, categories
+     meta.json            stage, args, model, tokenizer_fingerprint, data {path, sha256}, max_length, counts
+                          {samples, response_tokens, truncated, no_response}, categories, resumed_at_batch
 
 Commands
   python 01_profile.py                                   # tiny model + bundled data, CPU, seconds
   python 01_profile.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl --max-length 4096
+  python 01_profile.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl --max-length 4096 --resume
+                                                         # after a kill: the same arguments + --resume
   python 01_profile.py --help
 
 Tokenization is the one every stage uses (cuset_common.encode_sample): the tokenizer's chat
 template when it has one, else cuset_common.PLAIN_PROMPT_TEMPLATE; prompt and response are
-tokenized separately and only response tokens are profiled (the response includes the
-template's end-of-turn token). A sample longer than --max-length loses its tail and is counted
-as truncated; one whose prompt alone fills --max-length is kept with 0 tokens (no_response;
-it is counted as truncated too).
-In the `text` form there is no prompt, so the first token only serves as context (assumption:
-nothing predicts it; n_prompt_tokens = 1).
+tokenized separately and only response tokens are profiled. The response ends with the template's
+end-of-turn token: what a template writes after it (ChatML's `\n` after <|im_end|>) is never
+generated, so it is not profiled either. A sample longer than --max-length loses its tail and is
+counted as truncated; one whose prompt alone fills --max-length is kept with 0 tokens (no_response;
+it is counted as truncated too). In the `text` form there is no prompt, so the first token only
+serves as context (assumption: nothing predicts it; n_prompt_tokens = 1).
 
 Efficiency: samples are batched longest first (little padding); the model body runs once per
 batch (bf16 autocast on a GPU) and lm_head is applied to the response positions only, --chunk-rows
 at a time, with log-softmax of the gold token and the entropy per chunk, so a float32
 [batch, seq, vocab] logits tensor never exists (real vocabularies exceed 150k).
+
+Resume: finished batches are saved every --save-every seconds to <out>.partial/ (state.json: what
+the result depends on; batches-B0-B1.safetensors: the results of batches [B0, B1)), each file written
+to a temp name and renamed. --resume checks state.json against this run (only RESUME_MAY_CHANGE may
+differ) and continues after the last shard; the batch plan is deterministic, so the artifact equals an
+uninterrupted run's bit for bit. Without --resume a partial state is refused, neither reused nor
+deleted. The folder is removed once the artifact is in place.
+
 Tagging: regexes over the response text with prose outside ``` fences, comments and literals
 blanked; a token gets the first category in PRIORITY whose matches its character span overlaps.
+Beyond the named lexemes, inside __global__/__device__ bodies: indexing = integer assignments
+derived from thread builtins, and pointer arithmetic with an index (`x + row * cols`) in full;
+guard = is_guard (bounds checks; a loop's own termination test is not one), early `return;`;
+write_back = stores through an output pointer (a non-const pointer parameter, or a local pointer
+derived from one: `float* yr = y + row * cols; yr[j] = v`).
 """
 from __future__ import annotations
 
 import argparse
 import bisect
 import json
+import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, encode_sample, load_sft, pick_device,
-                          run_main, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain, check_resume_args,
+                          encode_sample, load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
+                          sha256_file, tokenizer_fingerprint, write_artifact, write_text_atomic)
 
 STAGE = "01_profile"
 CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: "synchronization",
@@ -63,6 +82,7 @@ CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: 
 # lexemes (specific) before the structural patterns (broad), so `threadIdx` inside a guard
 # `if (threadIdx.x < 32)` is indexing and the rest of the condition is guard.
 PRIORITY = (5, 6, 4, 8, 1, 2, 7, 3, 9)
+RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
 TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
                 "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}
@@ -96,11 +116,17 @@ NON_INT_DECL = re.compile(r"\b(?:float|double|half|__half|__nv_bfloat16|bool|cha
                           r"[\s*&]*(?:const\s+|__restrict__\s+)*([A-Za-z_]\w*)")
 CEIL_DIV = re.compile(r"\(\s*[\w.]+(?:\s*\*\s*[\w.]+)*\s*\+\s*([\w.]+)\s*(?:-\s*1\s*)?\)\s*/\s*([\w.]+)")
 FUNC_HEAD, BEFORE_BODY = re.compile(r"\b__(global|device)__\b"), re.compile(r"[^;{]*")
-CONDITION = re.compile(r"\b(if|while|for)\s*\(|\((?=[^()]*\)\s*\?)")  # ... and `(cond) ? a : b`
+CONDITION = re.compile(r"\b(if|while|for)\s*\(")  # ternary conditions are found from their `?`
+LEADING = re.compile(r"\s*(?:return\b)?\s*")  # what may precede a ?: condition in its expression
+PTR_DECL = re.compile(  # `const float* __restrict__ xr = x + row * cols;`; data is const if `const` precedes the *
+    r"(?<![\w.>])(?P<c1>const\s+)?(?:unsigned\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?(?P<c2>\s+const)?\s*"
+    r"(?:\*\s*(?:(?:const|__restrict__|__restrict)\b)?\s*)+(?P<name>[A-Za-z_]\w*)\s*=(?!=)(?P<rhs>[^;]*);")
 STORE_OP = re.compile(r"\s*(?:[+\-*/%&|^]|<<|>>)?=(?!=)")
 LITERAL = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)|\"(?:\\.|[^\"\\\n])*\"?|(?<!\w)'(?:\\.|[^'\\\n]){1,4}'", re.S)
 BLANK = re.compile(r"[^\n]")  # blanking keeps newlines, so offsets and line numbers stay valid
 COMPARISON = re.compile(r"<=|>=|==|!=|(?<![<>\-])[<>](?![<>=])")
+CONSTANT = re.compile(  # an operand made of literals only (and warpSize, 32 on every GPU so far)
+    r"(?:[\s()+\-*/%<>&|^~]|\bwarpSize\b|\b(?:0[xX][\da-fA-F]+|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)[uUlLfF]*\b)*")
 
 
 def outside_brackets(expr: str) -> str:
@@ -130,6 +156,34 @@ def match_paren(code: str, open_pos: int, pair: str = "()") -> int:
         if depth == 0:
             return j + 1
     return len(code)
+
+
+def is_assignment(code: str, j: int) -> bool:
+    """The `=` at code[j] assigns (`=`, `+=`, `<<=`, ...), it is not part of == != <= >=."""
+    return (code[j] == "=" and code[j + 1:j + 2] != "="
+            and (code[j - 1:j] not in ("=", "!", "<", ">") or code[max(j - 2, 0):j] in ("<<", ">>")))
+
+
+def expr_edge(code: str, pos: int, step: int) -> int:
+    """Edge of the expression through code[pos], at bracket depth 0: step 1 gives the index past its end,
+    step -1 the index of its first character. It stops at ; , { } ? a lone :, an assignment or an unmatched
+    bracket, and going forward also at a comparison or && || (where an operand ends)."""
+    opens, closes = ("([", ")]") if step > 0 else (")]", "([")
+    j, depth = pos, 0
+    while 0 <= j < len(code):
+        c = code[j]
+        if c in opens:
+            depth += 1
+        elif c in closes:
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and (c in ";,{}?" or (c == ":" and "::" not in code[max(j - 1, 0):j + 2])
+                             or is_assignment(code, j)
+                             or (step > 0 and (COMPARISON.match(code, j) or code.startswith(("&&", "||"), j)))):
+            break
+        j += step
+    return j if step > 0 else j + 1
 
 
 def device_functions(code: str) -> list[tuple[str, str, int, int]]:
@@ -173,50 +227,95 @@ def index_assignments(body: str, params: str) -> tuple[set[str], list[tuple[int,
     return names, hits
 
 
-def output_pointers(params: str) -> set[str]:
-    """Names of the kernel's pointer parameters whose data is not const (its outputs)."""
-    outs = set()
+def pointers(body: str, params: str) -> tuple[set[str], set[str]]:
+    """(all pointers, output pointers) of a function: its pointer parameters and the local pointers it
+    declares (`float* yr = y + row * cols;`). Outputs: non-const pointer parameters, and local pointers
+    to non-const data derived from an output (`yr` above, then `float* p = yr + 1`), in body order."""
+    ptrs, outs = set(), set()
     for p in params.split(","):
-        star = p.find("*")
-        ident = re.findall(r"[A-Za-z_]\w*", p)
-        if star >= 0 and ident and "const" not in p[:star].split():
-            outs.add(ident[-1])
-    return outs
+        star, ident = p.find("*"), re.findall(r"[A-Za-z_]\w*", p)
+        if star >= 0 and ident:
+            ptrs.add(ident[-1])
+            if "const" not in p[:star].split():
+                outs.add(ident[-1])
+    for d in PTR_DECL.finditer(body):
+        ptrs.add(d["name"])
+        if not (d["c1"] or d["c2"]) and outs & set(re.findall(r"\w+", d["rhs"])):
+            outs.add(d["name"])
+    return ptrs, outs
 
 
-def guard_spans(body: str, idx: set[str], is_kernel: bool) -> list[tuple[int, int]]:
-    """Bounds checks: if/while/ternary conditions and for-loop tests comparing an index variable or
-    builtin (the whole `if (...)`, only the test of a `for`), plus early `return;` in kernels."""
-    idx_re = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(idx))) + r")\b") if idx else BUILTIN
-    spans = []
+def pointer_offset_spans(body: str, ptrs: set[str], uses_index) -> list[tuple[int, int]]:
+    """Pointer arithmetic with an index, in full: `x + row * cols` (up to where the operand ends),
+    `y += offset`, and a whole pointer declaration whose initializer uses an index."""
+    spans = [d.span() for d in PTR_DECL.finditer(body) if uses_index(d["rhs"])]
+    if ptrs:
+        alt = "|".join(map(re.escape, sorted(ptrs)))
+        for p in re.finditer(rf"(?<!\.)(?<!->)\b(?:{alt})\s*[+-]=?(?![+\-=>])", body):  # not a member `s.x + 1`
+            end = expr_edge(body, p.end(), 1)
+            if uses_index(body[p.end():end]):
+                spans.append((p.start(), end))
+    return spans
+
+
+def conditions(body: str) -> list[tuple[bool, str, int, int]]:
+    """(in a loop header, condition text, span start, span end) of each condition: if/while (span: the whole
+    `if (...)`), a for-loop's test (span: the test) and a ?: condition, parenthesised or not (span: it)."""
+    found = []
     for c in CONDITION.finditer(body):
         lo, hi = c.end(), match_paren(body, c.end() - 1) - 1  # condition text: body[lo:hi]
-        start, end = c.start(), hi + 1
-        if c.group(1) == "for":
-            parts = body[lo:hi].split(";")
-            if len(parts) != 3:
-                continue
-            lo += len(parts[0]) + 1
-            start, end = lo, lo + len(parts[1])
-            hi = end
-        cond = outside_brackets(body[lo:hi])
-        if COMPARISON.search(cond) and (idx_re.search(cond) or BUILTIN.search(cond)):
-            spans.append((start, end))
-    return spans + ([r.span() for r in re.finditer(r"\breturn\s*;", body)] if is_kernel else [])
+        if c.group(1) != "for":
+            found.append((c.group(1) == "while", body[lo:hi], c.start(), hi + 1))
+        elif body.count(";", lo, hi) == 2:
+            test = body[lo:hi].split(";")[1]
+            a = body.index(";", lo) + 1
+            found.append((True, test, a, a + len(test)))
+    for q in re.finditer(r"\?", body):
+        a = LEADING.match(body, expr_edge(body, q.start() - 1, -1)).end()
+        found.append((False, body[a:q.start()], a, a + len(body[a:q.start()].rstrip())))
+    return found
 
 
-def write_back_spans(body: str, params: str) -> list[tuple[int, int]]:
-    """Stores `out[...] =` (any compound assignment too) to a non-const pointer parameter of a kernel."""
-    outs, spans = output_pointers(params), []
+def is_guard(cond: str, index: re.Pattern, in_loop_header: bool) -> bool:
+    """The guard rule (DESIGN.md category 3, our reconstruction): a guard is a bounds check on an index.
+
+    In an if or ?: condition: any comparison involving an index variable or builtin (which threads or
+    elements act: `i < n`, `tid == 0`, `lane < 16`). In a loop header (for test, while condition): only a
+    comparison bounding an index variable (or threadIdx/blockIdx) by a size, an operand that is not a
+    constant (literals, warpSize). So the grid-stride test `i < n` is a guard, and a loop's own termination
+    test is not: halving/doubling loops stop at constants (`s > 0`, `offset < 32`, `stride > 0`), counting
+    loops run a plain counter, not an index (`k < K`).
+    """
+    cond = outside_brackets(cond)
+    if not in_loop_header:
+        return bool(COMPARISON.search(cond) and (index.search(cond) or BUILTIN.search(cond)))
+    for part in re.split(r"&&|\|\|", cond):
+        sides = COMPARISON.split(part, maxsplit=1)
+        if len(sides) == 2 and any(index.search(a) and not CONSTANT.fullmatch(b) for a, b in (sides, sides[::-1])):
+            return True
+    return False
+
+
+def write_back_spans(body: str, outs: set[str]) -> list[tuple[int, int]]:
+    """Stores through an output pointer (`y[...] =`, `*y =`, `*(y + i) =`, compound assignments too)."""
+    spans = []
     for w in re.finditer(r"\b([A-Za-z_]\w*)\s*\[", body):
         op = STORE_OP.match(body, match_paren(body, w.end() - 1, "[]"))
         if w.group(1) in outs and op and (w.start() == 0 or body[w.start() - 1] not in ".>"):
             spans.append((w.start(), op.end()))
+    for d in re.finditer(r"\*\s*(\(\s*)?([A-Za-z_]\w*)", body):  # `*p =`, `*(p + i) =`, starting a statement
+        if d.group(2) not in outs:
+            continue
+        op = STORE_OP.match(body, match_paren(body, d.start(1)) if d.group(1) else d.end())
+        before = body[:d.start()].rstrip()
+        if op and (not before or before[-1] in ";{}:)" or before.endswith("else")):
+            spans.append((d.start(), op.end()))
     return spans
 
 
 def structural_spans(code: str) -> dict[int, list[tuple[int, int]]]:
-    """Character spans of the structural categories: index assignments, guards, grid arithmetic, write-back."""
+    """Character spans of the structural categories: index and pointer arithmetic, guards, grid arithmetic,
+    write-back."""
     spans: dict[int, list[tuple[int, int]]] = {2: [], 3: [], 7: [], 9: []}
     for m in CEIL_DIV.finditer(code):  # (n + b - 1) / b, or (n + 255) / 256
         b, div = m.group(1), m.group(2)
@@ -225,10 +324,14 @@ def structural_spans(code: str) -> dict[int, list[tuple[int, int]]]:
     for kind, params, lo, hi in device_functions(code):
         body = code[lo:hi]
         idx, assigns = index_assignments(body, params)
-        spans[2] += [(lo + s, lo + e) for s, e in assigns]
-        spans[3] += [(lo + s, lo + e) for s, e in guard_spans(body, idx, kind == "global")]
-        if kind == "global":
-            spans[9] += [(lo + s, lo + e) for s, e in write_back_spans(body, params)]
+        index = re.compile(r"\b(?:" + "|".join(["threadIdx", "blockIdx", *map(re.escape, sorted(idx))]) + r")\b")
+        ptrs, outs = pointers(body, params)
+        found = {2: assigns + pointer_offset_spans(body, ptrs, lambda e: index.search(e) or BUILTIN.search(e)),
+                 3: [(a, b) for loop, cond, a, b in conditions(body) if is_guard(cond, index, loop)]
+                 + ([r.span() for r in re.finditer(r"\breturn\s*;", body)] if kind == "global" else []),
+                 9: write_back_spans(body, outs) if kind == "global" else []}
+        for cat, sp in found.items():
+            spans[cat] += [(lo + s, lo + e) for s, e in sp]
     return spans
 
 
@@ -279,25 +382,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                     help="auto: bf16 autocast on a GPU, fp32 on CPU")
     ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
+    ap.add_argument("--save-every", type=float, default=60.0,
+                    help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
+    ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
     args = ap.parse_args(argv)
     for name in ("max_length", "batch_size", "batch_tokens", "chunk_rows"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
-
-
-def load_model(name: str, device: str):
-    """Tokenizer (must be fast: we need character offsets) and the float32 model in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise UserError(f"--model {name}: cannot load it ({e})") from None
-    if not tokenizer.is_fast:
-        raise UserError(f"--model {name}: its tokenizer is not a fast tokenizer; character offsets are needed")
-    return tokenizer, model.to(device).eval()
 
 
 def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
@@ -356,42 +448,97 @@ def score_batch(body, head, encs: list[dict], pad_id: int, device: str, chunk_ro
     return [(conf[cuts[b]:cuts[b + 1]], ent[cuts[b]:cuts[b + 1]]) for b in range(len(encs))]
 
 
-@torch.no_grad()
-def check_head_is_plain(model, body, head, enc: dict, device: str) -> None:
-    """Refuse models whose logits are not lm_head(last hidden state) (e.g. soft-capped): compare once, fp32."""
-    ids = torch.tensor([enc["input_ids"][:64]], device=device)  # [1, <=64]
-    ref = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float()[0, :-1], dim=-1)  # [L-1, V]
-    hidden = body(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]  # [L-1, H]
-    ours, _ = gold_logprob_entropy(head, hidden, ids[0, 1:], 1024, False)
-    err = (ours.exp() - ref.gather(1, ids[0, 1:, None])[:, 0].exp()).abs().max().item() if len(ours) else 0.0
-    if err > 1e-4:
-        raise UserError(f"this model's logits are not lm_head(last hidden state) (gold probabilities differ by "
-                        f"up to {err:.2g}); 01_profile.py does not support its output head")
+def partial_dir(out: Path) -> Path:
+    """Where a run keeps its finished batches until the artifact is written: `<out>.partial/` beside --out."""
+    return out.with_name(out.name + ".partial")
 
 
-def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str,
-            use_bf16: bool) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Confidence and entropy per sample (data order); samples without response tokens get empty arrays."""
-    body, head = getattr(model, model.base_model_prefix), model.get_output_embeddings()
+def check_partial(partial: Path, run: dict, resume: bool) -> None:
+    """--resume continues the same run (arguments, data, tokenizer, device); without it, a killed run's
+    partial results are neither reused nor deleted."""
+    state = partial / "state.json"
+    if not resume:
+        if state.exists():
+            raise UserError(f"{partial}: a stopped run left partial results here; pass --resume (with the same "
+                            f"arguments) to continue it, or delete that folder to start over")
+        return
+    if not state.exists():
+        raise UserError(f"--resume: no partial run in {partial}; run without --resume")
+    saved = json.loads(state.read_text())
+    check_resume_args(saved["args"], run["args"], RESUME_MAY_CHANGE, partial, restart=f"delete {partial}")
+    wrong = [f"{k}: the run has {saved.get(k)!r}, now {v!r}" for k, v in run.items()
+             if k != "args" and saved.get(k) != v]
+    if wrong:
+        raise UserError(f"{partial}: --resume on other inputs than the run's own:\n  " + "\n  ".join(wrong)
+                        + f"\nresume with the same inputs, or delete {partial} to start over")
+
+
+def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:
+    """Results of batches [b0, b1) as one shard, written to a temp name and renamed (never half a shard)."""
+    from safetensors.numpy import save_file
+
+    if not (partial / "state.json").exists():
+        write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
+    order = [i for b in batches[b0:b1] for i in b]
+    tmp = partial / ".shard.tmp"
+    save_file({"samples": np.asarray(order, dtype=np.int64),  # [m] sample indices, batch order
+               "confidence": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
+               "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32)}, str(tmp))  # [n]
+    os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
+
+
+def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], results: list) -> int:
+    """Put the shards' results in place; returns the first batch still to do."""
+    from safetensors.numpy import load_file
+
+    done = 0
+    for f in sorted(partial.glob("batches-*.safetensors")):  # zero-padded names sort in batch order
+        b0, b1 = map(int, f.stem.split("-")[1:])
+        t, order = load_file(str(f)), [i for b in batches[b0:b1] for i in b]
+        cuts = np.cumsum([0] + [len(encs[i]["spans"]) for i in order])
+        if b0 != done or t["samples"].tolist() != order or len(t["confidence"]) != cuts[-1]:
+            raise UserError(f"{f}: does not continue batch {done} of this run's plan; delete {partial} to start over")
+        for k, i in enumerate(order):
+            results[i] = (t["confidence"][cuts[k]:cuts[k + 1]], t["entropy"][cuts[k]:cuts[k + 1]])
+        done = b1
+    return done
+
+
+def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str, use_bf16: bool,
+            run: dict) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Confidence and entropy per sample (data order; no response tokens: empty arrays), and the batch it
+    resumed at. Finished batches go to <out>.partial/ every --save-every seconds."""
+    weight, bias = output_head(model)
+    body, head = model.base_model, lambda h: F.linear(h, weight, bias)  # what check_head_is_plain checks
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked; any id works
-    batches = make_batches(encs, args.batch_size, args.batch_tokens)
+    batches = make_batches(encs, args.batch_size, args.batch_tokens)  # deterministic: resume needs the same plan
     if batches:
-        check_head_is_plain(model, body, head, encs[batches[-1][-1]], device)
+        check_head_is_plain(model, torch.tensor([encs[batches[0][0]]["input_ids"]], device=device), "01_profile.py")
     results = [(np.zeros(0, np.float32), np.zeros(0, np.float32)) for _ in encs]
-    total = sum(len(encs[i]["input_ids"]) for b in batches for i in b)
-    done, t0, last_log = 0, time.time(), time.time()
-    for k, batch in enumerate(batches):
-        for i, res in zip(batch, score_batch(body, head, [encs[i] for i in batch], pad_id, device,
-                                             args.chunk_rows, use_bf16)):
+    partial = partial_dir(args.out)
+    start = load_shards(partial, batches, encs, results) if args.resume else 0
+    sizes = [sum(len(encs[i]["input_ids"]) for i in b) for b in batches]  # tokens per batch, padding excluded
+    done0, total = sum(sizes[:start]), sum(sizes)
+    if start:
+        print(f"[profile] resuming at batch {start + 1}/{len(batches)}: {done0}/{total} tokens done", flush=True)
+    done, unsaved, t0 = done0, start, time.time()
+    last_log = last_save = t0
+    for k in range(start, len(batches)):
+        for i, res in zip(batches[k], score_batch(body, head, [encs[i] for i in batches[k]], pad_id, device,
+                                                  args.chunk_rows, use_bf16)):
             results[i] = res
-        done += sum(len(encs[i]["input_ids"]) for i in batch)
+        done += sizes[k]
         if time.time() - last_log >= args.log_every or k == len(batches) - 1:
-            rate = done / max(time.time() - t0, 1e-9)
+            rate = (done - done0) / max(time.time() - t0, 1e-9)
             eta = (total - done) / max(rate, 1e-9)
             print(f"[profile] batch {k + 1}/{len(batches)}  {done}/{total} tokens  {rate:,.0f} tok/s  "
-                  f"ETA {eta // 60:.0f}m{eta % 60:02.0f}s", flush=True)
+                  f"ETA {eta // 60:.0f}m{eta % 60:02.0f}s" + (f"  (resumed at batch {start + 1})" if start else ""),
+                  flush=True)
             last_log = time.time()
-    return results
+        if time.time() - last_save >= args.save_every and k < len(batches) - 1:
+            save_shard(partial, run, batches, unsaved, k + 1, results)
+            unsaved, last_save = k + 1, time.time()
+    return results, start
 
 
 def line_indices(text: str, starts: list[int]) -> list[int]:
@@ -447,23 +594,30 @@ def main(argv: list[str] | None = None) -> int:
     data_sha = sha256_file(args.data)
     device = pick_device(args.device)
     use_bf16 = args.precision == "bf16" or (args.precision == "auto" and device.startswith("cuda"))
-    tokenizer, model = load_model(args.model, device)
+    tokenizer = load_tokenizer(args.model)  # one-line UserError for a missing folder or one without a model
+    # what must not change between a killed run and its --resume (the result depends on all of it)
+    run = {"args": args_to_json(args), "data_sha256": data_sha, "device": device,
+           "precision": "bf16-autocast" if use_bf16 else "fp32",
+           "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
+    check_partial(partial_dir(args.out), run, args.resume)
+    model = load_causal_lm(args.model, torch.float32).to(device).eval()
     print(f"[profile] {len(records)} samples from {args.data}; model {args.model} on {device} "
           f"({'bf16 autocast' if use_bf16 else 'fp32'}); chat template: {bool(tokenizer.chat_template)}",
           flush=True)
 
     encs = encode_all(tokenizer, records, args.max_length)
-    results = profile(model, tokenizer, encs, args, device, use_bf16)
+    results, resumed_at = profile(model, tokenizer, encs, args, device, use_bf16, run)
     tensors, samples, counts = build_artifact(records, encs, results)
 
-    meta = {"stage": STAGE, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "model": args.model, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-            "data": {"path": str(args.data), "sha256": data_sha}, "max_length": args.max_length,
-            "counts": counts, "categories": {str(k): v for k, v in CATEGORIES.items()},
-            "category_priority": [CATEGORIES[c] for c in PRIORITY], "chat_template": bool(tokenizer.chat_template),
-            "device": device, "precision": "bf16-autocast" if use_bf16 else "fp32"}
+    meta = {"stage": STAGE, "args": run["args"], "model": args.model,
+            "tokenizer_fingerprint": run["tokenizer_fingerprint"], "data": {"path": str(args.data), "sha256": data_sha},
+            "max_length": args.max_length, "counts": counts,
+            "categories": {str(k): v for k, v in CATEGORIES.items()}, "chat_template": bool(tokenizer.chat_template),
+            "category_priority": [CATEGORIES[c] for c in PRIORITY], "device": device, "precision": run["precision"],
+            "resumed_at_batch": resumed_at}
     samples_text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
     write_artifact(args.out, tensors, meta, extra_files={"samples.jsonl": samples_text})
+    shutil.rmtree(partial_dir(args.out), ignore_errors=True)  # only once the artifact is in place
     print_summary(tensors, counts, args.out)
     return 0
 

@@ -309,16 +309,18 @@ def args_to_json(args) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
-def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path) -> None:
+def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path,
+                      restart: str = "another --out, or --force") -> None:
     """--resume continues one run: refuse other arguments than the ones it started with (issue 9, item 5).
 
-    may_change: arguments that do not change the result (logging, --stop-after, --resume itself).
+    may_change: arguments that do not change the result (logging, --stop-after, --resume itself);
+    restart: how this stage starts a run afresh instead.
     """
     diff = [f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
             for k in sorted(set(saved) | set(now)) if k not in may_change and saved.get(k) != now.get(k)]
     if diff:
         raise UserError(f"{where}: --resume with arguments other than the run's own:\n  " + "\n  ".join(diff)
-                        + "\nresume with the same arguments, or start a new run (another --out, or --force)")
+                        + f"\nresume with the same arguments, or start a new run ({restart})")
 
 
 def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:

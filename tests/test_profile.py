@@ -1,8 +1,11 @@
 """Stage 01 (01_profile.py) on the bundled tiny model and small fixtures.
 
 Covers: artifact schema, exactness against a plain unbatched float32 forward pass (issue 4,
-point 3), the CUDA-sensitivity tagger on hand-written snippets, the four record forms,
-truncation / no-response counting, and refusals (malformed line, unknown form, bad model).
+point 3), the response ending at the end-of-turn token (issue 9, item 6), the CUDA-sensitivity
+tagger on hand-written snippets (issue 9, item 9: derived output pointers, ternary guards,
+pointer-offset indexing, loop termination tests), the four record forms, truncation /
+no-response counting, refusals (malformed line, unknown form, a folder without a model: item 13),
+the shared head check (item 2) and resume after SIGKILL (item 11).
 """
 from __future__ import annotations
 
@@ -119,6 +122,23 @@ def test_tokens_spans_and_lines_match_the_tokenizer(profiled, model_and_tokenize
         assert t["line_index"][lo:hi].tolist() == [text[:a].count("\n") for a in starts]
         if not s["truncated"]:  # the spans cover the whole response text
             assert tok.decode(t["token_ids"][lo:hi].tolist()) == text
+
+
+def test_chat_response_ends_with_the_end_of_turn_token_and_nothing_after(profiled, model_and_tokenizer):
+    """Issue 9 item 6: ChatML writes `<|im_end|>\\n`; the model stops at <|im_end|>, so the `\\n` is not a response
+    token: the last profiled token of every complete chat sample is the end-of-turn token, ending the text."""
+    _, t, meta, samples = profiled
+    _, tok = model_and_tokenizer
+    assert meta["chat_template"]
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    complete = [s for s in samples if not s["truncated"]]
+    assert complete
+    for s in complete:
+        last = t["sample_offsets"][s["index"] + 1] - 1
+        assert s["response_text"].endswith("<|im_end|>"), s["id"]
+        assert t["token_ids"][last] == eot and t["char_end"][last] == len(s["response_text"]), s["id"]
+        assert s["n_prompt_tokens"] + s["n_response_tokens"] == len(encode_sample(tok, load_sft(SFT_SMALL)[s["index"]],
+                                                                                   MAX_LEN)["input_ids"])
 
 
 def test_confidence_equals_unbatched_fp32_forward(profiled, model_and_tokenizer):
@@ -255,7 +275,7 @@ def category_of(text: str, needle: str, nth: int = 0) -> int:
     ("__global__", 0, 1), ("__launch_bounds__", 0, 1), ("__restrict__", 0, 1), ("__device__", 0, 1),
     ("threadIdx", 2, 2), ("blockDim", 0, 2), ("gridDim", 0, 2), ("int tid", 0, 2), ("int i =", 0, 2),
     ("+ tid;", 0, 2), ("int s =", 0, 2), ("s >>= 1", 0, 2),
-    ("(i < n)", 0, 3), ("if (tid < s)", 0, 3), ("s > 32", 0, 3), ("return;", 0, 3), ("tid == 0", 0, 3),
+    ("(i < n)", 0, 3), ("if (tid < s)", 0, 3), ("return;", 0, 3), ("tid == 0", 0, 3),
     ("extern __shared__", 0, 4),
     ("__syncthreads", 2, 5), ("__syncthreads", 3, 5), ("cudaDeviceSynchronize", 0, 5),
     ("__shfl_down_sync", 0, 6), ("atomicAdd", 0, 6),
@@ -277,6 +297,7 @@ CATEGORIES_HELP = "codes: " + ", ".join(f"{k} {v}" for k, v in stage.CATEGORIES.
     ("atomicAdd", 1), ("blockIdx", 2),                # block comment
     ("atomicAdd", 2),                                 # prose after the fence
     ("float threads", 0), ("threads *= 1.0f", 0), ("int index_count", 0), ("k < index_count", 0),
+    ("s > 32", 0),                                    # a halving loop's termination test, not a bounds check
     ("int n = 1000, threads", 0), ("buf[tid] = v", 0), ("return v * v", 0),
     ("i < n; ++i", 0), ("printf", 0), ("#include <cstdio>", 0),
 ])
@@ -310,6 +331,141 @@ def test_code_view_keeps_length_and_lines():
     assert len(view) == len(SNIPPET) and view.count("\n") == SNIPPET.count("\n")
     assert "__syncthreads" not in view[:SNIPPET.index("```")] and "call __syncthreads" not in view
     assert "extern __shared__ float buf[];" in view
+
+
+def char_categories(text: str, needle: str, nth: int = 0) -> set[int]:
+    """Categories the tagger gives to the non-blank characters of the nth occurrence of needle, one by one."""
+    a = [m.start() for m in re.finditer(re.escape(needle), text)][nth]
+    spans = [(a + k, a + k + 1) for k, c in enumerate(needle) if not c.isspace()]
+    return set(stage.tag_tokens(text, spans).tolist())
+
+
+def kernel(body: str, params: str = "const float* __restrict__ x, float* __restrict__ y, int rows, int cols") -> str:
+    """A kernel with the given body, fenced like an SFT answer."""
+    return f"```cpp\n__global__ void k({params}) {{\n{body}\n}}\n```\n"
+
+
+def short_id(value) -> str | None:
+    """Test ids: the needle, not the kernel body."""
+    return None if "\n" in value or len(value) > 40 else value
+
+
+ROW = "    int row = blockIdx.x;\n    int j = threadIdx.x;\n"
+
+
+@pytest.mark.parametrize("body, store", [
+    (ROW + "    float* yr = y + row * cols;\n    if (j < cols) yr[j] = x[j];", "yr[j] ="),
+    (ROW + "    float *yr = y + row * cols;\n    yr[j] += 1.0f;", "yr[j] +="),
+    (ROW + "    float* __restrict__ yr = y + row * cols;\n    yr[j] = 0.0f;", "yr[j] ="),
+    (ROW + "    float* const yr = y + row * cols;\n    yr[j] *= 2.0f;", "yr[j] *="),
+    (ROW + "    float* yr = &y[row * cols];\n    yr[j] = 1.0f;", "yr[j] ="),
+    (ROW + "    float* yr = y + row * cols;\n    float* p = yr + 1;\n    float* q = p;\n    q[j] = 1.0f;", "q[j] ="),
+    (ROW + "    float4* y4 = reinterpret_cast<float4*>(y + row * cols);\n    y4[j] = make_float4(0, 0, 0, 0);",
+     "y4[j] ="),
+    (ROW + "    float* yr = y + row * cols;\n    *(yr + j) = 1.0f;", "*(yr + j) ="),
+    (ROW + "    float* yr = y + row * cols + j;\n    if (j < cols) *yr = 1.0f;", "*yr ="),
+    (ROW + "    y[row * cols + j] = x[j];", "y[row * cols + j] ="),
+], ids=short_id)
+def test_stores_through_pointers_derived_from_an_output_are_write_back(body, store):
+    text = kernel(body)
+    assert char_categories(text, store) - {2} == {9}, text  # the index expression inside may be indexing
+
+
+@pytest.mark.parametrize("body, access", [
+    (ROW + "    const float* xr = x + row * cols;\n    float v = xr[j];\n    y[j] = v;", "xr[j]"),
+    (ROW + "    float const* yc = y + row * cols;\n    float v = yc[j];\n    y[j] = v;", "yc[j]"),
+    (ROW + "    __shared__ float buf[32];\n    float* s = buf + j;\n    s[0] = x[j];\n    y[j] = buf[0];", "s[0] ="),
+    (ROW + "    float acc[4];\n    float* a = acc;\n    a[0] = x[j];\n    y[j] = acc[0];", "a[0] ="),
+], ids=short_id)
+def test_reads_and_stores_to_non_outputs_are_not_write_back(body, access):
+    assert 9 not in char_categories(kernel(body), access)
+
+
+@pytest.mark.parametrize("body, cond", [
+    (ROW + "    float v = j < cols ? x[row * cols + j] : 0.0f;\n    y[j] = v;", "j < cols"),
+    (ROW + "    y[j] = j < cols && row < rows ? x[j] : 0.0f;", "j < cols && row < rows"),
+    ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    y[i] = i + 1 < cols ? x[i + 1] - x[i] : 0.0f;",
+     "i + 1 < cols"),
+    ("    int i = threadIdx.x;\n    float v = fmaxf(i >= rows ? 0.0f : x[i], 1.0f);\n    y[i] = v;", "i >= rows"),
+    ("    int i = threadIdx.x;\n    y[i] = (i < cols) ? x[i] : 0.0f;", "(i < cols)"),
+], ids=short_id)
+def test_ternary_bounds_checks_are_guards_with_or_without_parentheses(body, cond):
+    assert char_categories(kernel(body), cond) == {3}
+
+
+@pytest.mark.parametrize("body, cond", [
+    ("    int i = threadIdx.x;\n    float v = x[i] > 0.0f ? x[i] : 0.0f;\n    y[i] = v;", "x[i] > 0.0f"),
+    ("    int i = threadIdx.x;\n    float a = x[i];\n    y[i] = a < 1.0f ? a : 1.0f;", "a < 1.0f"),
+], ids=short_id)
+def test_ternaries_on_values_are_not_guards(body, cond):
+    assert char_categories(kernel(body), cond) == {0}
+
+
+@pytest.mark.parametrize("body, expr", [
+    (ROW + "    const float* xr = x + row * cols;\n    y[j] = xr[j];", "const float* xr = x + row * cols;"),
+    (ROW + "    const float* __restrict__ xr = x + (size_t)row * cols;\n    y[j] = xr[j];",
+     "x + (size_t)row * cols"),
+    (ROW + "    float* yr = y + row * cols + j;\n    *yr = 0.0f;", "float* yr = y + row * cols + j;"),
+    (ROW + "    x += row * cols;\n    y[j] = x[j];", "x += row * cols"),
+    ("    float v = load(x + blockIdx.x * blockDim.x + threadIdx.x, 4);\n    y[0] = v;",
+     "x + blockIdx.x * blockDim.x + threadIdx.x"),
+    ("    int i = threadIdx.x;\n    atomicAdd(y + i, x[i]);", "y + i"),
+], ids=short_id)
+def test_pointer_offset_arithmetic_is_indexing_in_full(body, expr):
+    assert char_categories(kernel(body), expr) - {1} == {2}  # `__restrict__` stays signature
+
+
+def test_a_member_named_like_a_pointer_is_not_pointer_arithmetic():
+    text = kernel("    __shared__ float buf[64];\n    int s = 1;\n    buf[threadIdx.x] = buf[threadIdx.x + s];\n"
+                  "    y[threadIdx.x] = buf[0];")
+    assert char_categories(text, ".x + s") == {0, 2} and char_categories(text, "+ s") == {0}
+
+
+SHFL = "    float v = x[threadIdx.x];\n    for ({}) v += __shfl_xor_sync(~0u, v, offset);\n    y[threadIdx.x] = v;"
+LOOPS = [  # (kernel body, loop termination test): never a guard, whatever the loop variable derives from
+    ("    int tid = threadIdx.x;\n    for (int s = blockDim.x / 2; s > 0; s >>= 1) {\n"
+     "        if (tid < s) y[tid] += y[tid + s];\n    }", "s > 0"),
+    ("    for (unsigned int stride = blockDim.x / 2; stride > 0; stride >>= 1) { __syncthreads(); }", "stride > 0"),
+    ("    for (int stride = rows / 2; stride > 0; stride /= 2) { __syncthreads(); }", "stride > 0"),
+    (SHFL.format("int offset = 16; offset > 0; offset /= 2"), "offset > 0"),
+    (SHFL.format("int offset = 1; offset < 32; offset <<= 1"), "offset < 32"),
+    (SHFL.format("int offset = warpSize / 2; offset > 0; offset >>= 1"), "offset > 0"),
+    ("    int stride = blockDim.x / 2;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }", "stride > 0"),
+    ("    int stride = 128;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }", "stride > 0"),
+    ("    for (int s = 1; s < blockDim.x; s *= 2) {\n        int k = 2 * s * threadIdx.x;\n"
+     "        if (k < blockDim.x) y[k] += y[k + s];\n    }", "s < blockDim.x"),
+    ("    int lane = threadIdx.x % 32;\n    for (int k = 0; k < cols; ++k) y[lane] += x[k];", "k < cols"),
+]
+
+
+@pytest.mark.parametrize("body, test", LOOPS, ids=short_id)
+def test_loop_termination_tests_are_not_guards(body, test):
+    text = kernel(body)
+    assert 3 not in char_categories(text, test), text
+
+
+def test_loop_termination_is_tagged_the_same_in_every_kernel():
+    """All the loops in one answer, several kernels: the same test gets the same (non-guard) tag everywhere."""
+    text = "".join(kernel(body).replace("void k(", f"void k{n}(") for n, (body, _) in enumerate(LOOPS))
+    for test in {t for _, t in LOOPS}:
+        for nth in range(text.count(test)):
+            assert 3 not in char_categories(text, test, nth), (test, nth)
+
+
+@pytest.mark.parametrize("body, cond", [
+    ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < cols) y[i] = x[i];", "if (i < cols)"),
+    ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+     "    while (i < cols) { y[i] = x[i]; i += blockDim.x * gridDim.x; }", "while (i < cols)"),
+    ("    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += blockDim.x * gridDim.x) y[i] = x[i];",
+     "i < cols"),
+    (ROW + "    for (int c = j; c < cols; c += blockDim.x) y[row * cols + c] = x[c];", "c < cols"),
+    ("    int r = blockIdx.y * blockDim.y + threadIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;\n"
+     "    if (r < rows && c < cols) y[r * cols + c] = 0.0f;", "if (r < rows && c < cols)"),
+    ("    int tid = threadIdx.x;\n    if (tid < 32) y[tid] = 0.0f;", "if (tid < 32)"),
+], ids=short_id)
+def test_bounds_checks_on_index_variables_stay_guards(body, cond):
+    text = kernel(body)
+    assert char_categories(text, cond) - {2} == {3}, text  # builtins inside stay indexing
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,3 +533,129 @@ def test_missing_model_is_a_user_error(tmp_path, capsys):
                                "--out", str(tmp_path / "p")])
     assert rc == 2 and "--model" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("what", ["no-such-folder", "empty-folder", "tokenizer-only"])
+def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, capfd, what):
+    """Issue 9 item 13: not a misleading 'install sentencepiece or tiktoken', one line naming the folder."""
+    model = tmp_path / what
+    if what != "no-such-folder":
+        model.mkdir()
+    if what == "tokenizer-only":
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(TINY_MODEL / f, model / f)
+    rc = run_main(stage.main, ["--model", str(model), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p")])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: --model {model}:") and ("no such folder" in err[0] or "holds no" in err[0])
+    assert "sentencepiece" not in err[0] and "tiktoken" not in err[0]
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits(tmp_path, monkeypatch, capfd):
+    """Issue 9 item 2: stage 01 uses cuset_common.check_head_is_plain on the first batch's first sample, and a
+    model that scales its logits (as Granite does) is refused before any profiling."""
+    calls, real_check, real_load = [], stage.check_head_is_plain, stage.load_causal_lm
+
+    def spy(model, input_ids, where):
+        calls.append((input_ids[0].tolist(), where))
+        return real_check(model, input_ids, where)
+
+    def load_scaled(name, dtype):
+        model = real_load(name, dtype)
+        forward = model.forward
+
+        def scaled(*a, **kw):
+            out = forward(*a, **kw)
+            out.logits = out.logits * 0.5
+            return out
+
+        model.forward = scaled
+        return model
+
+    monkeypatch.setattr(stage, "check_head_is_plain", spy)
+    monkeypatch.setattr(stage, "load_causal_lm", load_scaled)
+    out = tmp_path / "profile"
+    args = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out), "--max-length", str(MAX_LEN),
+            "--batch-size", "2"]
+    assert run_main(stage.main, args) == 2
+    err = capfd.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
+    assert err.startswith("error: ") and "logit scaling" in err and "01_profile.py" in err
+    assert not out.exists() and not stage.partial_dir(out).exists()
+    tok = stage.load_tokenizer(str(TINY_MODEL))
+    encs = stage.encode_all(tok, load_sft(SFT_SMALL), MAX_LEN)
+    first = stage.make_batches(encs, 2, 16384)[0][0]
+    assert calls == [(encs[first]["input_ids"], "01_profile.py")]
+
+
+KILLABLE = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from conftest import load_script
+stage = load_script("01_profile.py")
+score = stage.score_batch
+def slow_score(*a, **kw):  # a slow model: the kill lands mid-run, not after the last batch
+    time.sleep(0.3)
+    return score(*a, **kw)
+stage.score_batch = slow_score
+sys.exit(stage.run_main(stage.main, sys.argv[1:]))
+"""
+
+
+def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, capsys):
+    """Issue 9 item 11: kill a run (SIGKILL) once a shard is written, refuse to reuse or mix its partial state,
+    then --resume: tensors.safetensors and samples.jsonl equal an uninterrupted run's byte for byte; meta.json
+    differs only in args.resume, resumed_at_batch and the arguments --resume may change (args.log_every)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    common = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--max-length", str(MAX_LEN),
+              "--batch-size", "1", "--chunk-rows", "7", "--device", "cpu", "--save-every", "0"]
+    ref, out = tmp_path / "ref", tmp_path / "profile"
+    assert stage.main(common + ["--out", str(ref)]) == 0
+    assert not stage.partial_dir(ref).exists()  # removed once the artifact is in place
+
+    partial = stage.partial_dir(out)
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", KILLABLE.format(tests=str(ROOT / "tests")), *common,
+                                 "--out", str(out)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not list(partial.glob("batches-*.safetensors")):
+        assert proc.poll() is None, (tmp_path / "killed.log").read_text()
+        assert time.time() < deadline, "no shard within 300 s"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not out.exists() and (partial / "state.json").exists()
+    capsys.readouterr()
+
+    # without --resume the partial state is neither reused nor deleted
+    assert run_main(stage.main, common + ["--out", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err and partial.exists()
+    # --resume with another argument that changes the result is refused
+    assert run_main(stage.main, common[:-2] + ["--save-every", "5", "--out", str(out), "--resume",
+                                               "--chunk-rows", "9"]) == 2
+    assert "--chunk-rows" in capsys.readouterr().err and partial.exists()
+
+    assert stage.main(common + ["--out", str(out), "--resume", "--log-every", "0"]) == 0
+    log = capsys.readouterr().out
+    resumed = json.loads((out / "meta.json").read_text())["resumed_at_batch"]
+    assert resumed >= 1 and f"resuming at batch {resumed + 1}/5" in log and f"(resumed at batch {resumed + 1})" in log
+    assert not partial.exists()
+    for name in ("tensors.safetensors", "samples.jsonl"):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+    meta, ref_meta = (json.loads((d / "meta.json").read_text()) for d in (out, ref))
+    assert meta["args"].pop("resume") is True and ref_meta["args"].pop("resume") is False
+    assert meta.pop("resumed_at_batch") >= 1 and ref_meta.pop("resumed_at_batch") == 0
+    for m in (meta, ref_meta):  # two folders (this test's choice), and --log-every may change on resume
+        del m["args"]["out"], m["args"]["log_every"]
+    assert meta == ref_meta
+
+
+def test_resume_without_a_partial_run_is_refused(tmp_path, capsys):
+    rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p"),
+                               "--resume"])
+    assert rc == 2 and "no partial run" in capsys.readouterr().err and not (tmp_path / "p").exists()
