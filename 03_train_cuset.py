@@ -1,10 +1,15 @@
 """Stage 03: supervised fine-tuning with the CuSeT loss and its baselines, in a plain PyTorch loop.
 
 Inputs:  a causal LM (--model), SFT data (--data), and for the cuset objectives the regions
-         artifact of stage 02 (--regions: region mask per response token, weight per sample).
+         artifact of stage 02 (--regions: region mask per response token, weight per sample;
+         with --mask-source profile also the stage-01 profile it was labelled on).
 Outputs: --out/ with the trained model (save_pretrained, safetensors) and tokenizer,
          meta.json (args, hashes of data and regions, versions, final step), log.jsonl (one
-         line per step), and resume/ (optimizer, step) for --resume.
+         line per step), and resume/ (model, optimizer, step, args) for --resume.
+Refused before any work (exit 2, one line): artifacts from other data or tokenizer, a profile
+rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
+--resume with other arguments than the run's. Samples whose prompt fills --max-length have no
+response token: they are skipped and counted.
 
     python 03_train_cuset.py                                   # tiny model, bundled data, cuset
     python 03_train_cuset.py --objective sft --out data/artifacts/ckpt-sft
@@ -40,8 +45,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, check_meta_matches, encode_sample,
-                          library_versions, load_sft, pick_device, read_artifact, run_main, sha256_file,
+from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
+                          check_meta_matches, check_resume_args, encode_sample, library_versions, load_causal_lm,
+                          load_sft, load_tokenizer, output_head, pick_device, read_artifact, run_main, sha256_file,
                           tokenizer_fingerprint, write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
@@ -62,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
     a("--batch-size", type=int, default=8, help="global batch in samples per optimizer step")
     a("--micro-batch-size", type=int, default=4, help="samples per forward pass on one process")
+    a("--optimizer", choices=("adamw", "sgd"), default="adamw", help="sgd: plain SGD, for equivalence tests")
     a("--lr", type=float, default=3e-4, help="peak learning rate (default: %(default)s)")
     a("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
     a("--warmup-steps", type=int, default=None, help="linear warmup (default: 5%% of steps, at least 1)")
@@ -69,7 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--grad-clip", type=float, default=1.0, help="max global grad norm; 0 disables")
     a("--rho", type=float, default=0.2, help="quantile of p defining kappa_i (DESIGN.md)")
     a("--tau-max", type=float, default=0.5, help="upper bound of kappa_i (DESIGN.md)")
-    a("--mask-source", choices=("online", "profile"), default="online")
+    a("--mask-source", choices=("online", "profile"), default="online",
+      help="p for kappa and the mask: the current model's, or the stage-01 profile's (p0) the regions used")
     a("--norm", choices=("all", "kept"), default="all", help="N counts all response tokens or only kept ones")
     a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
     a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
@@ -77,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--save-every", type=int, default=50, help="steps between resume checkpoints")
     a("--stop-after", type=int, default=None, help="stop after this many steps in this invocation (time slices)")
     a("--resume", action="store_true", help="continue from --out/resume")
-    a("--force", action="store_true", help="overwrite --out; accept a regions artifact from other inputs")
+    a("--force", action="store_true", help="overwrite --out; accept regions/profile artifacts from other inputs")
     a("--seed", type=int, default=0)
     a("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     args = ap.parse_args(argv)
@@ -93,36 +101,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------
 
 
-def _chunk_gold_logp(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _chunk_gold_logp(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     labels: torch.Tensor) -> torch.Tensor:
     logits = (hidden @ weight.t()).float()  # [n, V], only ever one chunk of it
+    if bias is not None:
+        logits = logits + bias.float()
     return logits.gather(1, labels[:, None]).squeeze(1) - torch.logsumexp(logits, dim=1)
 
 
-def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
-    """log q(labels) from last hidden states [B, L, d] and lm_head weight [V, d] -> [B, L].
+def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """log q(labels) from last hidden states [..., d] and the output layer (weight [V, d], bias [V]) -> [...].
 
     Each chunk of positions is checkpointed: backward recomputes its [chunk, V] logits, so
     neither forward nor backward ever holds logits for the whole batch (DESIGN.md, Memory).
     """
-    b, length, d = hidden.shape
-    h, y = hidden.reshape(-1, d), labels.reshape(-1)
-    parts = [checkpoint(_chunk_gold_logp, h[s:s + chunk], weight, y[s:s + chunk], use_reentrant=False)
+    h, y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)  # [n, d], [n]
+    parts = [checkpoint(_chunk_gold_logp, h[s:s + chunk], weight, bias, y[s:s + chunk], use_reentrant=False)
              for s in range(0, h.shape[0], chunk)]
-    return torch.cat(parts).view(b, length)
+    return torch.cat(parts).view(labels.shape) if parts else h.new_zeros(labels.shape, dtype=torch.float32)
 
 
 def per_sample_threshold(p: torch.Tensor, valid: torch.Tensor, rho: float, tau_max: float) -> torch.Tensor:
     """kappa_i = min(tau_max, quantile_rho(p_it over valid t)) for each row -> [B].
 
-    Quantile with linear interpolation (torch.quantile's default). A row with no valid
-    token gets tau_max (it has nothing to mask anyway).
+    Quantile with linear interpolation (torch.quantile's default) over each row's valid tokens,
+    all rows at once and without a device sync: invalid positions are NaN, which nanquantile
+    ignores. A row with no valid token (all NaN) gets tau_max (it has nothing to mask anyway).
     """
-    kappa = torch.full((p.shape[0],), tau_max, dtype=torch.float32, device=p.device)
-    for i in range(p.shape[0]):
-        row = p[i][valid[i]].float()
-        if row.numel():
-            kappa[i] = min(tau_max, torch.quantile(row, rho).item())
-    return kappa
+    q = torch.nanquantile(torch.where(valid, p.float(), torch.nan), rho, dim=1)  # [B], NaN for empty rows
+    return torch.nan_to_num(q.clamp(max=tau_max), nan=tau_max)
 
 
 def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, *, rho: float,
@@ -179,22 +187,54 @@ def load_regions(args, tok_fp: str, data_sha: str) -> dict | None:
     if not (args.regions / "meta.json").exists():
         raise UserError(f"--objective {args.objective} needs the regions artifact of stage 02, not found at "
                         f"{args.regions}; run {hint}, or pass --regions")
-    tensors, meta = read_artifact(args.regions, "02_label_regions", hint)
+    tensors, meta = read_artifact(args.regions, "02_label_regions", hint, token_tensors={"region_id": np.int32},
+                                  sample_tensors={"sample_weight": np.float32})
+    expected = {"tokenizer_fingerprint": tok_fp, "data_sha256": data_sha}
     check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        "data_sha256": meta.get("data", {}).get("sha256")},
-                       {"tokenizer_fingerprint": tok_fp, "data_sha256": data_sha}, args.regions, hint, args.force)
+                        "data_sha256": (meta.get("data") or {}).get("sha256")}, expected, args.regions, hint,
+                       args.force)
     out = {"meta": meta, "offsets": tensors["sample_offsets"], "region": tensors["region_id"] >= 0,
            "weight": tensors["sample_weight"]}
     if args.mask_source == "profile":
-        prof_dir = Path(meta["profile"]["path"])
-        prof, _ = read_artifact(prof_dir, "01_profile", "python 01_profile.py")
-        out["p0"] = prof["confidence"]
+        out["p0"] = load_profile_confidence(args, meta, out["offsets"], expected)
     return out
 
 
-def tokenize_dataset(records: list[dict], tokenizer, max_length: int, regions: dict | None) -> list[dict]:
-    """encode_sample for every record (the same tokenization as stage 01), plus its region slice."""
-    samples = []
+def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expected: dict) -> np.ndarray:
+    """p0 of the stage-01 profile that stage 02 read (--mask-source profile), refused if it changed since.
+
+    The regions artifact records the profile's path as typed (relative to the folder stage 02 ran in, or
+    absolute) and the sha256 of its meta.json: a profile rewritten since (stage 01 rerun on other data into
+    the same folder) would otherwise silently mask other tokens than the regions were labelled on.
+    """
+    rec = regions_meta.get("profile") or {}
+    prof_dir = Path(rec.get("path", ""))
+    hint = f"python 01_profile.py --out {prof_dir}, then python 02_label_regions.py --profile {prof_dir} " \
+           f"--out {args.regions}, with this --model and --data"
+    if not (prof_dir / "meta.json").exists() and not prof_dir.is_absolute():
+        raise UserError(f"{args.regions} was labelled on the profile {prof_dir}, relative to the folder stage 02 "
+                        f"ran in; not found from here ({Path.cwd()}): run from that folder, or rerun {hint}")
+    prof, meta = read_artifact(prof_dir, "01_profile", hint, token_tensors={"confidence": np.float32})
+    if sha256_file(prof_dir / "meta.json") != rec.get("meta_sha256") and not args.force:
+        raise UserError(f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json sha256 "
+                        f"differs from the one stage 02 recorded); rerun {hint}, or pass --force")
+    check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+                        "data_sha256": (meta.get("data") or {}).get("sha256")}, expected, prof_dir, hint, args.force)
+    # Not overridable by --force: with other offsets, p0 would be read for the wrong tokens.
+    if not np.array_equal(prof["sample_offsets"], offsets):
+        raise UserError(f"{prof_dir}: its samples and response tokens ({len(prof['sample_offsets']) - 1}, "
+                        f"{int(prof['sample_offsets'][-1])}) do not line up with {args.regions} "
+                        f"({len(offsets) - 1}, {int(offsets[-1])}); rerun {hint}")
+    return prof["confidence"]
+
+
+def tokenize_dataset(records: list[dict], tokenizer, max_length: int, regions: dict | None) -> tuple[list[dict], int]:
+    """encode_sample for every record (the same tokenization as stage 01), plus its region slice.
+
+    Returns (samples, skipped): a sample whose prompt fills max_length has no response token and is
+    skipped (counted), after its alignment with the regions artifact's offsets is checked.
+    """
+    samples, skipped = [], 0
     for i, rec in enumerate(records):
         enc = encode_sample(tokenizer, rec, max_length)
         n_resp = len(enc["input_ids"]) - enc["response_start"]
@@ -207,8 +247,9 @@ def tokenize_dataset(records: list[dict], tokenizer, max_length: int, regions: d
                                 f"artifact; rerun stages 01 and 02 with the same --max-length and data")
             s.update(region=regions["region"][lo:hi], weight=float(regions["weight"][i]),
                      p0=regions["p0"][lo:hi] if "p0" in regions else None)
-        samples.append(s)
-    return samples
+        skipped += n_resp == 0
+        samples += [s] if n_resp else []
+    return samples, skipped
 
 
 def collate(samples: list[dict], pad_id: int, device: str) -> dict:
@@ -236,18 +277,21 @@ def collate(samples: list[dict], pad_id: int, device: str) -> dict:
 
 
 class GoldLogProbs(torch.nn.Module):
-    """Model body + chunked lm_head -> log q(next token) [B, L-1]. DDP wraps this module."""
+    """Model body + chunked output layer -> log q(next token) [B, L-1], 0 off `valid`. DDP wraps this module.
+
+    Only the response positions reach the output layer (prompt and padding are most positions, and the
+    head is most of the cost with a 150k vocabulary): gathered to [N, d], scored, scattered back.
+    """
 
     def __init__(self, model, chunk: int):
         super().__init__()
         self.model, self.chunk = model, chunk
 
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, L, d]
-        head = self.model.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise UserError("lm_head with a bias is not supported by the chunked loss")
-        return gold_logprobs(hidden[:, :-1], head.weight, ids[:, 1:], self.chunk)
+        weight, bias = output_head(self.model)
+        logp = gold_logprobs(hidden[:, :-1][valid], weight, ids[:, 1:][valid], self.chunk, bias)  # [N]
+        return torch.zeros(valid.shape, dtype=logp.dtype, device=logp.device).masked_scatter(valid, logp)
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,13 +327,36 @@ def batch_order(n: int, batch: int, epoch: int, seed: int) -> list[list[int]]:
     return [perm[i:i + batch] for i in range(0, n - batch + 1, batch)]
 
 
-def save_resume(out: Path, model, optimizer, step: int, log_lines: list[str]) -> None:
+# Arguments --resume may change: they do not change the trained weights. Where the run is and how it is
+# checkpointed and stopped (out, resume, force, save_every, stop_after), and the memory knobs whose
+# equivalence the tests check (micro_batch_size, chunk_size, grad_checkpointing: the same sums, split
+# otherwise), so that a run can resume on a smaller GPU. Everything else (objective, data, lr, schedule,
+# max_length, seed, device and hence precision, ...) would make the resumed run another run.
+RESUME_MAY_CHANGE = {"out", "resume", "force", "save_every", "stop_after", "micro_batch_size", "chunk_size",
+                     "grad_checkpointing"}
+
+
+def resume_dir(out: Path) -> Path:
+    """The resume state to read: resume/, or .resume.old/ after a kill between save_resume's two renames."""
+    return out / "resume" if (out / "resume").exists() else out / ".resume.old"
+
+
+def check_resume(args) -> None:
+    """--resume continues the same run: refuse other arguments (RESUME_MAY_CHANGE) before any work."""
+    path = resume_dir(args.out) / "args.json"
+    if not path.exists():
+        raise UserError(f"--resume: no resume state with its arguments in {args.out}; start without --resume")
+    check_resume_args(json.loads(path.read_text()), args_to_json(args), RESUME_MAY_CHANGE, args.out)
+
+
+def save_resume(out: Path, args, model, optimizer, step: int, log_lines: list[str]) -> None:
     """Everything --resume needs, swapped in atomically: a kill mid-save keeps the previous state."""
     tmp, old, final = out / ".resume.tmp", out / ".resume.old", out / "resume"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp / "state.pt")
     (tmp / "log.jsonl").write_text("".join(log_lines))
+    (tmp / "args.json").write_text(json.dumps(args_to_json(args), indent=2) + "\n")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)  # left by a kill after an earlier swap
         os.replace(final, old)
@@ -298,11 +365,7 @@ def save_resume(out: Path, model, optimizer, step: int, log_lines: list[str]) ->
 
 
 def load_resume(out: Path, model, optimizer) -> tuple[int, list[str]]:
-    state_dir = out / "resume"
-    if not state_dir.exists():  # killed between the two renames of save_resume
-        state_dir = out / ".resume.old"
-    if not (state_dir / "state.pt").exists():
-        raise UserError(f"--resume: no resume state in {state_dir}; start without --resume")
+    state_dir = resume_dir(out)
     state = torch.load(state_dir / "state.pt", map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -310,8 +373,6 @@ def load_resume(out: Path, model, optimizer) -> tuple[int, list[str]]:
 
 
 def prepare_out(args) -> None:
-    if args.resume:
-        return
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
         raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, "
                         f"--force to overwrite it, or another --out")
@@ -326,8 +387,6 @@ def prepare_out(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     args = parse_args(argv)
     rank, world, device = setup_distributed(args.device)
     if args.batch_size % (world * args.micro_batch_size):
@@ -336,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
 
     # Load and validate inputs before any work.
+    if args.resume:
+        check_resume(args)
     records = load_sft(args.data)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tok_fp, data_sha = tokenizer_fingerprint(tokenizer), sha256_file(args.data)
@@ -346,13 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     if regions and max_length != regions["meta"]["max_length"]:
         raise UserError(f"--max-length {max_length} differs from the regions artifact's "
                         f"{regions['meta']['max_length']}; region masks would not line up")
-    if rank == 0:
-        prepare_out(args)
-    samples = tokenize_dataset(records, tokenizer, max_length, regions)
+    samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
     if len(samples) < args.batch_size:
-        raise UserError(f"{args.data}: {len(samples)} samples, fewer than --batch-size {args.batch_size}")
+        raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: prompt "
+                        f"fills --max-length), fewer than --batch-size {args.batch_size}")
+    model = load_causal_lm(args.model, torch.float32).to(device)
+    check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
+    if rank == 0 and not args.resume:
+        prepare_out(args)
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device)
     if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.config.use_cache = False
@@ -360,14 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     net = GoldLogProbs(model, args.chunk_size)
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
+    optimizer = opt_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     steps_per_epoch = len(samples) // args.batch_size
     total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
     step, log_lines = load_resume(args.out, model, optimizer) if args.resume else (0, [])
     if rank == 0:
-        print(f"objective {args.objective} | {len(samples)} samples, max_length {max_length} | {total} steps of "
+        print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token within "
+              f"max_length) | max_length {max_length} | {total} steps of "
               f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) | "
               f"device {device}" + (f" | resumed at step {step}" if step else ""))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
@@ -391,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx = net.no_sync() if (world > 1 and not sync) else torch.enable_grad()
             with ctx:
                 with autocast:
-                    logp = net(mb["ids"], mb["attn"])
+                    logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
                 p_mask = mb["p0"] if args.mask_source == "profile" else None
                 loss, s = objective_loss(logp, mb["valid"], mb["region"], mb["weight"], max(n_norm, 1.0),
                                          args.objective, p_mask=p_mask, **knobs)
@@ -411,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             log_lines.append(log_step(step, total, stats, optimizer, tokens_seen, t_start, steps_run))
             stopping = args.stop_after is not None and steps_run >= args.stop_after
             if step % args.save_every == 0 or step == total or stopping:
-                save_resume(args.out, model, optimizer, step, log_lines)
+                save_resume(args.out, args, model, optimizer, step, log_lines)
 
     if rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
@@ -429,17 +494,14 @@ def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) 
     kept = 0
     for mb in micro:
         with autocast:
-            logp = net(mb["ids"], mb["attn"])
+            logp = net(mb["ids"], mb["attn"], mb["valid"])
         p = mb["p0"] if args.mask_source == "profile" else logp.float().exp()
         kept += keep_mask(args.objective, p, mb["valid"], mb["region"], **knobs).sum().item()
-    if world > 1:
-        t = torch.tensor([kept], dtype=torch.float64)
-        dist.all_reduce(t)
-        kept = t.item()
-    return float(kept)
+    return float(all_reduce_stats({"kept": kept}, world)["kept"])
 
 
 def all_reduce_stats(stats: dict, world: int) -> dict:
+    """Sums over processes of this process's sums."""
     if world == 1:
         return stats
     keys = sorted(stats)
@@ -468,10 +530,9 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, ma
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    regions_sha = sha256_file(args.regions / "tensors.safetensors") if (args.regions / "tensors.safetensors").exists() \
-        and args.objective in REGION_OBJECTIVES else None
-    meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective,
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    regions_file = args.regions / "tensors.safetensors"
+    regions_sha = sha256_file(regions_file) if regions_file.exists() and args.objective in REGION_OBJECTIVES else None
+    meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective, "args": args_to_json(args),
             "model": args.model, "tokenizer_fingerprint": tok_fp, "data": {"path": str(args.data), "sha256": data_sha},
             "regions": {"path": str(args.regions), "sha256": regions_sha}, "max_length": max_length,
             "final_step": step, "versions": library_versions()}
