@@ -5,7 +5,7 @@ Inputs:  a causal LM (--model), SFT data (--data), and for the cuset objectives 
          with --mask-source profile also the stage-01 profile it was labelled on).
 Outputs: --out/ with the trained model (save_pretrained, safetensors) and tokenizer,
          meta.json (args, hashes of data and regions, versions, final step), log.jsonl (one
-         line per step), and resume/ (model, optimizer, step, args) for --resume.
+         line per step), and resume/ (model, optimizer, step, args; gathered under --fsdp) for --resume.
 Refused before any work (exit 2, one line): artifacts from other data or tokenizer, a profile
 rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
 --resume with other arguments than the run's. Samples whose prompt fills --max-length have no
@@ -17,6 +17,10 @@ response token: they are skipped and counted.
     python 03_train_cuset.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl \\
         --regions data/artifacts/regions-qwen --batch-size 64 --micro-batch-size 4 --lr 1e-5
     torchrun --nproc_per_node 4 03_train_cuset.py --model ... --regions ...    # DDP
+    torchrun --nproc_per_node 8 03_train_cuset.py --fsdp --param-dtype bf16 --grad-checkpointing --model ...
+                                              # FSDP2: state sharded over 8 GPUs (README, Training at scale)
+A memory plan (bytes per process: weights, gradients, optimizer state, activations) is printed before
+the first step.
 
 Objectives (DESIGN.md, Objectives; our reconstruction of the paper's method), with
 l = -log q(gold), p = exp(-l) detached, N = response tokens in the global batch before masking:
@@ -43,6 +47,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
@@ -82,6 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
     a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
     a("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    a("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and optimizer state (FSDP2)")
+    a("--param-dtype", choices=("fp32", "bf16"), default="fp32",
+      help="weights as gathered for compute under --fsdp; bf16 keeps fp32 shards (master) and fp32 optimizer state")
+    a("--fsdp-keep-gathered", action="store_true",
+      help="--fsdp: no all-gather or reduce-scatter between a step's micro-batches, for full weights and grads")
     a("--save-every", type=int, default=50, help="steps between resume checkpoints")
     a("--stop-after", type=int, default=None, help="stop after this many steps in this invocation (time slices)")
     a("--resume", action="store_true", help="continue from --out/resume")
@@ -93,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
     if args.micro_batch_size < 1 or args.batch_size < 1:
         ap.error("--batch-size and --micro-batch-size must be positive")
+    if (args.param_dtype == "bf16" or args.fsdp_keep_gathered) and not args.fsdp:
+        ap.error("--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun --nproc_per_node 1)")
     return args
 
 
@@ -295,13 +309,98 @@ class GoldLogProbs(torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------------------
+# Scale: FSDP2 sharding and the memory plan (DESIGN.md, Scale).
+# ---------------------------------------------------------------------------------------
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated blocks (HF's _no_split_modules: LlamaDecoderLayer, Qwen2DecoderLayer, ...)."""
+    return [m for m in model.modules() if type(m).__name__ in set(model._no_split_modules or [])]
+
+
+def shard_fsdp(net: GoldLogProbs, args) -> None:
+    """FSDP2: one fully_shard unit per decoder layer, then the root, net itself (embeddings, final norm, head).
+
+    The root's forward is GoldLogProbs's, so the output layer's weight is all-gathered with the root once per
+    micro-batch (and again for backward) and the chunked head computes with the full [V, d] weight, as on one
+    GPU: one V x d all-gather per pass, V x d x (2 or 4) bytes while gathered (in the memory plan). Gradients
+    are reduce-scattered in float32 and averaged over processes, like DDP's. bf16: weights are gathered in
+    bf16; the float32 shards are the master copy the optimizer updates.
+    """
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.param_dtype == "bf16" else None,
+                              reduce_dtype=torch.float32)
+    for unit in [*decoder_layers(net.model), net]:
+        fully_shard(unit, mp_policy=mp, reshard_after_forward=not args.fsdp_keep_gathered)
+
+
+def fsdp_micro_batch(net, last: bool, args) -> None:
+    """--fsdp-keep-gathered: until a step's last micro-batch, weights stay gathered and gradients add up
+    unsharded (no collective); the last reduce-scatters the sum. Otherwise each micro-batch reduce-scatters."""
+    if args.fsdp and args.fsdp_keep_gathered:
+        net.set_requires_gradient_sync(last)
+        net.set_reshard_after_backward(last)
+
+
+def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[str, tuple[float, str]]:
+    """Bytes per process, {row: (bytes, how)}; P parameters, W processes, pb = 4 (fp32) or 2 (bf16) bytes.
+
+    weights 4P, or under --fsdp 4P/W float32 shards + the root and two layers gathered in pb (all P with
+    --fsdp-keep-gathered); gradients 4P (+ 4P DDP buckets), or 4P/W + the root's and one layer's in pb (4P
+    unsharded when kept gathered); AdamW's float32 m, v 8P (/W). Activations (Llama-style): a = 8h + 4h_kv + 4I
+    values per layer and token (norm inputs and outputs, q, k, v, attention output; MLP gate, up, activation,
+    product) x layers x micro-batch x max_length x 4 B on CPU, 2 under autocast or bf16; checkpointing keeps h
+    per layer and token + one layer's a; fused attention (no L^2). The head: 3 [chunk, V] float32 blocks. CUDA's
+    foreach AdamW: a 4P (/W) temporary in the step. total = state + max(activations + head, step).
+    """
+    cfg, layers = model.config, decoder_layers(model)
+    params = sum(p.numel() for p in model.parameters())  # tied weights once
+    sizes = [sum(p.numel() for p in m.parameters()) for m in layers] or [0]
+    root, pb, shard = params - sum(sizes), (2 if args.param_dtype == "bf16" else 4), (world if args.fsdp else 1)
+    h, tokens = cfg.hidden_size, args.micro_batch_size * max_length
+    h_kv = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * (
+        getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
+    a = 8 * h + 4 * h_kv + 4 * getattr(cfg, "intermediate_size", 4 * h)
+    ab = 2 if (device.startswith("cuda") or args.param_dtype == "bf16") else 4
+    shards = f"4 B x P / {world} shards"
+    if not args.fsdp:
+        w, g = (4 * params, "4 B x P"), (4 * params * min(world, 2), "4 B x P" + " + DDP buckets" * (world > 1))
+    elif args.fsdp_keep_gathered:
+        w = (4 * params / world + pb * params, f"{shards} + {pb} B x P gathered")
+        g = (4 * params / world + 4 * params, f"{shards} + 4 B x P unsharded")
+    else:
+        w = (4 * params / world + pb * (root + 2 * max(sizes)), f"{shards} + {pb} B x (root + 2 layers)")
+        g = (4 * params / world + pb * (root + max(sizes)), f"{shards} + {pb} B x (root + 1 layer)")
+    opt = 8 * params / shard if args.optimizer == "adamw" else 0.0
+    n_layers, chunk = len(layers) or cfg.num_hidden_layers, min(args.chunk_size, tokens)
+    act = ((n_layers * h + a) if args.grad_checkpointing else n_layers * a) * tokens * ab
+    plan = {"weights": w, "gradients": g, "optimizer": (opt, f"{8 if opt else 0} B x P / {shard}"),
+            "activations": (act, f"{'(layers x h + a)' if args.grad_checkpointing else 'layers x a'}, "
+                                 f"a = {a / h:.1f}h, {n_layers} layers x {tokens} tokens x {ab} B"),
+            "output layer": (3 * chunk * cfg.vocab_size * 4, f"3 x {chunk} x V={cfg.vocab_size} x 4 B"),
+            "step": (4 * params / shard * (args.optimizer == "adamw" and device.startswith("cuda")),
+                     f"4 B x P / {shard} (CUDA foreach AdamW)")}
+    peak = max(act + plan["output layer"][0], plan["step"][0])
+    plan["total"] = (w[0] + g[0] + opt + peak, f"P = {params / 1e6:,.1f}M, {world} process(es)")
+    return plan
+
+
+def format_memory_plan(plan: dict, args, world: int) -> str:
+    mode = f"fsdp over {world}" if args.fsdp else (f"ddp over {world}" if world > 1 else "one process")
+    return "\n".join([f"memory plan per process ({mode}, weights {args.param_dtype}, {args.optimizer}, micro-batch "
+                      f"{args.micro_batch_size}{', grad checkpointing' if args.grad_checkpointing else ''}):"]
+                     + [f"  {name:<13}{b / 2**30:>9.3f} GiB  {how}" for name, (b, how) in plan.items()])
+
+
+# ---------------------------------------------------------------------------------------
 # Loop plumbing: distributed setup, schedule, checkpoints.
 # ---------------------------------------------------------------------------------------
 
 
-def setup_distributed(device_arg: str) -> tuple[int, int, str]:
+def setup_distributed(device_arg: str, fsdp: bool) -> tuple[int, int, str]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if fsdp and "RANK" not in os.environ:
+        raise UserError("--fsdp runs under torchrun (one GPU: torchrun --nproc_per_node 1 03_train_cuset.py ...)")
+    if world == 1 and not fsdp:
         return 0, 1, pick_device(device_arg)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_arg)
@@ -332,8 +431,10 @@ def batch_order(n: int, batch: int, epoch: int, seed: int) -> list[list[int]]:
 # equivalence the tests check (micro_batch_size, chunk_size, grad_checkpointing: the same sums, split
 # otherwise), so that a run can resume on a smaller GPU. Everything else (objective, data, lr, schedule,
 # max_length, seed, device and hence precision, ...) would make the resumed run another run.
+# So are --fsdp and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is
+# tested equal to one process): a DDP run can move to FSDP. --param-dtype changes precision: not.
 RESUME_MAY_CHANGE = {"out", "resume", "force", "save_every", "stop_after", "micro_batch_size", "chunk_size",
-                     "grad_checkpointing"}
+                     "grad_checkpointing", "fsdp", "fsdp_keep_gathered"}
 
 
 def resume_dir(out: Path) -> Path:
@@ -349,12 +450,23 @@ def check_resume(args) -> None:
     check_resume_args(json.loads(path.read_text()), args_to_json(args), RESUME_MAY_CHANGE, args.out)
 
 
-def save_resume(out: Path, args, model, optimizer, step: int, log_lines: list[str]) -> None:
-    """Everything --resume needs, swapped in atomically: a kill mid-save keeps the previous state."""
+def state_options(args):
+    """State keyed by parameter name; under --fsdp gathered to rank 0's CPU on save and broadcast from rank 0
+    on load: the same resume state with or without --fsdp."""
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True) if args.fsdp else None
+
+
+def save_resume(out: Path, args, model, optimizer, step: int, log_lines: list[str], rank: int) -> None:
+    """Everything --resume needs, swapped in atomically: a kill mid-save keeps the previous state.
+    Called on every process (under --fsdp gathering the state is collective); rank 0 writes."""
+    state = {"model": get_model_state_dict(model, options=state_options(args)),
+             "optimizer": get_optimizer_state_dict(model, optimizer, options=state_options(args)), "step": step}
+    if rank != 0:
+        return
     tmp, old, final = out / ".resume.tmp", out / ".resume.old", out / "resume"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp / "state.pt")
+    torch.save(state, tmp / "state.pt")
     (tmp / "log.jsonl").write_text("".join(log_lines))
     (tmp / "args.json").write_text(json.dumps(args_to_json(args), indent=2) + "\n")
     if final.exists():
@@ -364,11 +476,14 @@ def save_resume(out: Path, args, model, optimizer, step: int, log_lines: list[st
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_resume(out: Path, model, optimizer) -> tuple[int, list[str]]:
-    state_dir = resume_dir(out)
-    state = torch.load(state_dir / "state.pt", map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+def load_resume(args, model, optimizer, rank: int) -> tuple[int, list[str]]:
+    state_dir = resume_dir(args.out)
+    state = torch.load(state_dir / "state.pt", map_location="cpu", weights_only=False, mmap=True)
+    if args.fsdp and rank != 0:  # broadcast from rank 0: one copy of the full state in host memory
+        state = {"model": {}, "optimizer": {}, "step": state["step"]}
+    set_model_state_dict(model, state["model"], options=state_options(args))
+    if args.optimizer == "adamw":  # plain SGD keeps no state (and DCP's loader wants a tensor in it)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=state_options(args))
     return state["step"], (state_dir / "log.jsonl").read_text().splitlines(keepends=True)
 
 
@@ -388,7 +503,7 @@ def prepare_out(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank, world, device = setup_distributed(args.device)
+    rank, world, device = setup_distributed(args.device, args.fsdp)
     if args.batch_size % (world * args.micro_batch_size):
         raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x --micro-batch-size "
                         f"({world} x {args.micro_batch_size})")
@@ -421,7 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     model.config.use_cache = False
     model.train()
     net = GoldLogProbs(model, args.chunk_size)
-    if world > 1:
+    plan = memory_plan(model, args, world, device, max_length)
+    if args.fsdp:
+        shard_fsdp(net, args)  # parameters become DTensor shards; the optimizer below sees only the shards
+    elif world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
     opt_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
     optimizer = opt_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -429,12 +547,13 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_epoch = len(samples) // args.batch_size
     total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
-    step, log_lines = load_resume(args.out, model, optimizer) if args.resume else (0, [])
+    step, log_lines = load_resume(args, model, optimizer, rank) if args.resume else (0, [])
     if rank == 0:
         print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token within "
               f"max_length) | max_length {max_length} | {total} steps of "
               f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) | "
               f"device {device}" + (f" | resumed at step {step}" if step else ""))
+        print(format_memory_plan(plan, args, world), flush=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
     knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
     t_start, tokens_seen, steps_run = time.time(), 0, 0
@@ -452,15 +571,16 @@ def main(argv: list[str] | None = None) -> int:
             g["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
         stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
         for k, mb in enumerate(micro):
-            sync = world == 1 or k == len(micro) - 1
-            ctx = net.no_sync() if (world > 1 and not sync) else torch.enable_grad()
+            last = k == len(micro) - 1
+            fsdp_micro_batch(net, last, args)
+            ctx = net.no_sync() if (world > 1 and not last and not args.fsdp) else torch.enable_grad()
             with ctx:
                 with autocast:
                     logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
                 p_mask = mb["p0"] if args.mask_source == "profile" else None
                 loss, s = objective_loss(logp, mb["valid"], mb["region"], mb["weight"], max(n_norm, 1.0),
                                          args.objective, p_mask=p_mask, **knobs)
-                # DDP averages gradients over processes; our loss is already a global sum / N.
+                # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
                 (loss * world).backward()
             s["loss"] = loss.item()
             for key in stats:
@@ -474,16 +594,16 @@ def main(argv: list[str] | None = None) -> int:
         tokens_seen += stats["tokens"]
         if rank == 0:
             log_lines.append(log_step(step, total, stats, optimizer, tokens_seen, t_start, steps_run))
-            stopping = args.stop_after is not None and steps_run >= args.stop_after
-            if step % args.save_every == 0 or step == total or stopping:
-                save_resume(args.out, args, model, optimizer, step, log_lines)
+        stopping = args.stop_after is not None and steps_run >= args.stop_after
+        if step % args.save_every == 0 or step == total or stopping:
+            save_resume(args.out, args, model, optimizer, step, log_lines, rank)
 
+    if step >= total:
+        save_final(args, model, tokenizer, step, tok_fp, data_sha, max_length, rank)
     if rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
-        if step >= total:
-            save_final(args, model, tokenizer, step, tok_fp, data_sha, max_length)
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
-    if world > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
     return 0
 
@@ -524,11 +644,18 @@ def log_step(step: int, total: int, stats: dict, optimizer, tokens_seen: float, 
     return json.dumps(row) + "\n"
 
 
-def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, max_length: int) -> None:
-    """Model + tokenizer + meta.json, written to a temp folder and then moved into --out."""
+def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, max_length: int, rank: int) -> None:
+    """Model + tokenizer + meta.json, written to a temp folder and then moved into --out (by rank 0; under
+    --fsdp every process takes part in gathering the weights)."""
+    weights = get_model_state_dict(model, options=state_options(args)) if args.fsdp else None
+    if rank != 0:
+        return
+    if weights is not None:  # gathered tensors no longer share storage: keep tied weights once, as on one GPU
+        names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+        weights = {k: v for k, v in weights.items() if k in names}
     tmp = args.out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     regions_file = args.regions / "tensors.safetensors"
     regions_sha = sha256_file(regions_file) if regions_file.exists() and args.objective in REGION_OBJECTIVES else None

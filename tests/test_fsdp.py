@@ -1,0 +1,252 @@
+"""Stage 03 at scale (issue 16): FSDP2 under torchrun (gloo, CPU) against single-process training, resume
+after a kill in the middle of an FSDP run, and the memory plan against measured peak memory.
+
+Launch budget (2 cores): four torchrun launches (the FSDP run compared with one process; an uninterrupted, a
+killed and a resumed run), one in-process single-process reference, two single-process memory runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT
+from test_train import (MAX_LENGTH, MODEL, SFT_FILE, SGD_ARGS, SGD_STEPS, assert_same_sgd_training, base_args,
+                        log_of, run, train, weights_of)
+
+# Under FSDP each gradient element is the same K-term sum as on one process, reduce-scattered over the
+# processes in another order: the reordering bound of assert_same_sgd_training (test_train.py) holds as for DDP.
+K_TERMS = 8 * MAX_LENGTH
+SINGLE_ARGS = dict(objective="sft", micro_batch_size=2, device="cpu", **SGD_ARGS)
+FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
+
+# Measuring peak RSS needs freed memory to leave the process: glibc raises its mmap threshold up to 32 MiB
+# after the first large free, and blocks below it then stay in the heap, inflating the peak by ~20% here
+# (measured 1.24x the plan without this, 1.07x with it). A fixed threshold makes RSS follow live tensors.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+# The driver: runs stage 03's main in a fresh process; the baseline is RSS after the model is loaded (and,
+# under --fsdp, sharded), the peak is VmHWM from there on (reset through /proc/self/clear_refs).
+DRIVER = r'''
+import gc, json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+from conftest import load_script
+train = load_script("03_train_cuset.py")
+rec = {}
+def rss(field):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field))
+def start():
+    gc.collect()
+    rec["rss_start"] = rss("VmRSS:")
+    open("/proc/self/clear_refs", "w").write("5")
+plan, shard = train.memory_plan, train.shard_fsdp
+def spy_plan(model, *a, **k):
+    rec["plan"], rec["params"] = plan(model, *a, **k), sum(p.numel() for p in model.parameters())
+    start()
+    return rec["plan"]
+def spy_shard(*a, **k):
+    shard(*a, **k)
+    start()
+train.memory_plan, train.shard_fsdp = spy_plan, spy_shard
+assert train.main(sys.argv[2:]) == 0
+rec["peak"] = rss("VmHWM:")
+print("MEMORY " + json.dumps(rec), flush=True)
+'''
+
+
+def torchrun(script, argv, **popen):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *map(str, script),
+           *map(str, argv)]
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **MALLOC_ENV}, text=True, **popen)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL torchrun and its workers (each in its own session, so a process-group kill misses them)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    os.kill(pid, signal.SIGKILL)
+    for child in children:
+        kill_tree(int(child))
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def memory_ratio(rec: dict, resident_weights: float) -> float:
+    """Measured peak RSS increase over the plan's increase: its total less the weights already resident."""
+    return (rec["peak"] - rec["rss_start"]) / (rec["plan"]["total"][0] - resident_weights)
+
+
+# The check: 0.85 <= measured / planned <= 1.2. The plan sums live tensors at their worst moment, so it is
+# above what is live when activations are freed as gradients arrive, and below by the allocator's slack and
+# transient tensors (one [V, d] gradient, attention temporaries). Measured: 1.07 (tiny), 0.99 (wide),
+# 0.93 and 0.96 (tiny under FSDP, per process). A plan off by 1.25x in total fails; in the wide model the
+# AdamW state is 55% of the increase, so dropping it (or counting it twice) fails by far.
+RATIO_RANGE = (0.85, 1.2)
+
+
+@pytest.fixture(scope="module")
+def data8(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sft8.jsonl"
+    path.write_text("".join(SFT_FILE.read_text().splitlines(keepends=True)[:8]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def single(data8, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "out"
+    assert run(base_args(data8, out, **SINGLE_ARGS)) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(data8, tmp_path_factory):
+    """One FSDP launch (2 processes, 2 micro-batches each) through the memory driver; its per-rank records."""
+    out = tmp_path_factory.mktemp("fsdp") / "out"
+    driver = out.parent / "driver.py"
+    driver.write_text(DRIVER)
+    proc = torchrun([driver, ROOT], base_args(data8, out, **FSDP_ARGS), stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-3000:]
+    records = [json.loads(line[len("MEMORY "):]) for line in stdout.splitlines() if line.startswith("MEMORY ")]
+    assert len(records) == 2 and "memory plan per process (fsdp over 2" in stdout
+    return out, records
+
+
+def test_fsdp_two_processes_match_single_process_training(single, fsdp_run):
+    out, records = fsdp_run
+    assert_same_sgd_training(weights_of(single), weights_of(out), SGD_STEPS, k_terms=K_TERMS)
+    assert set(weights_of(out)) == set(weights_of(single))  # gathered, tied weights saved once as on one GPU
+    assert [round(x["loss"], 4) for x in log_of(out)] == [round(x["loss"], 4) for x in log_of(single)]
+    for rec in records:  # the plan under FSDP: resident after sharding are the float32 shards, 4P/W
+        ratio = memory_ratio(rec, 4 * rec["params"] / 2)
+        print("fsdp rank", {k: round(v[0] / 2**20, 1) for k, v in rec["plan"].items()}, "MiB; measured increase",
+              round((rec["peak"] - rec["rss_start"]) / 2**20, 1), "MiB; ratio", round(ratio, 3))
+        assert RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1], (ratio, rec)
+
+
+def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_run(data8, tmp_path):
+    """Bit for bit, with what resume must restore: AdamW's moments (gathered to rank 0, broadcast back into
+    the shards), under bf16 weights, --fsdp-keep-gathered, activation checkpointing and gradient clipping.
+    Killed (launcher and workers, SIGKILL) once step 1's state is saved, resumed under FSDP."""
+    kw = dict(objective="sft", micro_batch_size=2, device="cpu", batch_size=8, max_steps=3, fsdp=True,
+              param_dtype="bf16", fsdp_keep_gathered=True, grad_checkpointing=True)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    proc = torchrun([ROOT / "03_train_cuset.py"], base_args(data8, straight, **kw), stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE)
+    assert proc.wait(timeout=900) == 0, proc.stderr.read()[-3000:]
+    argv = base_args(data8, killed, **kw)
+    proc = torchrun([ROOT / "03_train_cuset.py"], argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state_log, deadline, pids = killed / "resume" / "log.jsonl", time.time() + 600, []
+    while time.time() < deadline and proc.poll() is None:
+        if state_log.exists() and len(state_log.read_text().splitlines()) >= 1:
+            pids = [proc.pid, *map(int, Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())]
+            kill_tree(proc.pid)
+            break
+        time.sleep(0.02)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    while not all(gone(p) for p in pids):
+        time.sleep(0.05)
+    assert not (killed / "model.safetensors").exists()
+    resumed = torchrun([ROOT / "03_train_cuset.py"], argv + ["--resume"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE)
+    stdout, stderr = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, stderr[-3000:]
+    assert "resumed at step" in stdout and "weights bf16" in stdout
+    assert [r["step"] for r in log_of(killed)] == [1, 2, 3]
+    assert [r["loss"] for r in log_of(killed)] == [r["loss"] for r in log_of(straight)]
+    want = weights_of(straight)
+    assert {w.dtype for w in want.values()} == {torch.float32}  # the float32 master weights are saved
+    for name, w in weights_of(killed).items():
+        torch.testing.assert_close(w, want[name], atol=0, rtol=0, msg=name)
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """A random Llama wide enough that weights, gradients and AdamW state dominate: 50M parameters, 2 layers."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+                      pad_token_id=0, eos_token_id=2)
+    path = tmp_path_factory.mktemp("wide") / "model"
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    AutoTokenizer.from_pretrained(MODEL).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("which", ["tiny", "wide"])
+def test_the_memory_plan_matches_measured_peak_memory(which, data8, tmp_path, request):
+    """One process, AdamW, 2 steps (the second runs with the optimizer state): the increase of peak RSS over
+    the RSS after loading the model, against the plan's total less the (resident) weights."""
+    model, batch = (MODEL, 4) if which == "tiny" else (request.getfixturevalue("wide_model"), 1)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    argv = base_args(data8, tmp_path / "out", model=model, objective="sft", max_steps=2, batch_size=batch,
+                     micro_batch_size=batch, device="cpu", save_every=100)
+    r = subprocess.run([sys.executable, str(driver), str(ROOT), *map(str, argv)], capture_output=True, text=True,
+                       cwd=ROOT, env={**os.environ, **MALLOC_ENV}, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("MEMORY "))[len("MEMORY "):])
+    assert "memory plan per process (one process" in r.stdout and "optimizer" in r.stdout
+    ratio = memory_ratio(rec, rec["plan"]["weights"][0])
+    print(which, {k: round(v[0] / 2**20, 1) for k, v in rec["plan"].items()}, "MiB; measured increase",
+          round((rec["peak"] - rec["rss_start"]) / 2**20, 1), "MiB; ratio", round(ratio, 3))
+    assert RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1], (ratio, rec)
+
+
+# ---------------------------------------------------------------------------------------
+# The plan's arithmetic at the README's scale, and the refusals (no training run).
+# ---------------------------------------------------------------------------------------
+
+
+def qwen_7b_on_meta():
+    """Qwen2.5-Coder-7B's shape (config.json of the hub model), parameters on the meta device: no memory."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def test_the_memory_plan_at_7b_shards_state_by_processes():
+    model = qwen_7b_on_meta()
+    p = sum(x.numel() for x in model.parameters())
+    assert 7.5e9 < p < 7.7e9
+    one = train.memory_plan(model, train.parse_args(["--micro-batch-size", "1"]), 1, "cuda", 2048)
+    assert one["weights"][0] + one["gradients"][0] + one["optimizer"][0] == 16 * p  # > 112 GB: not one GPU
+    args = train.parse_args(["--micro-batch-size", "1", "--fsdp", "--param-dtype", "bf16", "--grad-checkpointing"])
+    eight = train.memory_plan(model, args, 8, "cuda", 2048)
+    assert eight["optimizer"][0] == 8 * p / 8 and eight["step"][0] == 4 * p / 8
+    root = 2 * 152064 * 3584 + 3584  # embeddings, output layer, final norm
+    layer = (p - root) / 28
+    assert eight["weights"][0] == pytest.approx(4 * p / 8 + 2 * (root + 2 * layer))
+    assert eight["gradients"][0] == pytest.approx(4 * p / 8 + 2 * (root + layer))
+    assert eight["total"][0] < 40 * 2**30  # fits an 80 GB GPU with room for the allocator
+    text = train.format_memory_plan(eight, args, 8)
+    assert "fsdp over 8" in text and "weights bf16" in text and "total" in text
+
+
+def test_fsdp_outside_torchrun_is_refused(data8, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    code = train.run_main(train.main, list(map(str, base_args(data8, tmp_path / "o", objective="sft", fsdp=True))))
+    assert code == 2 and "--fsdp runs under torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bf16_weights_need_fsdp():
+    with pytest.raises(SystemExit):
+        train.parse_args(["--param-dtype", "bf16"])
