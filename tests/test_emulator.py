@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT  # noqa: F401  (puts the repo root on sys.path)
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, mask, translate
 
 PRELUDE = "#include <cuda_runtime.h>\n#include <cstdio>\n"
@@ -18,7 +17,7 @@ PRELUDE = "#include <cuda_runtime.h>\n#include <cstdio>\n"
 
 def run(tmp_path: Path, source: str, checks: bool = False) -> subprocess.CompletedProcess:
     (tmp_path / "prog_emu.cpp").write_text(translate(PRELUDE + source))
-    build = subprocess.run(gxx_command("prog_emu.cpp", "prog", str(EMU_INCLUDE), "test", checks), cwd=tmp_path,
+    build = subprocess.run(gxx_command("prog_emu.cpp", "prog", str(EMU_INCLUDE), checks), cwd=tmp_path,
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-3000:]
     return subprocess.run(["./prog"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -86,7 +85,8 @@ def test_launch_syntax_variants_templates_macros_and_pointers(tmp_path):
 def test_translation_keeps_line_numbers():
     src = "__global__ void k(int* p) {}\nint main() {\n  k<<<1,\n    1>>>(\n nullptr);\n  return __LINE__;\n}\n"
     out = translate(src)
-    assert out.splitlines()[1:][5].strip() == "return __LINE__;"
+    lines = out.splitlines()
+    assert lines[:2] == ["#include <cuda_runtime.h>", '#line 1 "prog.cu"'] and lines[2:][5].strip() == "return __LINE__;"
 
 
 SHARED = r"""
@@ -105,12 +105,24 @@ __global__ void k(int* out) {
     out[t] = int(a[u] + b[u]) + grid2[u / 16][u % 16] + int(dyn[u]) + file_scope[u] + flag
              + (sizeof(a) == N * sizeof(float)) + (sizeof(grid2) == N * sizeof(int));
 }
+template <typename T>
+__global__ void reverse(T* out) {  // typed view of raw dynamic shared memory, aligned for T
+    extern __shared__ __align__(sizeof(T)) unsigned char raw[];
+    T* s = reinterpret_cast<T*>(raw);
+    s[threadIdx.x] = T(threadIdx.x);
+    __syncthreads();
+    out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
 int main() {
     int* d; cudaMalloc(&d, N * sizeof(int));
     k<<<3, N, N * sizeof(double)>>>(d);
     int h[N]; cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
     int bad = 0;
     for (int t = 0; t < N; ++t) bad += h[t] != 15 * (N - 1 - t) + 3;
+    double* r; cudaMalloc(&r, N * sizeof(double));
+    reverse<double><<<1, N, N * sizeof(double)>>>(r);
+    double hr[N]; cudaMemcpy(hr, r, sizeof hr, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < N; ++t) bad += hr[t] != N - 1 - t;
     printf("bad=%d\n", bad);
 }
 """
@@ -289,6 +301,9 @@ int main() {
     float ms = 0; cudaEventElapsedTime(&ms, a, b);
     printf("%d\n", ms >= 29.0f && ms < 1000.0f);
     printf("%s\n", cudaGetErrorName(cudaSetDevice(1)));
+    int min_grid = 0, block = 0;
+    cudaOccupancyMaxPotentialBlockSize(&min_grid, &block, reads, 0, 256);
+    printf("%d %d %g\n", block, int(min(size_t(5), 3)), max(2.5f, 3));  // CUDA's mixed-type min/max
 }
 """
 
@@ -296,7 +311,7 @@ int main() {
 def test_launch_limits_poison_copies_properties_and_events(tmp_path):
     assert output(tmp_path, LIMITS).splitlines() == [
         "invalid configuration argument", "cudaErrorInvalidConfiguration", "cudaErrorInvalidValue", "cudaSuccess",
-        "nan", "cudaErrorInvalidValue", "32 1024 1", "1", "cudaErrorInvalidDevice"]
+        "nan", "cudaErrorInvalidValue", "32 1024 1", "1", "cudaErrorInvalidDevice", "256 3 3"]
 
 
 OUT_OF_BOUNDS = r"""
@@ -309,13 +324,35 @@ int main() {
 """
 
 
+SHARED_OUT_OF_BOUNDS = r"""
+__global__ void k(float* out) {
+    __shared__ float s[64];
+    extern __shared__ float d[];
+    s[threadIdx.x] = 1.0f; d[threadIdx.x] = 2.0f;
+    __syncthreads();
+    out[threadIdx.x] = STATIC ? s[threadIdx.x + 1] : d[threadIdx.x + 1];  // thread 63 reads past the end
+}
+int main() {
+    float* d; cudaMalloc(&d, 64 * sizeof(float));
+    k<<<2, 64, 64 * sizeof(float)>>>(d);
+    printf("%s\n", cudaGetErrorName(cudaDeviceSynchronize()));
+}
+"""
+
+
 def test_address_sanitizer_build_reports_out_of_bounds_device_writes(tmp_path):
     r = run(tmp_path, OUT_OF_BOUNDS, checks=True)
     assert r.returncode != 0 and "heap-buffer-overflow" in r.stderr, r.stderr[-2000:]
     assert re.search(r"prog\.cu:\d+", r.stderr)  # reported against the program's own lines
 
 
-def test_a_launch_from_device_code_is_reported_unsupported(tmp_path):
-    r = run(tmp_path, "__global__ void child() {}\n__global__ void parent() { child<<<1, 1>>>(); }\n"
-                      "int main() { parent<<<1, 1>>>(); cudaDeviceSynchronize(); }\n")
-    assert r.returncode != 0 and "CUSET_EMU_UNSUPPORTED test: kernel launch from device code" in r.stderr
+@pytest.mark.parametrize("static", [1, 0], ids=["static", "dynamic"])
+def test_address_sanitizer_build_reports_shared_memory_overruns(tmp_path, static):
+    r = run(tmp_path, f"#define STATIC {static}\n" + SHARED_OUT_OF_BOUNDS, checks=True)
+    assert r.returncode != 0 and "AddressSanitizer" in r.stderr, r.stdout + r.stderr[-2000:]
+
+
+def test_a_warp_intrinsic_outside_a_kernel_is_a_named_error(tmp_path):
+    # a shuffle outside any kernel is a programming error the runtime names
+    r = run(tmp_path, "int main() { return __shfl_sync(0xffffffff, 1, 0); }\n")
+    assert r.returncode != 0 and "warp intrinsic called outside a kernel" in r.stderr

@@ -166,16 +166,6 @@ inline cudaError_t fail(cudaError_t e) { last_error() = e; return e; }
     std::_Exit(70);
 }
 
-// Something the emulator cannot run: reported with the build's nonce so that a program cannot
-// forge the line (stage 04 then records `unsupported`, not a verdict).
-#ifndef CUSET_EMU_NONCE
-#define CUSET_EMU_NONCE "none"
-#endif
-[[noreturn]] inline void unsupported(const char* what) {
-    std::fprintf(stderr, "CUSET_EMU_UNSUPPORTED %s: %s\n", CUSET_EMU_NONCE, what);
-    std::fflush(nullptr);
-    std::_Exit(71);
-}
 
 // ---------------------------------------------------------------------------------------
 // Fibers: a minimal context switch (callee-saved registers and the stack pointer).
@@ -184,6 +174,9 @@ inline cudaError_t fail(cudaError_t e) { last_error() = e; return e; }
 }  // namespace cuset_emu
 extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
 extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+extern "C" void __asan_poison_memory_region(void const volatile* addr, size_t size);
+extern "C" void __asan_unpoison_memory_region(void const volatile* addr, size_t size);
+// Programs often leave device memory allocated at exit; that is no error on a GPU.
 extern "C" const char* __asan_default_options() { return "detect_leaks=0:detect_stack_use_after_return=0"; }
 namespace cuset_emu {
 #endif
@@ -301,7 +294,8 @@ struct Worker {
     unsigned phase = 0;
     uint64_t rng = 0;
     std::vector<Warp> warps;
-    std::vector<char> dyn;
+    char* dyn = nullptr;  // this launch's dynamic shared memory (heap: checked builds see overruns)
+    size_t dyn_size = 0;
     char* static_smem = nullptr;
 #if defined(__SANITIZE_ADDRESS__)
     void* fake_stack = nullptr;
@@ -317,15 +311,27 @@ inline thread_local dim3 t_block_dim, t_grid_dim;
 
 // Static __shared__ variables: one layout for the whole program (each declaration gets its
 // offset once), one arena per worker, poisoned at each block start up to the layout's end.
+// AddressSanitizer builds keep a gap after each variable that reads and writes may not touch.
 constexpr size_t kStaticArena = 1 << 20;
-inline std::atomic<size_t>& static_layout_end() { static std::atomic<size_t> end{0}; return end; }
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kRedzone = 64;
+#else
+constexpr size_t kRedzone = 0;
+#endif
+struct SharedLayout {
+    std::mutex m;
+    size_t end = 0;
+    std::vector<std::pair<size_t, size_t>> vars;  // (offset, size)
+};
+inline SharedLayout& shared_layout() { static SharedLayout* l = new SharedLayout(); return *l; }
 inline size_t static_layout_alloc(size_t size, size_t align) {
+    SharedLayout& l = shared_layout();
+    std::lock_guard<std::mutex> lock(l.m);
     align = align < 16 ? 16 : align;
-    size_t old = static_layout_end().load(), start;
-    do {
-        start = (old + align - 1) / align * align;
-    } while (!static_layout_end().compare_exchange_weak(old, start + size));
-    if (start + size > kStaticArena) unsupported("more static __shared__ memory than the emulator's arena holds");
+    size_t start = (l.end + align - 1) / align * align;
+    if (start + size + kRedzone > kStaticArena) fatal("more static __shared__ memory than the emulator's arena holds");
+    l.end = start + size + kRedzone;
+    l.vars.push_back({start, size});
     return start;
 }
 template <class T, class Key>
@@ -333,7 +339,22 @@ inline T& shared_var(Key) {
     static const size_t offset = static_layout_alloc(sizeof(T), alignof(T));
     return *reinterpret_cast<T*>(t_worker->static_smem + offset);
 }
-inline void* dynamic_smem() { return t_worker->dyn.data(); }
+inline void* dynamic_smem() { return t_worker->dyn; }
+
+// A block's shared memory starts as 0xFF bytes (and, checked, with its gaps made unreadable).
+inline void poison_shared(Worker* w) {
+    SharedLayout& l = shared_layout();
+    std::lock_guard<std::mutex> lock(l.m);
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_unpoison_memory_region(w->static_smem, l.end);
+#endif
+    std::memset(w->static_smem, 0xFF, l.end);
+    std::memset(w->dyn, 0xFF, w->dyn_size);
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_poison_memory_region(w->static_smem, l.end);
+    for (auto& v : l.vars) __asan_unpoison_memory_region(w->static_smem + v.first, v.second);
+#endif
+}
 
 inline uint64_t next_random(uint64_t& s) {  // splitmix64
     uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -343,7 +364,8 @@ inline uint64_t next_random(uint64_t& s) {  // splitmix64
 }
 template <class T>
 inline void shuffle(std::vector<T>& v, uint64_t& s) {
-    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[next_random(s) % i]);
+    // Fisher-Yates; multiply-shift maps the random word onto [0, i) without a division
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[size_t((unsigned __int128)next_random(s) * i >> 64)]);
 }
 
 // Leave the current fiber for the scheduler; return when the scheduler resumes it.
@@ -464,8 +486,7 @@ inline Fiber* idle_fiber(Worker* w) {
 inline void run_block(Worker* w, unsigned linear_block) {
     const Launch& L = *w->launch;
     t_block_idx = {linear_block % L.grid.x, linear_block / L.grid.x % L.grid.y, linear_block / (L.grid.x * L.grid.y)};
-    std::memset(w->static_smem, 0xFF, static_layout_end().load());
-    std::memset(w->dyn.data(), 0xFF, w->dyn.size());
+    poison_shared(w);
     w->rng = L.seed ^ (uint64_t(linear_block) * 0xD1B54A32D192ED03ull);
     w->next = w->exited = 0;
     w->phase = 0;
@@ -514,6 +535,7 @@ inline Worker* this_worker() {
                            -1, 0);
         if (arena == MAP_FAILED) fatal("cannot map the shared-memory arena");
         t_worker->static_smem = static_cast<char*>(arena);
+        std::memset(arena, 0xFF, kStaticArena);  // variables first declared during a block start poisoned too
     }
     return t_worker;
 }
@@ -537,7 +559,9 @@ struct Pool {
             unsigned x = i % L->block.x, y = i / L->block.x % L->block.y, z = i / (L->block.x * L->block.y);
             w->lanes[i] = {{x, y, z}, i};
         }
-        w->dyn.assign(L->dyn_smem, 0);
+        std::free(w->dyn);
+        w->dyn = static_cast<char*>(std::malloc(L->dyn_smem ? L->dyn_smem : 1));
+        w->dyn_size = L->dyn_smem;
         t_block_dim = L->block;
         t_grid_dim = L->grid;
         for (unsigned b; (b = next_block.fetch_add(1)) < blocks;) run_block(w, b);
@@ -610,8 +634,11 @@ inline cudaError_t check_config(const Config& c) {
 // returning (one stream in effect; a program that is correct on a GPU stays correct).
 template <class K, class... A>
 void launch(Config cfg, K kernel, A&&... args) {
-    if (t_worker != nullptr && t_worker->launch != nullptr) unsupported("kernel launch from device code");
+    // nvcc refuses device-side launches without -rdc=true, which stage 04 does not pass
+    if (t_worker != nullptr && t_worker->launch != nullptr) fatal("kernel launch from device code");
     if (cudaError_t e = check_config(cfg)) { fail(e); return; }
+    static std::mutex one_at_a_time;  // host threads may launch concurrently; the pool runs one grid
+    std::lock_guard<std::mutex> lock(one_at_a_time);
     struct State {
         K kernel;
         std::tuple<std::decay_t<A>...> args;
@@ -710,7 +737,10 @@ inline T shuffle_from(unsigned mask, T var, int src) {
     std::memcpy(&var, &bits, sizeof(T));
     return var;
 }
-inline int lane_id() { return t_lane->linear & 31; }
+inline int lane_id() {
+    if (t_lane == nullptr) fatal("warp intrinsic called outside a kernel");
+    return t_lane->linear & 31;
+}
 }  // namespace cuset_emu
 template <class T> inline T __shfl_sync(unsigned mask, T var, int src, int width = 32) {
     int l = cuset_emu::lane_id();
@@ -854,6 +884,8 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float rcbrtf(float x) { return 1.0f / cbrtf(x); }
 inline float exp10f(float x) { return powf(10.0f, x); }
+inline float normcdff(float x) { return 0.5f * erfcf(-x * 0.70710678f); }
+inline double normcdf(double x) { return 0.5 * erfc(-x * 0.70710678118654752); }
 inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
@@ -892,12 +924,15 @@ inline unsigned int min(int a, unsigned int b) { return min(unsigned(a), b); }
 inline unsigned int min(unsigned int a, int b) { return min(a, unsigned(b)); }
 inline unsigned int max(int a, unsigned int b) { return max(unsigned(a), b); }
 inline unsigned int max(unsigned int a, int b) { return max(a, unsigned(b)); }
-inline float min(float a, int b) { return fminf(a, float(b)); }
-inline float max(float a, int b) { return fmaxf(a, float(b)); }
-inline double min(double a, float b) { return fmin(a, double(b)); }
-inline double min(float a, double b) { return fmin(double(a), b); }
-inline double max(double a, float b) { return fmax(a, double(b)); }
-inline double max(float a, double b) { return fmax(double(a), b); }
+// Other mixed types: the usual arithmetic conversions, as CUDA's mixed overloads do.
+template <class A, class B> inline typename std::common_type<A, B>::type min(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return C(b) < C(a) ? C(b) : C(a);
+}
+template <class A, class B> inline typename std::common_type<A, B>::type max(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return C(a) < C(b) ? C(b) : C(a);
+}
 inline int umin(unsigned a, unsigned b) { return int(min(a, b)); }
 inline int umax(unsigned a, unsigned b) { return int(max(a, b)); }
 
@@ -1068,6 +1103,19 @@ template <class F> inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute 
     return cudaSuccess;
 }
 template <class F> inline cudaError_t cudaFuncSetCacheConfig(F, cudaFuncCache) { return cudaSuccess; }
+// Occupancy: what a simple kernel gets on the device above (two full blocks per multiprocessor).
+template <class F>
+inline cudaError_t cudaOccupancyMaxPotentialBlockSize(int* min_grid, int* block, F, size_t = 0, int limit = 0) {
+    *block = limit > 0 && limit < int(cuset_emu::kMaxThreadsPerBlock) ? limit : int(cuset_emu::kMaxThreadsPerBlock);
+    *min_grid = 2 * cuset_emu::kSMs;
+    return cudaSuccess;
+}
+template <class F>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F, int block, size_t) {
+    if (block <= 0) return cuset_emu::fail(cudaErrorInvalidValue);
+    *blocks = std::max(1, std::min(32, 2048 / block));
+    return cudaSuccess;
+}
 
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { *s = new CUstream_st{0}; return cudaSuccess; }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned f) { *s = new CUstream_st{int(f)}; return cudaSuccess; }
