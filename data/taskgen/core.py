@@ -299,11 +299,8 @@ def render_harness(spec: OpSpec) -> str:
         "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
         _host_write_outputs(spec),
         # The CPU emulator (harness/emu) defines CUSET_EMULATED: its timings mean nothing and each
-        # launch costs CPU time, so there the reference kernel runs once (it is still checked to run)
-        # and nothing is timed.
-        "#ifdef CUSET_EMULATED\n"
-        "run_reference();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());\n"
-        "#else\n"
+        # launch costs CPU time, so there the candidate runs once (above) and nothing is timed.
+        "#ifndef CUSET_EMULATED\n"
         "float candidate_ms = median_ms(run_candidate);\n"
         "float reference_ms = median_ms(run_reference);\n"
         f'printf("CUSET_TIMING candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", candidate_ms, reference_ms);\n'
