@@ -39,7 +39,6 @@ import math
 import os
 import re
 import resource
-import secrets
 import shutil
 import signal
 import subprocess
@@ -49,19 +48,17 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
                           UserError, build_messages, fence, load_tasks, pick_device, read_jsonl,
                           render_prompt_and_response, run_main, write_jsonl_atomic, write_text_atomic)
-from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, translate
+from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
 
 OUTCOMES = ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
 FAST_P = (0.0, 1.0, 1.5)
-# Marks the emulator runtime's own "cannot run this" line; unknown to the programs it runs, so a
-# candidate cannot print it to dodge a verdict.
-EMU_NONCE = secrets.token_hex(16)
 SANDBOX_UID = 61234  # unprivileged uid for untrusted programs when we run as root (no passwd entry needed)
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
 
@@ -286,17 +283,34 @@ def compile_program(source: str, workdir: Path, arch: list[str], timeout: float)
     return (workdir / "prog" if ok else None), ("compile timeout" if code is None else log)
 
 
-def build_emulated(source: str, workdir: Path, timeout: float, checks: bool) -> tuple[Path | None, str]:
-    """Rebuild a program nvcc accepted for the CPU emulator: translate, then g++ against a copy of
-    the runtime header (the sandbox user may not read the project). Returns (executable, "") or
-    (None, why the emulator cannot run it)."""
+@dataclass(frozen=True)
+class Emulator:
+    """The emulation backend of one run: a copy of harness/emu with the header precompiled for the
+    run's g++ flags (plain or AddressSanitizer)."""
+    include: Path
+    checks: bool
+
+
+def prepare_emulator(work: Path, checks: bool) -> Emulator:
+    include = work / "emu"
+    shutil.copytree(EMU_INCLUDE, include)
+    r = subprocess.run(pch_command(str(include), checks), capture_output=True, text=True)
+    if r.returncode != 0:  # our own header: a failure here is a bug or a broken g++, not the candidate's
+        raise UserError(f"g++ cannot build the emulator's runtime header:\n{r.stderr[-2000:]}")
+    return Emulator(include, checks)
+
+
+def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulator) -> tuple[Path | None, str]:
+    """Rebuild a program nvcc accepted for the CPU emulator: translate, then g++ against the runtime
+    header, linked into the build folder (the sandbox user sees nothing else). Returns
+    (executable, "") or (None, why the emulator cannot run it)."""
     try:
         translated = translate(source)
     except Unsupported as e:
         return None, f"emulator: {e}"
-    shutil.copytree(EMU_INCLUDE, workdir / "emu")
+    shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
     (workdir / "prog_emu.cpp").write_text(translated)
-    code, log = run_sandboxed(gxx_command("prog_emu.cpp", "prog_emu", "emu", EMU_NONCE, checks), workdir, timeout,
+    code, log = run_sandboxed(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
                               as_sandbox_user=True, cpu_s=int(timeout) + 5, nproc=512)
     if code == 0 and (workdir / "prog_emu").exists():
         return workdir / "prog_emu", ""
@@ -304,15 +318,15 @@ def build_emulated(source: str, workdir: Path, timeout: float, checks: bool) -> 
     return None, f"emulator: g++ cannot build the translated program (nvcc could):\n{why}"
 
 
-def build(source: str, workdir: Path, backend: str, arch: list[str], timeout: float,
-          checks: bool) -> tuple[str | None, Path | None, str]:
-    """nvcc decides compile_error on every backend; emulation then rebuilds for the CPU.
-    Returns (outcome if it ends here, else None; executable; log)."""
+def build(source: str, workdir: Path, arch: list[str], timeout: float,
+          emulator: Emulator | None) -> tuple[str | None, Path | None, str]:
+    """nvcc decides compile_error on every backend; an emulator (None on the GPU) then rebuilds for
+    the CPU. Returns (outcome if it ends here, else None; executable; log)."""
     exe, log = compile_program(source, workdir, arch, timeout)
     if exe is None:
         return "compile_error", None, log
-    if backend == "emulated":
-        exe, log = build_emulated(source, workdir, timeout, checks)
+    if emulator is not None:
+        exe, log = build_emulated(source, workdir, timeout, emulator)
         if exe is None:
             return UNSUPPORTED, None, log
     return None, exe, ""
@@ -343,8 +357,6 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
                               nproc=64)
     if code is None:
         return "timeout", log, {}
-    if backend == "emulated" and f"CUSET_EMU_UNSUPPORTED {EMU_NONCE}" in log:
-        return UNSUPPORTED, log, {}
     if code != 0:
         return "runtime_error", f"exit status {code}\n{log}", {}
     shutil.copytree(gen_dir / "data", cmp_dir / "data")
@@ -531,7 +543,8 @@ def resolve_backend(choice: str, gpu: str | None) -> str:
     return "gpu" if choice == "gpu" or (choice == "auto" and gpu) else "emulated"
 
 
-def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], backend: str, work: Path):
+def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], backend: str,
+                emulator: Emulator | None, work: Path):
     """Extract and build one completion. Returns (row, executable or None, its folder or None)."""
     tid, level, sample = job
     row = {"task_id": tid, "level": level, "sample": sample, "mode": args.mode,
@@ -541,8 +554,8 @@ def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], 
     if code is None:
         return row | {"outcome": "no_code", "log": clip(completion)}, None, None
     workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
-    outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", backend, arch,
-                              args.compile_timeout, args.emulate_checks)
+    outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout,
+                              emulator)
     if outcome is not None:
         shutil.rmtree(workdir, ignore_errors=True)
         return row | {"outcome": outcome, "log": clip(log)}, None, None
@@ -590,22 +603,28 @@ def main(argv: list[str] | None = None) -> int:
     write_jsonl_atomic(comp_path, [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
                                    for j, c in sorted(completions.items())])
 
+    # The same completion for the same task is the same program (--reference at every level, repeated
+    # samples): it is built and run once and its row copied to the other jobs.
+    first: dict[tuple, tuple] = {}
+    unique = [j for j in todo if first.setdefault((j[0], completions[j]), j) == j]
     rows = dict(done)
     lock = threading.Lock()
     work = Path(tempfile.mkdtemp(prefix="cuset-eval-"))  # 0700: sandboxed programs cannot look around
     try:
-        task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in todo}))}
+        emulator = prepare_emulator(work, args.emulate_checks) if backend == "emulated" and unique else None
+        task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in unique}))}
         for d in task_dirs.values():
             d.mkdir()
-        compiling = Progress("compile", len(todo))
+        compiling = Progress("compile", len(unique))
 
         def build_one(job):
-            out = compile_job(by_id[job[0]], job, completions[job], args, arch, backend, task_dirs[job[0]])
+            out = compile_job(by_id[job[0]], job, completions[job], args, arch, backend, emulator,
+                              task_dirs[job[0]])
             compiling()
             return job, out
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            built = list(pool.map(build_one, todo))
+            built = list(pool.map(build_one, unique))
         by_task = defaultdict(list)
         for job, out in built:
             by_task[job[0]].append((job, out))
@@ -633,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
             list(pool.map(run_task, sorted(by_task)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for j in todo:
+        rows[j] = rows[first[(j[0], completions[j])]] | {"level": j[1], "sample": j[2]}
 
     final = [rows[j] for j in jobs]
     write_jsonl_atomic(results_path, final)

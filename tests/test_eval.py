@@ -78,7 +78,7 @@ def test_references_pass_and_rows_say_how_they_ran(tmp_path, mode, capsys):
     assert summary["overall"]["pass@1"] == 1.0, summary["outcomes"]
     assert summary["backend"] == BACKEND and {r["backend"] for r in rows} == {BACKEND}
     if BACKEND == "emulated":  # honest labelling: no timings, no fast_p
-        assert f"backend: emulated" in (out / "summary.md").read_text()
+        assert "backend: emulated" in (out / "summary.md").read_text()
         assert "backend: emulated" in capsys.readouterr().out
         assert not any("speedup" in r or "candidate_ms" in r for r in rows)
         assert not any(key.startswith(("fast_", "speedup")) for key in summary["overall"])
@@ -194,13 +194,14 @@ def sandbox(tmp_path):
     """A task folder laid out as main() lays it out: gen data prepared once, one workdir per program."""
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
+    emulator = ev.prepare_emulator(work, checks=False) if BACKEND == "emulated" else None
     gen_dir = work / "task-0" / "gen"
     ev.prepare_task_data(TOY_TASK, gen_dir, timeout=60)
 
     def run(source: str, timeout: float = 20.0):
         """Built and run the way main() does it here: nvcc, then (no GPU) the emulated g++ build."""
         workdir = Path(ev.tempfile.mkdtemp(dir=gen_dir.parent))
-        outcome, exe, log = ev.build(source, workdir / "build", BACKEND, ev.NVCC_DEFAULT_ARCH, 120, False)
+        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator)
         assert outcome is None, log
         assert (exe.name == "prog_emu") == (BACKEND == "emulated")
         return ev.execute(TOY_TASK, exe, gen_dir, workdir, timeout, BACKEND)
