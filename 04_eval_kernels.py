@@ -243,18 +243,18 @@ def _drain(stream, keep: list, limit: int) -> None:
 
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, as_sandbox_user: bool, cpu_s: int = 120,
-                  file_mb: int = 512, nproc: int = 256) -> tuple[int | None, str]:
+                  file_mb: int = 512, nproc: int = 256, env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """Run cmd in cwd under the sandbox; returns (exit status, or None on timeout; head+tail of output).
 
     as_sandbox_user: generated code and its compiler run as SANDBOX_UID with a masked /tmp (when
     root). Task scripts (gen.py, compare.py) keep our uid and file system view, since the
     interpreter may live where that uid cannot read or under /tmp, but get no network, the
-    limits, the timeout and the scrubbed environment.
+    limits, the timeout and the scrubbed environment (plus `env`).
     """
     if as_sandbox_user and is_root():
         for p in [cwd, *cwd.rglob("*")]:
             os.chown(p, SANDBOX_UID, SANDBOX_UID)
-    proc = subprocess.Popen(_isolated(cmd, untrusted=as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd),
+    proc = subprocess.Popen(_isolated(cmd, untrusted=as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd) | (env or {}),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=_limits(cpu_s, file_mb, nproc))
     out: list[str] = []
@@ -344,17 +344,17 @@ def prepare_task_data(task: dict, folder: Path, timeout: float) -> None:
     os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
 
 
-def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
-            backend: str = "gpu") -> tuple[str, str, dict]:
-    """Run a compiled candidate on the task's inputs, then compare. Returns (outcome, log, timing);
-    timings only on the GPU (emulated ones mean nothing)."""
+def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, backend: str = "gpu",
+            env: dict[str, str] | None = None) -> tuple[str, str, dict]:
+    """Run a compiled candidate (with `env` added) on the task's inputs, then compare. Returns
+    (outcome, log, timing); timings only on the GPU (emulated ones mean nothing)."""
     run_dir, cmp_dir = workdir / "run", workdir / "compare"
     (run_dir / "data").mkdir(parents=True)
     shutil.copy(exe, run_dir / "prog")
     for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
         shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
     code, log = run_sandboxed(["./prog"], run_dir, timeout, as_sandbox_user=True, cpu_s=int(timeout) + 5,
-                              nproc=64)
+                              nproc=64, env=env)
     if code is None:
         return "timeout", log, {}
     if code != 0:
@@ -629,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
         for job, out in built:
             by_task[job[0]].append((job, out))
         running = Progress("run", sum(exe is not None for _, (_, exe, _) in built))
+        # Emulated programs run --jobs at a time and share the cores out (this also keeps the sandbox
+        # uid's threads under its process limit).
+        run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, args.jobs)))}
 
         def run_task(tid: str) -> None:
             """gen.py once, then the task's programs; its data is removed when they are done."""
@@ -637,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
                 if exe is not None:
                     if not gen_dir.exists():
                         prepare_task_data(by_id[tid], gen_dir, args.run_timeout * 4)
-                    outcome, log, timing = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, backend)
+                    outcome, log, timing = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, backend,
+                                                   run_env)
                     row = row | {"outcome": outcome, "log": clip(log)} | timing
                     shutil.rmtree(workdir, ignore_errors=True)
                     running()
@@ -647,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                         write_jsonl_atomic(results_path, [rows[j] for j in jobs if j in rows])
             shutil.rmtree(task_dirs[tid], ignore_errors=True)
 
-        # One program at a time on the GPU, so that timings stay meaningful; emulated runs in parallel.
+        # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.
         with ThreadPoolExecutor(1 if backend == "gpu" else max(1, args.jobs)) as pool:
             list(pool.map(run_task, sorted(by_task)))
     finally:

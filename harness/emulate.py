@@ -98,7 +98,7 @@ def _match_forward(m: str, i: int) -> int:
             depth -= 1
             if depth == 0:
                 return j + 1
-    raise Unsupported(f"unbalanced brackets after line {m.count(chr(10), 0, i) + 1}")
+    raise Unsupported(f"unbalanced brackets after line {_line(m, i)}")
 
 
 def _match_backward(m: str, j: int) -> int:
@@ -111,7 +111,7 @@ def _match_backward(m: str, j: int) -> int:
             depth -= 1
             if depth == 0:
                 return k
-    raise Unsupported(f"unbalanced brackets before line {m.count(chr(10), 0, j) + 1}")
+    raise Unsupported(f"unbalanced brackets before line {_line(m, j)}")
 
 
 def _kernel_start(m: str, i: int) -> int:

@@ -15,16 +15,16 @@ from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, mask, transla
 PRELUDE = "#include <cuda_runtime.h>\n#include <cstdio>\n"
 
 
-def run(tmp_path: Path, source: str, checks: bool = False) -> subprocess.CompletedProcess:
+def run(tmp_path: Path, source: str, checks: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     (tmp_path / "prog_emu.cpp").write_text(translate(PRELUDE + source))
     build = subprocess.run(gxx_command("prog_emu.cpp", "prog", str(EMU_INCLUDE), checks), cwd=tmp_path,
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-3000:]
-    return subprocess.run(["./prog"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["./prog"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
 
 
-def output(tmp_path: Path, source: str) -> str:
-    r = run(tmp_path, source)
+def output(tmp_path: Path, source: str, env: dict | None = None) -> str:
+    r = run(tmp_path, source, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -356,3 +356,21 @@ def test_a_warp_intrinsic_outside_a_kernel_is_a_named_error(tmp_path):
     # a shuffle outside any kernel is a programming error the runtime names
     r = run(tmp_path, "int main() { return __shfl_sync(0xffffffff, 1, 0); }\n")
     assert r.returncode != 0 and "warp intrinsic called outside a kernel" in r.stderr
+
+
+THREADS = r"""
+#include <cstring>
+__global__ void k(int* x) { atomicAdd(x, 1); }
+int main() {
+    int* d; cudaMalloc(&d, sizeof(int)); cudaMemset(d, 0, sizeof(int));
+    k<<<64, 32>>>(d);
+    int h; cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+    char line[256]; FILE* f = fopen("/proc/self/status", "r");
+    while (fgets(line, sizeof line, f)) if (!strncmp(line, "Threads:", 8)) printf("%d %s", h, line + 8);
+}
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_blocks_run_on_as_many_os_threads_as_stage_04_allows(tmp_path, threads):
+    assert output(tmp_path, THREADS, env={"CUSET_EMU_THREADS": str(threads)}).split() == ["2048", str(threads)]

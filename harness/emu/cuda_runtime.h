@@ -540,6 +540,17 @@ inline Worker* this_worker() {
     return t_worker;
 }
 
+// OS threads per launch: CUSET_EMU_THREADS when set (stage 04 runs several programs at once and
+// shares the cores out), else the machine's cores, at most 8.
+inline unsigned worker_limit() {
+    static const unsigned n = [] {
+        const char* env = std::getenv("CUSET_EMU_THREADS");
+        long v = env ? std::strtol(env, nullptr, 10) : 0;
+        return v > 0 ? unsigned(std::min(v, 64L)) : std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+    }();
+    return n;
+}
+
 struct Pool {
     std::mutex m;
     std::condition_variable wake, done;
@@ -585,7 +596,7 @@ struct Pool {
     }
 
     void run(const Launch& L, unsigned nblocks) {
-        unsigned want = std::min<unsigned>(nblocks, std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
+        unsigned want = std::min(nblocks, worker_limit());
         while (nthreads + 1 < want) {  // the caller is one worker; fewer threads if the system refuses more
             try {
                 std::thread([this, g = generation] { loop(g); }).detach();
