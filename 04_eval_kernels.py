@@ -569,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
     gpu = gpu_name()
     backend = resolve_backend(args.backend, gpu)
+    if args.emulate_checks and backend == "gpu":
+        raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
     arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
     print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
           f"mode {args.mode}")
