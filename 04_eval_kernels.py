@@ -1,4 +1,4 @@
-"""Stage 04: generate CUDA for each task, compile with nvcc, run sandboxed on the GPU, score.
+"""Stage 04: generate CUDA for each task, compile with nvcc, run sandboxed (GPU or CPU emulation), score.
 
 Inputs:  a model (--model: hub id, local folder or stage-03 checkpoint) or completions made
          elsewhere (--solutions), or the tasks' own references (--reference); a
@@ -9,13 +9,22 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py                                   # tiny model, bundled eval split
     python 04_eval_kernels.py --model data/artifacts/ckpt-cuset --num-samples 5 --temperature 0.8
     python 04_eval_kernels.py --mode kernel --levels 1          # kernels into the fixed harness, timed
-    python 04_eval_kernels.py --reference --split eval          # the references themselves (100% on a GPU)
+    python 04_eval_kernels.py --reference --split eval          # the references themselves (100% pass)
+    python 04_eval_kernels.py --backend emulate --emulate-checks # CPU emulation with AddressSanitizer
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
 
 Protocol (DESIGN.md, Evaluation): extract the code block -> nvcc (fixed flags, parallel,
 timeout) -> gen.py in its own folder -> the binary in a fresh sandbox folder that holds only
 the inputs -> compare.py on its outputs. Outcomes: no_code, compile_error, runtime_error,
-timeout, wrong_output, pass. Without a GPU the stage compiles only, and says so.
+timeout, wrong_output, pass; `unsupported` (counted apart, outside pass@k) when the emulator
+cannot run a program.
+
+Backends (--backend, default auto = the GPU when nvidia-smi lists one, else emulate):
+gpu runs nvcc's binary on the GPU, one program at a time, and times kernel mode. emulate
+keeps nvcc's verdict on compiling, then translates the program (harness/emulate.py) and
+builds it with g++ against our CPU runtime header (harness/emu/), sandboxed like nvcc, and
+runs it in parallel through the same sandbox, gen.py and compare.py: functional verdicts
+only, rows labelled `backend: emulated`, no timings. See README, "CPU emulation".
 
 Sandbox (generated code is untrusted): every compile and run gets its own folder, a
 wall-clock timeout that kills everything it started, resource limits (CPU time, file size,
@@ -39,14 +48,16 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
                           UserError, build_messages, fence, load_tasks, pick_device, read_jsonl,
                           render_prompt_and_response, run_main, write_jsonl_atomic, write_text_atomic)
+from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
 
 OUTCOMES = ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
-COMPILED_ONLY = "compiled"  # the outcome of a program that compiled where no GPU could run it
+UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
 FAST_P = (0.0, 1.0, 1.5)
 SANDBOX_UID = 61234  # unprivileged uid for untrusted programs when we run as root (no passwd entry needed)
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
@@ -75,6 +86,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                      "sample, completion")
     src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
     a("--device", default="auto", help="device for generation: auto | cpu | cuda")
+    a("--backend", choices=("auto", "gpu", "emulate"), default="auto",
+      help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present")
+    a("--emulate-checks", action="store_true",
+      help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error")
     args = ap.parse_args(argv)
     try:
         args.levels = sorted({int(x) for x in args.levels.split(",")})
@@ -228,18 +243,18 @@ def _drain(stream, keep: list, limit: int) -> None:
 
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, as_sandbox_user: bool, cpu_s: int = 120,
-                  file_mb: int = 512, nproc: int = 256) -> tuple[int | None, str]:
+                  file_mb: int = 512, nproc: int = 256, env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """Run cmd in cwd under the sandbox; returns (exit status, or None on timeout; head+tail of output).
 
     as_sandbox_user: generated code and its compiler run as SANDBOX_UID with a masked /tmp (when
     root). Task scripts (gen.py, compare.py) keep our uid and file system view, since the
     interpreter may live where that uid cannot read or under /tmp, but get no network, the
-    limits, the timeout and the scrubbed environment.
+    limits, the timeout and the scrubbed environment (plus `env`).
     """
     if as_sandbox_user and is_root():
         for p in [cwd, *cwd.rglob("*")]:
             os.chown(p, SANDBOX_UID, SANDBOX_UID)
-    proc = subprocess.Popen(_isolated(cmd, untrusted=as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd),
+    proc = subprocess.Popen(_isolated(cmd, untrusted=as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd) | (env or {}),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=_limits(cpu_s, file_mb, nproc))
     out: list[str] = []
@@ -268,6 +283,55 @@ def compile_program(source: str, workdir: Path, arch: list[str], timeout: float)
     return (workdir / "prog" if ok else None), ("compile timeout" if code is None else log)
 
 
+@dataclass(frozen=True)
+class Emulator:
+    """The emulation backend of one run: a copy of harness/emu with the header precompiled for the
+    run's g++ flags (plain or AddressSanitizer)."""
+    include: Path
+    checks: bool
+
+
+def prepare_emulator(work: Path, checks: bool) -> Emulator:
+    include = work / "emu"
+    shutil.copytree(EMU_INCLUDE, include)
+    r = subprocess.run(pch_command(str(include), checks), capture_output=True, text=True)
+    if r.returncode != 0:  # our own header: a failure here is a bug or a broken g++, not the candidate's
+        raise UserError(f"g++ cannot build the emulator's runtime header:\n{r.stderr[-2000:]}")
+    return Emulator(include, checks)
+
+
+def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulator) -> tuple[Path | None, str]:
+    """Rebuild a program nvcc accepted for the CPU emulator: translate, then g++ against the runtime
+    header, linked into the build folder (the sandbox user sees nothing else). Returns
+    (executable, "") or (None, why the emulator cannot run it)."""
+    try:
+        translated = translate(source)
+    except Unsupported as e:
+        return None, f"emulator: {e}"
+    shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
+    (workdir / "prog_emu.cpp").write_text(translated)
+    code, log = run_sandboxed(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
+                              as_sandbox_user=True, cpu_s=int(timeout) + 5, nproc=512)
+    if code == 0 and (workdir / "prog_emu").exists():
+        return workdir / "prog_emu", ""
+    why = "timeout" if code is None else log
+    return None, f"emulator: g++ cannot build the translated program (nvcc could):\n{why}"
+
+
+def build(source: str, workdir: Path, arch: list[str], timeout: float,
+          emulator: Emulator | None) -> tuple[str | None, Path | None, str]:
+    """nvcc decides compile_error on every backend; an emulator (None on the GPU) then rebuilds for
+    the CPU. Returns (outcome if it ends here, else None; executable; log)."""
+    exe, log = compile_program(source, workdir, arch, timeout)
+    if exe is None:
+        return "compile_error", None, log
+    if emulator is not None:
+        exe, log = build_emulated(source, workdir, timeout, emulator)
+        if exe is None:
+            return UNSUPPORTED, None, log
+    return None, exe, ""
+
+
 def prepare_task_data(task: dict, folder: Path, timeout: float) -> None:
     """Run gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates)."""
     folder.mkdir(parents=True)
@@ -280,15 +344,17 @@ def prepare_task_data(task: dict, folder: Path, timeout: float) -> None:
     os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
 
 
-def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float) -> tuple[str, str, dict]:
-    """Run a compiled candidate on the task's inputs, then compare. Returns (outcome, log, timing)."""
+def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, backend: str = "gpu",
+            env: dict[str, str] | None = None) -> tuple[str, str, dict]:
+    """Run a compiled candidate (with `env` added) on the task's inputs, then compare. Returns
+    (outcome, log, timing); timings only on the GPU (emulated ones mean nothing)."""
     run_dir, cmp_dir = workdir / "run", workdir / "compare"
     (run_dir / "data").mkdir(parents=True)
     shutil.copy(exe, run_dir / "prog")
     for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
         shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
     code, log = run_sandboxed(["./prog"], run_dir, timeout, as_sandbox_user=True, cpu_s=int(timeout) + 5,
-                              nproc=64)
+                              nproc=64, env=env)
     if code is None:
         return "timeout", log, {}
     if code != 0:
@@ -301,7 +367,7 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float)
     (cmp_dir / "compare.py").write_text(task["compare.py"])
     ccode, verdict = run_sandboxed([sys.executable, "compare.py"], cmp_dir, timeout, as_sandbox_user=False,
                                    cpu_s=int(timeout) + 5)
-    timing = parse_timing(log)
+    timing = parse_timing(log) if backend == "gpu" else {}
     lines = verdict.strip().splitlines()
     passed = ccode == 0 and bool(lines) and lines[-1].strip() == "T"
     return ("pass" if passed else "wrong_output"), log + "\n[compare] " + verdict, timing
@@ -380,8 +446,9 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple
 # ---------------------------------------------------------------------------------------
 
 
-def summarize(rows: list[dict], k: int, executed: bool) -> dict:
-    """Per level and per category: compile rate, pass@1, pass@k, speedups, fast_p."""
+def summarize(rows: list[dict], k: int, backend: str) -> dict:
+    """Per level and per category: compile rate, pass@1, pass@k (over rows with a verdict:
+    `unsupported` ones are counted apart), speedups and fast_p (GPU rows only carry timings)."""
     def group(key):
         g = defaultdict(list)
         for r in rows:
@@ -389,26 +456,28 @@ def summarize(rows: list[dict], k: int, executed: bool) -> dict:
         return g
 
     def stats(rs: list[dict]) -> dict:
-        per_prompt = group(lambda r: (r["task_id"], r["level"]))
+        judged = [r for r in rs if r["outcome"] != UNSUPPORTED]
+        per_prompt = defaultdict(list)
+        for r in judged:
+            per_prompt[(r["task_id"], r["level"])].append(r)
         n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
         out = {"rows": len(rs), "compile_rate": sum(r["outcome"] not in ("no_code", "compile_error") for r in rs)
-               / max(len(rs), 1)}
-        if executed:
-            out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
-            if k > 1:
-                out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
-            speed = [r["speedup"] for r in rs if r["outcome"] == "pass" and r.get("speedup")]
-            if speed:
-                out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
-            if any("speedup" in r for r in rs):
-                for p in FAST_P:
-                    out[f"fast_{p:g}"] = sum(r["outcome"] == "pass" and (r.get("speedup") or 0) > p
-                                             for r in rs) / max(len(rs), 1)
+               / max(len(rs), 1), UNSUPPORTED: len(rs) - len(judged)}
+        out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
+        if k > 1:
+            out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
+        speed = [r["speedup"] for r in judged if r["outcome"] == "pass" and r.get("speedup")]
+        if speed:
+            out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
+        if any("speedup" in r for r in judged):
+            for p in FAST_P:
+                out[f"fast_{p:g}"] = sum(r["outcome"] == "pass" and (r.get("speedup") or 0) > p
+                                         for r in judged) / max(len(judged), 1)
         return out
 
-    return {"executed": executed, "num_samples": k,
+    return {"backend": backend, "num_samples": k,
             "overall": stats(rows),
-            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, COMPILED_ONLY)},
+            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, UNSUPPORTED)},
             "by_level": {f"L{lv}": stats(v) for lv, v in sorted(group(lambda r: r["level"]).items())},
             "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())}}
 
@@ -423,8 +492,9 @@ def summary_markdown(summary: dict, header: str) -> str:
     lines += [row(k, v) for k, v in summary["by_level"].items()]
     lines += [row(k, v) for k, v in summary["by_category"].items()]
     lines += ["", "Outcomes: " + ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())]
-    if not summary["executed"]:
-        lines += ["", "**No GPU: programs were compiled, not run.** Functional metrics need a GPU."]
+    if summary["backend"] == "emulated":
+        lines += ["", "**backend: emulated.** Programs ran under CPU emulation: verdicts on functional correctness "
+                      "of well-synchronised code; no timings. `unsupported` rows are outside pass@k."]
     return "\n".join(lines) + "\n"
 
 
@@ -466,22 +536,29 @@ def select_tasks(args) -> list[dict]:
     return tasks
 
 
-def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], gpu: bool, work: Path):
-    """Extract and compile one completion. Returns (row, executable or None, its folder or None)."""
+def resolve_backend(choice: str, gpu: str | None) -> str:
+    """The backend label of this run's rows: "gpu" or "emulated"."""
+    if choice == "gpu" and gpu is None:
+        raise UserError("--backend gpu: no GPU found (nvidia-smi lists none); use --backend emulate")
+    return "gpu" if choice == "gpu" or (choice == "auto" and gpu) else "emulated"
+
+
+def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], backend: str,
+                emulator: Emulator | None, work: Path):
+    """Extract and build one completion. Returns (row, executable or None, its folder or None)."""
     tid, level, sample = job
     row = {"task_id": tid, "level": level, "sample": sample, "mode": args.mode,
-           "category": task.get("category", "uncategorized"), "executed": gpu}
+           "category": task.get("category", "uncategorized"), "backend": backend,
+           "emulate_checks": backend == "emulated" and args.emulate_checks}
     code = extract_code(completion, args.mode)
     if code is None:
         return row | {"outcome": "no_code", "log": clip(completion)}, None, None
     workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
-    exe, log = compile_program(program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout)
-    if exe is None:
+    outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout,
+                              emulator)
+    if outcome is not None:
         shutil.rmtree(workdir, ignore_errors=True)
-        return row | {"outcome": "compile_error", "log": clip(log)}, None, None
-    if not gpu:
-        shutil.rmtree(workdir, ignore_errors=True)
-        return row | {"outcome": COMPILED_ONLY, "log": ""}, None, None
+        return row | {"outcome": outcome, "log": clip(log)}, None, None
     return row, exe, workdir
 
 
@@ -491,20 +568,26 @@ def main(argv: list[str] | None = None) -> int:
     by_id = {str(t["id"]): t for t in tasks}
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
     gpu = gpu_name()
+    backend = resolve_backend(args.backend, gpu)
+    if args.emulate_checks and backend == "gpu":
+        raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
     arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
     print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
           f"mode {args.mode}")
-    print(f"GPU: {gpu} (compile for it, run, compare)" if gpu else
-          f"No GPU found: COMPILE ONLY (nvcc {' '.join(arch)}); functional metrics need a GPU")
-    if shutil.which("nvcc") is None:
-        raise UserError("nvcc not found on PATH; install the CUDA toolkit")
+    print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
+          f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
+          f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
+    for tool in ("nvcc", *(["g++"] if backend == "emulated" else [])):
+        if shutil.which(tool) is None:
+            raise UserError(f"{tool} not found on PATH; install " + ("the CUDA toolkit" if tool == "nvcc" else "g++"))
 
-    # Resume: keep finished rows made with the same capability (compile-only rows are redone on a GPU).
+    # Resume: keep finished rows made by the same backend and mode.
     results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
     done = {}
     if results_path.exists():
         done = {(r["task_id"], r["level"], r["sample"]): r for _, r in read_jsonl(results_path)
-                if r.get("executed") == bool(gpu) and r.get("mode") == args.mode}
+                if r.get("backend") == backend and r.get("mode") == args.mode
+                and r.get("emulate_checks") == (backend == "emulated" and args.emulate_checks)}
     completions = {(r["task_id"], r["level"], r["sample"]): r["completion"]
                    for _, r in (read_jsonl(comp_path) if comp_path.exists() else [])}
     todo = [j for j in jobs if j not in done]
@@ -522,43 +605,69 @@ def main(argv: list[str] | None = None) -> int:
     write_jsonl_atomic(comp_path, [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
                                    for j, c in sorted(completions.items())])
 
+    # The same completion for the same task is the same program (--reference at every level, repeated
+    # samples): it is built and run once and its row copied to the other jobs.
+    first: dict[tuple, tuple] = {}
+    unique = [j for j in todo if first.setdefault((j[0], completions[j]), j) == j]
     rows = dict(done)
+    lock = threading.Lock()
     work = Path(tempfile.mkdtemp(prefix="cuset-eval-"))  # 0700: sandboxed programs cannot look around
     try:
-        task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in todo}))}
+        emulator = prepare_emulator(work, args.emulate_checks) if backend == "emulated" and unique else None
+        task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in unique}))}
         for d in task_dirs.values():
             d.mkdir()
-        compiling = Progress("compile", len(todo))
+        compiling = Progress("compile", len(unique))
 
-        def build(job):
-            out = compile_job(by_id[job[0]], job, completions[job], args, arch, bool(gpu), task_dirs[job[0]])
+        def build_one(job):
+            out = compile_job(by_id[job[0]], job, completions[job], args, arch, backend, emulator,
+                              task_dirs[job[0]])
             compiling()
             return job, out
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            built = list(pool.map(build, todo))
-        # Runs one at a time on the GPU, so that timings stay meaningful.
+            built = list(pool.map(build_one, unique))
+        by_task = defaultdict(list)
+        for job, out in built:
+            by_task[job[0]].append((job, out))
         running = Progress("run", sum(exe is not None for _, (_, exe, _) in built))
-        for job, (row, exe, workdir) in built:
-            if exe is not None:
-                gen_dir = task_dirs[job[0]] / "gen"
-                if not gen_dir.exists():
-                    prepare_task_data(by_id[job[0]], gen_dir, args.run_timeout * 4)
-                outcome, log, timing = execute(by_id[job[0]], exe, gen_dir, workdir, args.run_timeout)
-                row = row | {"outcome": outcome, "log": clip(log)} | timing
-                shutil.rmtree(workdir, ignore_errors=True)
-                running()
-            rows[job] = row
-            if len(rows) % 20 == 0:  # partial results survive a kill
-                write_jsonl_atomic(results_path, [rows[j] for j in jobs if j in rows])
+        # Emulated programs run --jobs at a time and share the cores out (this also keeps the sandbox
+        # uid's threads under its process limit).
+        run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, args.jobs)))}
+
+        def run_task(tid: str) -> None:
+            """gen.py once, then the task's programs; its data is removed when they are done."""
+            gen_dir = task_dirs[tid] / "gen"
+            for job, (row, exe, workdir) in by_task[tid]:
+                if exe is not None:
+                    if not gen_dir.exists():
+                        prepare_task_data(by_id[tid], gen_dir, args.run_timeout * 4)
+                    outcome, log, timing = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, backend,
+                                                   run_env)
+                    row = row | {"outcome": outcome, "log": clip(log)} | timing
+                    shutil.rmtree(workdir, ignore_errors=True)
+                    running()
+                with lock:
+                    rows[job] = row
+                    if len(rows) % 20 == 0:  # partial results survive a kill
+                        write_jsonl_atomic(results_path, [rows[j] for j in jobs if j in rows])
+            shutil.rmtree(task_dirs[tid], ignore_errors=True)
+
+        # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.
+        with ThreadPoolExecutor(1 if backend == "gpu" else max(1, args.jobs)) as pool:
+            list(pool.map(run_task, sorted(by_task)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for j in todo:
+        rows[j] = rows[first[(j[0], completions[j])]] | {"level": j[1], "sample": j[2]}
 
     final = [rows[j] for j in jobs]
     write_jsonl_atomic(results_path, final)
-    summary = summarize(final, args.num_samples, bool(gpu))
+    summary = summarize(final, args.num_samples, backend)
     summary["gpu"], summary["model"] = gpu, ("reference" if args.reference else str(args.solutions or args.model))
-    header = f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}"
+    summary["emulate_checks"] = backend == "emulated" and args.emulate_checks
+    header = (f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
+              f"backend: {backend}")
     md = summary_markdown(summary, header)
     write_text_atomic(args.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_text_atomic(args.out / "summary.md", md)

@@ -1,0 +1,3 @@
+// Stand-in: everything lives in the emulator's cuda_runtime.h.
+#pragma once
+#include <cuda_runtime.h>
