@@ -52,8 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
-                          UserError, build_messages, fence, load_tasks, pick_device, read_jsonl,
-                          render_prompt_and_response, run_main, write_jsonl_atomic, write_text_atomic)
+                          UserError, build_messages, fence, load_causal_lm, load_tasks, load_tokenizer,
+                          pick_device, read_jsonl, render_prompt_and_response, run_main, write_jsonl_atomic,
+                          write_text_atomic)
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
 
 OUTCOMES = ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
@@ -413,14 +414,13 @@ def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
 def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple, str]:
     """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT data)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = pick_device(args.device)
-    tok = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    tok = load_tokenizer(args.model, need_offsets=False, padding_side="left")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+    model = load_causal_lm(args.model, dtype).to(device).eval()
     prompts = sorted({(tid, level) for tid, level, _ in jobs})
     out: dict[tuple, str] = {}
     for i in range(0, len(prompts), args.gen_batch_size):

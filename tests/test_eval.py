@@ -134,6 +134,14 @@ def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
     assert set(summary["by_level"]) == {"L1", "L3"}
 
 
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()], ids=["missing", "empty folder"])
+def test_a_model_path_without_a_model_is_one_line_and_exit_2(tmp_path, capsys, make):
+    make(tmp_path / "m")
+    code = ev.run_main(ev.main, ["--model", str(tmp_path / "m"), "--limit", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and str(tmp_path / "m") in err
+
+
 def test_malformed_solutions_line_is_reported_with_file_and_line(tmp_path, capsys):
     sols = tmp_path / "sols.jsonl"
     sols.write_text('{"task_id": "x", "level": 1, "sample": 0, "completion": "a"}\n{"task_id": "y"}\n')
