@@ -214,6 +214,27 @@ def test_builder_refuses_a_library_with_no_permissive_header(tmp_path):
     assert r.returncode == 2 and "cccl/cuda" in r.stderr and "libc" in r.stderr, r.stderr
 
 
+def test_report_and_card_list_every_source_with_licence_files_and_bytes(builder):
+    report = json.loads((MODEL_DIR / "build_report.json").read_text())
+    card = (MODEL_DIR / "README.md").read_text()
+    corpus = report["corpus"]
+    sources = [s for s in corpus["sources"] if s["files"]]
+    assert sources[0]["source"] == "CuSeT pretrain task pool" and sources[0]["bytes"] > 0
+    headers = sources[1:]
+    assert {s["source"] for s in headers} == {"CUB", "Thrust", "libcu++"}
+    for s in sources:
+        assert s["license"] and s["evidence"] and s["files"] > 0 and s["bytes"] > 0
+        assert f"| {s['license']} " in card and f"| {s['bytes']:,} |" in card
+    for s in headers:  # every licence is one the builder accepts as permissive, and says why
+        assert set(s["license"].split(" AND ")) <= builder.PERMISSIVE_SPDX
+        assert sum(s["evidence"].values()) == s["available_files"]
+    train = corpus["header_files"]["train"]
+    assert sum(s["files"] for s in headers) == len(train) and None not in train.values()
+    assert all(row["reason"] and row["files"] == len(row["paths"]) for row in corpus["left_out"])
+    assert "NVIDIA SOFTWARE LICENSE" in " ".join(row["reason"] for row in corpus["left_out"])
+    assert not set(train) & {p for row in corpus["left_out"] for p in row["paths"]}
+
+
 def test_pool_uses_only_pretrain_tasks_and_the_stage_prompt_format(builder):
     splits = builder.split_tasks(ROOT / "data" / "tasks" / "tasks.jsonl")
     code, chats = builder.pool_material(splits["pretrain"])
