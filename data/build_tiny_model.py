@@ -2,20 +2,25 @@
 offline on a CPU.
 
 What it does, top to bottom:
-  1. corpus: the `pretrain` split of data/tasks/tasks.jsonl (bench.cu, the kernel-mode reference
-     kernels, and chat examples in the exact prompt format of the stages, levels 1-3, both modes)
-     plus a deterministic, device-code-first sample of the CUDA toolkit's C++ headers. The
+  1. corpus, only from sources whose licence we can name: the `pretrain` split of
+     data/tasks/tasks.jsonl (our own; bench.cu, the kernel-mode reference kernels, and chat
+     examples in the exact prompt format of the stages, levels 1-3, both modes) plus a
+     deterministic, device-code-first sample of the CCCL headers the CUDA toolkit ships under
+     include/cccl (CUB, Thrust, libcu++). Each header's licence is read from its own banner;
+     only files under a permissive licence are used, the banners themselves are kept out of the
+     training text, and what was used and left out is recorded per source and licence. The
      `train` and `eval` splits are never trained on: they are what the pipeline fine-tunes and
      evaluates on.
   2. a byte-level BPE tokenizer (no normalization, exact round trip, character offsets) with
      ChatML special tokens and chat template;
   3. a small Llama-architecture causal LM trained from scratch, logging train / validation loss
-     (validation = held-out header files);
-  4. quality: mean per-token NLL of the eval split's reference programs and kernels (never
-     seen) against uniform ln(vocab), and a greedy answer to an eval kernel prompt;
+     (validation = held-out CCCL header files);
+  4. quality: mean NLL of the eval split's reference programs and kernels (never seen), per
+     token against uniform ln(vocab) and per byte (comparable across tokenizers), and a greedy
+     answer to an eval kernel prompt;
   5. save everything to a temp folder, reload it from there, and rename it into place.
 
-Deterministic: the same tasks file, toolkit headers, arguments and thread count give the same
+Deterministic: the same tasks file, CCCL headers, arguments and thread count give the same
 tokenizer and the same weights (on the same CPU type). --max-minutes is a wall-clock safety cap;
 a build that hits it stops early, says so, and is no longer the deterministic default.
 
@@ -23,8 +28,9 @@ a build that hits it stops early, says so, and is no longer the deterministic de
     python data/build_tiny_model.py --steps 60 --out /tmp/tiny       # quick check (~2 min)
     python data/build_tiny_model.py --cuda-include /opt/cuda/include # toolkit elsewhere
 
-Inputs: data/tasks/tasks.jsonl (read at build time), the CUDA toolkit's include folder (found
-from --cuda-include, CUDA_HOME / CUDA_PATH, nvcc on PATH, or /usr/local/cuda).
+Inputs: data/tasks/tasks.jsonl (read at build time), the CUDA toolkit's include folder with the
+CCCL headers under cccl/ (found from --cuda-include, CUDA_HOME / CUDA_PATH, nvcc on PATH, or
+/usr/local/cuda); the build refuses to run without them.
 Output: --out (default data/models/tiny-cuda-lm) with config.json, model.safetensors,
 generation_config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja,
 build_report.json and README.md (the model card).
@@ -73,22 +79,35 @@ CHAT_TEMPLATE = ("{% for message in messages %}"
                  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 MAX_DISK_BYTES = 25 * 1000 * 1000
 
-# CUDA headers by priority: device code (collectives, warp intrinsics, atomics, half types)
-# before declaration-heavy or host-side headers. Globs are relative to the include folder.
+# The CCCL libraries the header corpus is drawn from: folder under the toolkit's include/cccl
+# (CUDA 13 layout) -> library. nv/ is libcu++'s target-macro layer (its banner says so).
+CCCL_LIBRARIES = {"cub": "CUB", "thrust": "Thrust", "cuda": "libcu++", "nv": "libcu++"}
+# Headers by priority, relative to include/cccl: device code (block/warp/thread collectives,
+# atomics, barriers, PTX wrappers, Thrust's CUDA backend) before host-side and metaprogramming
+# headers; the last group takes the rest, so a larger --header-bytes can use all of it.
 HEADER_PRIORITY = [
-    ["cooperative_groups.h", "cooperative_groups/**/*"],
-    ["cccl/cub/block/**/*", "cccl/cub/warp/**/*", "cccl/cub/thread/**/*", "cccl/cub/grid/**/*"],
-    ["sm_*_intrinsics.h*", "sm_*_atomic_functions.h*", "device_atomic_functions.h*", "crt/sm_*"],
-    ["cuda_fp16.hpp", "cuda_bf16.hpp", "cuda_pipeline*.h", "cuda_awbarrier*.h", "crt/mma.hpp",
-     "crt/device_functions.hpp", "crt/device_double_functions.hpp", "crt/math_functions.hpp"],
-    ["cccl/cub/agent/**/*"],
-    ["device_functions.h", "crt/device_functions.h", "math_functions.h", "crt/math_functions.h"],
-    ["cccl/cub/device/**/*", "cccl/cub/detail/**/*", "cccl/cub/iterator/**/*"],
+    ["cub/block/**/*", "cub/warp/**/*", "cub/thread/**/*", "cub/grid/**/*"],
+    ["cuda/__atomic/**/*", "cuda/__barrier/**/*", "cuda/__warp/**/*", "cuda/__memcpy_async/**/*",
+     "cuda/__ptx/**/*"],
+    ["cub/agent/**/*", "thrust/system/cuda/detail/**/*"],
+    ["cub/device/**/*", "cub/detail/**/*", "cub/iterator/**/*"],
+    ["**/*"],
 ]
-HEADER_SUFFIXES = (".h", ".cuh", ".hpp")
 # A leading comment block that is a license banner: /* ... */ or a run of // lines.
 LICENSE_BANNER = re.compile(r"\A\s*(/\*.*?\*/|(?://[^\n]*\n)+)", re.DOTALL)
-
+# A header's licence is what its own banner states. Only permissive licences are recognized;
+# a file whose banner states none of them, or names another licence (a few libcu++ headers
+# carry the NVIDIA Software License), is left out and counted.
+SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*(.*?)\s*(?:\*/)?\s*$", re.MULTILINE)
+PERMISSIVE_SPDX = {"Apache-2.0", "Apache-2.0 WITH LLVM-exception", "BSD-3-Clause", "BSL-1.0", "MIT"}
+LICENSE_STATEMENTS = [  # (SPDX id, statement) for banners without an SPDX line
+    ("Apache-2.0 WITH LLVM-exception", re.compile(r"under the Apache License v2\.0 with LLVM Exceptions")),
+    ("Apache-2.0", re.compile(r"Licensed under the Apache License, Version 2\.0")),
+    ("BSD-3-Clause", re.compile(r"Redistribution and use in source and binary forms.*Neither the name", re.DOTALL)),
+    ("BSL-1.0", re.compile(r"Distributed under the Boost Software License")),
+]
+OTHER_LICENSE = re.compile(r"NVIDIA SOFTWARE LICENSE|proprietary|LicenseRef-", re.IGNORECASE)
+POOL_LICENSE = "own work (generated by data/build_tasks.py)"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # 1 thread ~3.4k tok/s either way).
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads; part of the determinism contract (default: %(default)s)")
-    ap.add_argument("--max-minutes", type=float, default=15.0,
+    ap.add_argument("--max-minutes", type=float, default=20.0,
                     help="wall-clock cap for the whole build; training stops early to fit (default: %(default)s)")
     ap.add_argument("--log-every", type=int, default=10, help="steps between train-loss lines (default: %(default)s)")
     ap.add_argument("--eval-every", type=int, default=100, help="steps between validation losses (default: %(default)s)")
@@ -152,11 +171,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------
 
 
-def find_cuda_include(explicit: Path | None) -> Path | None:
-    """The toolkit's include folder: the first candidate that holds cuda_runtime.h."""
+def missing_cccl(include: Path) -> list[str]:
+    """The CCCL library folders that `include` lacks."""
+    return [f"cccl/{name}/" for name in CCCL_LIBRARIES if not (include / "cccl" / name).is_dir()]
+
+
+def find_cuda_include(explicit: Path | None) -> Path:
+    """The toolkit's include folder that holds the CCCL headers; without them there is no corpus
+    we may use besides the small task pool, so refuse rather than build a weaker model silently."""
     if explicit is not None:
-        if not (explicit / "cuda_runtime.h").exists():
-            raise UserError(f"--cuda-include {explicit}: no cuda_runtime.h there")
+        if missing := missing_cccl(explicit):
+            raise UserError(f"--cuda-include {explicit}: no CCCL headers there (missing {', '.join(missing)}); "
+                            f"point it at a CUDA 13+ toolkit's include folder")
         return explicit
     candidates = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     nvcc = shutil.which("nvcc")
@@ -164,40 +190,87 @@ def find_cuda_include(explicit: Path | None) -> Path | None:
         # nvcc may be a wrapper script outside the toolkit, so also try the usual install path.
         candidates.append(Path(nvcc).resolve().parents[1] / "include")
     candidates.append(Path("/usr/local/cuda/include"))
-    return next((c for c in candidates if (c / "cuda_runtime.h").exists()), None)
+    found = next((c for c in candidates if not missing_cccl(c)), None)
+    if found is None:
+        raise UserError(f"no CUDA toolkit with the CCCL headers ({', '.join(f'cccl/{n}/' for n in CCCL_LIBRARIES)}) "
+                        f"in {', '.join(map(str, candidates))}: install a CUDA 13+ toolkit or pass --cuda-include")
+    return found
 
 
-def strip_license(text: str) -> str:
-    """Drop leading license banners: identical boilerplate in every file, no CUDA to learn."""
+def split_license(text: str) -> tuple[str, str]:
+    """(leading license banners, the rest). The banners are identical boilerplate in every file,
+    no CUDA to learn, so they stay out of the training text; they are what states the licence."""
+    banners = []
     while (m := LICENSE_BANNER.match(text)) and re.search(r"copyright|license|SPDX", m.group(1), re.I):
+        banners.append(m.group(1))
         text = text[m.end():]
-    return text.lstrip("\n")
+    return "\n".join(banners), text.lstrip("\n")
 
 
-def select_headers(include: Path, train_bytes: int, val_bytes: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(path, text) of headers for training and for validation, in priority then path order.
+def line_at(text: str, pos: int) -> str:
+    """The line of `text` holding position `pos`, without comment markers."""
+    end = text.find("\n", pos)
+    return text[text.rfind("\n", 0, pos) + 1:end if end >= 0 else len(text)].strip(" \t/*")
 
-    A file goes to validation when crc32(path) % 20 == 0, so the split does not depend on the
-    budgets; each side takes files in order while they fit its budget.
+
+def banner_license(banner: str) -> tuple[str | None, str]:
+    """(SPDX id, evidence): the permissive licence a banner states and the line stating it, or
+    (None, why the file is left out)."""
+    if m := OTHER_LICENSE.search(banner):
+        return None, f"other license: {line_at(banner, m.start())}"
+    if ids := sorted(set(SPDX_LINE.findall(banner))):
+        spdx = " AND ".join(ids)
+        return (spdx if set(ids) <= PERMISSIVE_SPDX else None), f"SPDX-License-Identifier: {spdx}"
+    stated = [(spdx, m) for spdx, statement in LICENSE_STATEMENTS if (m := statement.search(banner))]
+    if not stated:
+        return None, "no license statement in the banner"
+    return " AND ".join(sorted({spdx for spdx, _ in stated})), " + ".join(line_at(banner, m.start()) for _, m in stated)
+
+
+@dataclass
+class Header:
+    path: str            # relative to the include folder, e.g. cccl/cub/block/block_reduce.cuh
+    library: str         # CUB, Thrust, libcu++
+    license: str | None  # SPDX id; None: not established as permissive, so never used
+    evidence: str        # the banner line stating the licence, or why the file is left out
+    text: str            # the file without its license banners
+    use: str = "unused"  # train, val, unused (over the byte budget) or excluded
+
+    @property
+    def bytes(self) -> int:
+        return len(self.text.encode())
+
+
+def select_headers(include: Path, train_bytes: int, val_bytes: int) -> list[Header]:
+    """Every CCCL header, in priority then path order, with its licence and use.
+
+    A permissive file goes to validation when crc32(path) % 20 == 0, so the split does not depend
+    on the budgets; each side takes files in order while they fit its budget.
     """
+    cccl = include / "cccl"
     seen: set[Path] = set()
-    train, val = [], []
+    headers: list[Header] = []
     budget = {"train": train_bytes, "val": val_bytes}
     for group in HEADER_PRIORITY:
-        paths = sorted({p for pattern in group for p in include.glob(pattern)
-                        if p.is_file() and p.suffix in HEADER_SUFFIXES} - seen)
+        paths = sorted({p for pattern in group for p in cccl.glob(pattern)
+                        if p.is_file() and p.relative_to(cccl).parts[0] in CCCL_LIBRARIES} - seen)
         for path in paths:
             seen.add(path)
-            try:
-                text = strip_license(path.read_text(encoding="utf-8"))
-            except UnicodeDecodeError:
-                continue  # a few vendor headers are Latin-1; not worth a special case
             rel = path.relative_to(include).as_posix()
+            library = CCCL_LIBRARIES[path.relative_to(cccl).parts[0]]
+            try:
+                banner, text = split_license(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                headers.append(Header(rel, library, None, "not UTF-8", "", "excluded"))
+                continue
+            license, evidence = banner_license(banner)
+            header = Header(rel, library, license, evidence, text, "excluded" if license is None else "unused")
             side = "val" if zlib.crc32(rel.encode()) % 20 == 0 else "train"
-            if len(text.encode()) <= budget[side]:
-                budget[side] -= len(text.encode())
-                (val if side == "val" else train).append((rel, text))
-    return train, val
+            if license is not None and header.bytes <= budget[side]:
+                budget[side] -= header.bytes
+                header.use = side
+            headers.append(header)
+    return headers
 
 
 def split_tasks(tasks_path: Path) -> dict[str, list[dict]]:
@@ -245,21 +318,23 @@ class Corpus:
     splits: dict[str, list[dict]]
     code_docs: list[str]                 # pretrain-pool code: bench.cu and reference kernels
     chats: list[list[dict]]              # pretrain-pool conversations (system, user, assistant)
-    include: Path | None                 # the toolkit include folder, if found
-    header_train: list[tuple[str, str]]  # (path, text)
-    header_val: list[tuple[str, str]]
+    include: Path                        # the toolkit include folder
+    headers: list[Header]                # every CCCL header looked at, with its licence and use
     pool_bytes: int = 0
-    header_bytes: int = 0
     pool_tokens: int = 0                 # filled in once tokenized
     header_tokens: int = 0
-    val_name: str = "held-out headers"
+    val_name: str = "held-out CCCL headers"
+
+    def used(self, use: str) -> list[Header]:
+        return [h for h in self.headers if h.use == use]
 
     def tokenizer_texts(self) -> list[str]:
-        return self.code_docs + [m["content"] for c in self.chats for m in c] + [t for _, t in self.header_train]
+        return self.code_docs + [m["content"] for c in self.chats for m in c] + [h.text for h in self.used("train")]
 
 
 def collect_corpus(args: argparse.Namespace) -> Corpus:
-    """Read the tasks and headers, check that nothing held out leaks in, and say what was found."""
+    """Read the tasks and headers, check that every source is there and nothing held out leaks
+    in, and say what was found."""
     splits = split_tasks(args.tasks)
     print(f"tasks {shown(args.tasks)}: " + ", ".join(f"{k}={len(v)}" for k, v in splits.items()))
     if not splits["pretrain"]:
@@ -270,23 +345,54 @@ def collect_corpus(args: argparse.Namespace) -> Corpus:
                         f"check needs one")
     code_docs, chats = pool_material(splits["pretrain"])
     include = find_cuda_include(args.cuda_include)
-    header_train, header_val = select_headers(include, args.header_bytes, args.val_header_bytes) if include else ([], [])
-    corpus = Corpus(splits, code_docs, chats, include, header_train, header_val)
+    headers = select_headers(include, args.header_bytes, args.val_header_bytes)
+    for folder, library in CCCL_LIBRARIES.items():
+        if not any(h.license and h.path.startswith(f"cccl/{folder}/") for h in headers):
+            raise UserError(f"{include / 'cccl' / folder}: no header there states a permissive licence, so "
+                            f"{library} cannot be used; check the toolkit or pass --cuda-include")
+    corpus = Corpus(splits, code_docs, chats, include, headers)
     check_no_leak(corpus.tokenizer_texts(), splits["train"] + splits["eval"])
 
     corpus.pool_bytes = sum(len(d.encode()) for d in code_docs) + sum(len(m["content"].encode()) for c in chats for m in c)
-    corpus.header_bytes = sum(len(t.encode()) for _, t in header_train)
+    header_bytes = sum(h.bytes for h in corpus.used("train"))
+    excluded = corpus.used("excluded")
     print(f"pretrain pool: {len(splits['pretrain'])} tasks -> {len(code_docs)} code docs + {len(chats)} chats, "
           f"{corpus.pool_bytes:,} bytes")
-    print(f"CUDA headers: {include or 'NOT FOUND (pass --cuda-include)'}: {len(header_train)} files, "
-          f"{corpus.header_bytes:,} bytes for training; {len(header_val)} files, "
-          f"{sum(len(t.encode()) for _, t in header_val):,} bytes for validation")
-    if corpus.pool_bytes + corpus.header_bytes < args.min_corpus_bytes:
-        raise UserError(f"corpus has {corpus.pool_bytes + corpus.header_bytes:,} bytes, below --min-corpus-bytes "
-                        f"{args.min_corpus_bytes:,}: add pretrain tasks or point --cuda-include at a toolkit")
-    if not header_val:  # validation needs text the model never trains on
+    print(f"CCCL headers in {include / 'cccl'}: {len(corpus.used('train'))} files, {header_bytes:,} bytes for "
+          f"training; {len(corpus.used('val'))} files, {sum(h.bytes for h in corpus.used('val')):,} bytes for "
+          f"validation; {len(excluded)} files left out (licence not established as permissive)")
+    if corpus.pool_bytes + header_bytes < args.min_corpus_bytes:
+        raise UserError(f"corpus has {corpus.pool_bytes + header_bytes:,} bytes, below --min-corpus-bytes "
+                        f"{args.min_corpus_bytes:,}: raise --header-bytes or add pretrain tasks")
+    if not corpus.used("val"):  # validation needs text the model never trains on
         corpus.val_name = "eval programs"
     return corpus
+
+
+def source_table(corpus: Corpus, tasks_file: Path) -> tuple[list[dict], list[dict]]:
+    """(sources used, files left out): one row per library and licence, with the banner evidence."""
+    pool = {"source": "CuSeT pretrain task pool", "location": f"{shown(tasks_file)} (split pretrain)",
+            "license": POOL_LICENSE, "evidence": {"written for this repository by data/build_tasks.py": 1},
+            "files": 1, "tasks": len(corpus.splits["pretrain"]), "bytes": corpus.pool_bytes, "tokens": corpus.pool_tokens}
+    groups: dict[tuple[str, str], list[Header]] = {}
+    for h in corpus.headers:
+        groups.setdefault((h.library, h.license or h.evidence), []).append(h)
+    used, left_out = [pool], []
+    for (library, license), hs in sorted(groups.items()):
+        folders = ", ".join(sorted({"/".join(h.path.split("/")[:2]) for h in hs}))
+        if hs[0].license is None:
+            left_out.append({"source": library, "location": folders, "reason": license, "files": len(hs),
+                             "bytes": sum(h.bytes for h in hs), "paths": [h.path for h in hs]})
+            continue
+        evidence: dict[str, int] = {}
+        for h in hs:
+            evidence[h.evidence] = evidence.get(h.evidence, 0) + 1
+        by_use = {use: [h for h in hs if h.use == use] for use in ("train", "val")}
+        used.append({"source": library, "location": folders, "license": license, "evidence": evidence,
+                     "files": len(by_use["train"]), "bytes": sum(h.bytes for h in by_use["train"]),
+                     "val_files": len(by_use["val"]), "val_bytes": sum(h.bytes for h in by_use["val"]),
+                     "available_files": len(hs), "available_bytes": sum(h.bytes for h in hs)})
+    return used, left_out
 
 
 # ---------------------------------------------------------------------------------------
@@ -328,12 +434,12 @@ def tokenize_corpus(args: argparse.Namespace, corpus: Corpus
         print(f"note: the corpus supports only {len(tok)} of the {args.vocab_size} vocabulary entries asked for")
     chat_docs = [tok.apply_chat_template(c, tokenize=False) for c in corpus.chats]
     streams, weights = [encode_docs(tok, corpus.code_docs + chat_docs)], [1.0]
-    if corpus.header_train:
-        streams.append(encode_docs(tok, [t for _, t in corpus.header_train]))
+    if corpus.used("train"):
+        streams.append(encode_docs(tok, [h.text for h in corpus.used("train")]))
         weights = [args.pool_weight, 1.0 - args.pool_weight]
     corpus.pool_tokens = int(len(streams[0]))
-    corpus.header_tokens = int(len(streams[1])) if corpus.header_train else 0
-    val_stream = encode_docs(tok, [t for _, t in corpus.header_val] or [t["bench.cu"] for t in corpus.splits["eval"]])
+    corpus.header_tokens = int(len(streams[1])) if len(streams) > 1 else 0
+    val_stream = encode_docs(tok, [h.text for h in corpus.used("val")] or [t["bench.cu"] for t in corpus.splits["eval"]])
     print(f"tokenizer: vocab {len(tok)} in {time.time() - t_tok:.1f}s; tokens: pool {corpus.pool_tokens:,}, "
           f"headers {corpus.header_tokens:,}, validation {len(val_stream):,}")
     for s in streams + [val_stream]:
@@ -487,18 +593,24 @@ def greedy_sample(model: torch.nn.Module, tok: PreTrainedTokenizerFast, task: di
 
 
 def measure(model: torch.nn.Module, tok: PreTrainedTokenizerFast, eval_tasks: list[dict], args: argparse.Namespace) -> dict:
-    """Held-out NLL of the eval split's programs and kernels, and one greedy answer."""
+    """Held-out NLL of the eval split's programs and kernels, and one greedy answer. Per token is
+    what the stages see; per byte (the same total over the texts' UTF-8 bytes) does not depend on
+    the tokenizer, so it compares models whose tokenizers differ."""
     programs = [t["bench.cu"] for t in eval_tasks]
     kernels = [t["kernel_mode"]["reference_kernels"] for t in eval_tasks if t.get("kernel_mode")]
     bench_nll, bench_n = heldout_nll(model, tok, programs, args.seq_len)
     kernel_nll, kernel_n = heldout_nll(model, tok, kernels, args.seq_len)
+    bench_bytes, kernel_bytes = (sum(len(t.encode()) for t in texts) for texts in (programs, kernels))
     sample_task = next(t for t in eval_tasks if t.get("kernel_mode"))
     sample = greedy_sample(model, tok, sample_task, args.sample_tokens)
-    print(f"held-out NLL: eval programs {bench_nll:.3f} ({bench_n:,} tokens), eval kernels {kernel_nll:.3f} "
-          f"({kernel_n:,} tokens); uniform ln({len(tok)}) = {math.log(len(tok)):.3f}")
+    print(f"held-out NLL per token (per byte): eval programs {bench_nll:.3f} ({bench_nll * bench_n / bench_bytes:.4f}) "
+          f"over {bench_n:,} tokens, eval kernels {kernel_nll:.3f} ({kernel_nll * kernel_n / kernel_bytes:.4f}) over "
+          f"{kernel_n:,} tokens; uniform ln({len(tok)}) = {math.log(len(tok)):.3f}")
     print(f"greedy sample (eval task {sample_task['id']}, level 1, kernel mode):\n{sample}\n")
     return {"uniform_nll": math.log(len(tok)), "eval_bench_nll": bench_nll, "eval_bench_tokens": bench_n,
+            "eval_bench_bytes": bench_bytes, "eval_bench_nll_per_byte": bench_nll * bench_n / bench_bytes,
             "eval_kernel_nll": kernel_nll, "eval_kernel_tokens": kernel_n,
+            "eval_kernel_bytes": kernel_bytes, "eval_kernel_nll_per_byte": kernel_nll * kernel_n / kernel_bytes,
             "sample_task": sample_task["id"], "greedy_sample": sample}
 
 
@@ -526,10 +638,15 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def cuda_version(include: Path | None) -> str | None:
-    """'13.0' from cuda.h's CUDA_VERSION (13000)."""
-    m = include and re.search(r"#define\s+CUDA_VERSION\s+(\d+)", (include / "cuda.h").read_text(errors="replace"))
-    return f"{int(m.group(1)) // 1000}.{int(m.group(1)) % 1000 // 10}" if m else None
+def toolkit_versions(include: Path) -> dict:
+    """CUDA '13.0' from cuda.h's CUDA_VERSION (13000), CCCL '3.0.1' from CCCL_VERSION (3000001)."""
+    def define(path: Path, name: str) -> int | None:
+        m = path.exists() and re.search(rf"#define\s+{name}\s+(\d+)", path.read_text(errors="replace"))
+        return int(m.group(1)) if m else None
+    cuda = define(include / "cuda.h", "CUDA_VERSION")
+    cccl = define(include / "cccl" / "cuda" / "std" / "__cccl" / "version.h", "CCCL_VERSION")
+    return {"cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+            "cccl_version": f"{cccl // 1000000}.{cccl // 1000 % 1000}.{cccl % 1000}" if cccl else None}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -538,10 +655,13 @@ def folder_bytes(folder: Path) -> int:
 
 def model_card(r: dict) -> str:
     c, m, t, q = r["corpus"], r["model"], r["training"], r["quality"]
-    header_line = (f"- CUDA toolkit headers from `{c['cuda_include']}` (CUDA {c['cuda_version']}): {c['header_train_files']} "
-                   f"files, {c['header_train_bytes']:,} bytes for training, license banners stripped; "
-                   f"{c['header_val_files']} other files ({c['header_val_bytes']:,} bytes) for validation."
-                   if c["cuda_include"] else "- No CUDA toolkit was found, so no headers were used.")
+    pool, headers = c["sources"][0], c["sources"][1:]
+    rows = [f"| {pool['source']} | `{pool['location']}` | {pool['license']} | 1 ({pool['tasks']} tasks) | {pool['bytes']:,} |"]
+    rows += [f"| {h['source']} | `{h['location']}` | {h['license']} ({', '.join(f'`{e}`: {n}' for e, n in h['evidence'].items())}) "
+             f"| {h['files']} | {h['bytes']:,} |" for h in headers if h["files"]]
+    left_out = "; ".join(f"{x['source']} `{x['location']}`: {x['files']} ({x['reason']})" for x in c["left_out"])
+    val_files, val_bytes = sum(h["val_files"] for h in headers), sum(h["val_bytes"] for h in headers)
+    spare_files = sum(h["available_files"] - h["files"] - h["val_files"] for h in headers)
     return f"""# tiny-cuda-lm
 
 A tiny CUDA base model bundled with CuSeT so that every stage runs offline on a CPU in minutes.
@@ -550,18 +670,30 @@ A tiny CUDA base model bundled with CuSeT so that every stage runs offline on a 
 {fmt_time(t['train_seconds'])} on a CPU; it cannot write working kernels and cannot reproduce the
 paper's numbers. For a real replication pass `--model` with a real instruction model.
 
-Built by `{r['command']}`; the build is deterministic for the same tasks file, toolkit
+Built by `{r['command']}`; the build is deterministic for the same tasks file, CCCL
 headers, arguments and thread count (details in `build_report.json`).
 
 ## Corpus
 
-- Pretrain pool (`split == "pretrain"` of `{c['tasks_file']}`, sha256 `{c['tasks_sha256'][:16]}...`):
-  {c['pretrain_tasks']} tasks -> {c['pool_code_docs']} code documents (bench.cu, reference kernels)
-  and {c['pool_chats']} chat examples (levels 1-3, standalone and kernel mode, prompts from
-  `cuset_common.build_messages`, answers in one ```cpp block), {c['pool_tokens']:,} tokens, drawn for
-  {r['args']['pool_weight']:.0%} of the training windows.
-{header_line}
-- Excluded: the reference programs and kernels of the `train` ({c['train_tasks']} tasks) and `eval`
+Only text whose licence we can name. Training text per source and licence: each header's licence
+is what its own banner states (evidence: the line that states it, and how many of the library's
+files under that licence carry it, used or not); the banners are kept out of the training text.
+Per-file licences are in `build_report.json`.
+
+| source | where | licence (evidence: files) | files trained on | bytes trained on |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+- Pretrain pool (sha256 of the tasks file `{c['tasks_sha256'][:16]}...`): {c['pretrain_tasks']} tasks ->
+  {c['pool_code_docs']} code documents (bench.cu, reference kernels) and {c['pool_chats']} chat examples
+  (levels 1-3, standalone and kernel mode, prompts from `cuset_common.build_messages`, answers in one
+  ```cpp block), {pool['tokens']:,} tokens, drawn for {r['args']['pool_weight']:.0%} of the training windows.
+- CCCL headers from `{c['cuda_include']}/cccl` (CUDA {c['cuda_version']}, CCCL {c['cccl_version']}), device code
+  first, up to {r['args']['header_bytes']:,} bytes: {sum(h['files'] for h in headers)} files, {sum(h['bytes'] for h in headers):,} bytes,
+  {c['header_train_tokens']:,} tokens; {val_files} other
+  permissive files ({val_bytes:,} bytes) held out for validation; {spare_files} permissive files over the budget unused.
+- Left out, licence not established as permissive: {left_out or 'none'}.
+- Never trained on: the reference programs and kernels of the `train` ({c['train_tasks']} tasks) and `eval`
   ({c['eval_tasks']} tasks) splits.
 
 ## Model
@@ -581,12 +713,14 @@ Final train loss {t['final_train_loss']:.3f}, validation loss ({t['val_name']}) 
 
 ## Quality
 
-Mean per-token NLL (nats, float32) on never-seen CUDA, against uniform ln({m['vocab_size']}) = {q['uniform_nll']:.3f}:
+Mean NLL (nats, float32) on never-seen CUDA, per token (against uniform ln({m['vocab_size']}) = {q['uniform_nll']:.3f})
+and per byte of text (the same total over the UTF-8 bytes: does not depend on the tokenizer, so it
+compares models with different tokenizers):
 
-| held-out text | tokens | NLL |
-|---|---|---|
-| `eval` split reference programs (bench.cu) | {q['eval_bench_tokens']:,} | {q['eval_bench_nll']:.3f} |
-| `eval` split reference kernels only | {q['eval_kernel_tokens']:,} | {q['eval_kernel_nll']:.3f} |
+| held-out text | tokens | bytes | NLL per token | NLL per byte |
+|---|---|---|---|---|
+| `eval` split reference programs (bench.cu) | {q['eval_bench_tokens']:,} | {q['eval_bench_bytes']:,} | {q['eval_bench_nll']:.3f} | {q['eval_bench_nll_per_byte']:.4f} |
+| `eval` split reference kernels only | {q['eval_kernel_tokens']:,} | {q['eval_kernel_bytes']:,} | {q['eval_kernel_nll']:.3f} | {q['eval_kernel_nll_per_byte']:.4f} |
 
 The programs share host boilerplate with the pretrain pool, so their NLL is lower than the
 kernels'. Greedy answer to the level-1 kernel-mode prompt of eval task `{q['sample_task']}`:
@@ -599,6 +733,7 @@ kernels'. Greedy answer to the level-1 kernel-mode prompt of eval task `{q['samp
 
 def make_report(args: argparse.Namespace, argv: list[str] | None, corpus: Corpus, tok: PreTrainedTokenizerFast, n_params: int,
                 history: dict, quality: dict, t0: float, folder: Path) -> dict:
+    sources, left_out = source_table(corpus, args.tasks)
     return {
         "command": " ".join(["python", "data/build_tiny_model.py", *(sys.argv[1:] if argv is None else argv)]),
         "args": {k: shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -608,15 +743,11 @@ def make_report(args: argparse.Namespace, argv: list[str] | None, corpus: Corpus
             "tasks_file": shown(args.tasks), "tasks_sha256": sha256_file(args.tasks),
             "pretrain_tasks": len(corpus.splits["pretrain"]), "train_tasks": len(corpus.splits["train"]),
             "eval_tasks": len(corpus.splits["eval"]), "pool_code_docs": len(corpus.code_docs),
-            "pool_chats": len(corpus.chats), "pool_bytes": corpus.pool_bytes, "pool_tokens": corpus.pool_tokens,
-            "cuda_include": str(corpus.include) if corpus.include else None,
-            "cuda_version": cuda_version(corpus.include),
-            "header_train_files": len(corpus.header_train), "header_train_bytes": corpus.header_bytes,
+            "pool_chats": len(corpus.chats),
+            "cuda_include": str(corpus.include), **toolkit_versions(corpus.include),
             "header_train_tokens": corpus.header_tokens,
-            "header_val_files": len(corpus.header_val),
-            "header_val_bytes": sum(len(t.encode()) for _, t in corpus.header_val),
-            "header_files_train": [p for p, _ in corpus.header_train],
-            "header_files_val": [p for p, _ in corpus.header_val],
+            "sources": sources, "left_out": left_out,
+            "header_files": {use: {h.path: h.license for h in corpus.used(use)} for use in ("train", "val")},
         },
         "model": {"architecture": "LlamaForCausalLM", "params": n_params, "vocab_size": len(tok),
                   "hidden": args.hidden, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,

@@ -1,12 +1,16 @@
 """The bundled tiny model (data/models/tiny-cuda-lm, built by data/build_tiny_model.py) loads
 offline and has what the stages rely on: an exact round-trip tokenizer with character offsets,
 a ChatML chat template, an end-of-turn eos, and weights that are trained, not random. Plus the
-builder's corpus rules: license banners stripped, train/eval reference code never trained on."""
+builder's corpus rules: only headers whose own banner states a permissive licence, banners kept
+out of the training text but recorded, every source listed with its licence, file count and
+bytes, a clear refusal when the sources are missing, train/eval reference code never trained on."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers (and huggingface_hub) read it
@@ -133,11 +137,102 @@ def builder():
     return load_script("data/build_tiny_model.py")
 
 
-def test_strip_license_keeps_code_and_ordinary_comments(builder):
+BSD_BANNER = ("/*\n * Copyright (c) 2011, NVIDIA CORPORATION.  All rights reserved.\n *\n"
+              " * Redistribution and use in source and binary forms, with or without\n"
+              " * modification, are permitted provided that the following conditions are met:\n"
+              " *     * Neither the name of the NVIDIA CORPORATION nor the\n */\n")
+LLVM_BANNER = ("//===----------------------------------------------------------------------===//\n"
+               "// Part of libcu++, under the Apache License v2.0 with LLVM Exceptions.\n"
+               "// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception\n"
+               "//===----------------------------------------------------------------------===//\n\n")
+NVIDIA_BANNER = "/*\n * SPDX-FileCopyrightText: Copyright (c) 2021 NVIDIA CORPORATION.\n *\n * NVIDIA SOFTWARE LICENSE\n */\n"
+CODE = "// Warp-level sum.\n#pragma once\n__device__ float warp_sum(float v);\n"
+
+
+def test_split_license_keeps_code_and_ordinary_comments(builder):
     banner = "/*\n * Copyright (c) 2020 NVIDIA CORPORATION.\n */\n// SPDX-License-Identifier: BSD-3-Clause\n\n"
-    code = "// Warp-level sum.\n#pragma once\n__device__ float warp_sum(float v);\n"
-    assert builder.strip_license(banner + code) == code
-    assert builder.strip_license(code) == code
+    stated, code = builder.split_license(banner + CODE)
+    assert code == CODE and "Copyright (c) 2020" in stated and "SPDX-License-Identifier: BSD-3-Clause" in stated
+    assert builder.split_license(CODE) == ("", CODE)
+
+
+@pytest.mark.parametrize("banner, license", [
+    (BSD_BANNER, "BSD-3-Clause"),
+    (LLVM_BANNER, "Apache-2.0 WITH LLVM-exception"),
+    ("/*\n * Copyright 2008-2013 NVIDIA Corporation\n *\n *  Licensed under the Apache License, Version 2.0 (the \"License\");\n */\n",
+     "Apache-2.0"),
+    ("// Copyright (c) 2018 NVIDIA Corporation\n// Distributed under the Boost Software License v1.0\n", "BSL-1.0"),
+    (NVIDIA_BANNER, None),                                                    # another licence
+    ("// Copyright (c) 2024 NVIDIA CORPORATION.\n// SPDX-License-Identifier: GPL-2.0-only\n", None),
+    ("// Copyright (c) 2024 NVIDIA CORPORATION. All rights reserved.\n", None),  # no licence stated
+])
+def test_banner_license_accepts_only_stated_permissive_licences(builder, banner, license):
+    stated, evidence = builder.banner_license(builder.split_license(banner + CODE)[0])
+    assert stated == license and evidence
+
+
+def fake_include(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / "cccl" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "cccl" / rel).write_text(text)
+    return root
+
+
+def test_headers_are_used_only_under_a_stated_permissive_licence_and_without_banners(builder, tmp_path):
+    include = fake_include(tmp_path, {
+        "cub/block/block_sum.cuh": BSD_BANNER + CODE, "thrust/fill.h": LLVM_BANNER + CODE,
+        "cuda/std/atomic": LLVM_BANNER + CODE, "nv/target": LLVM_BANNER + CODE,
+        "cuda/pipeline": NVIDIA_BANNER + CODE, "cuda/__ptx/generated.h": "// Generated. Do not edit.\n" + CODE})
+    headers = {h.path: h for h in builder.select_headers(include, 10_000, 0)}
+    assert {p: h.license for p, h in headers.items()} == {
+        "cccl/cub/block/block_sum.cuh": "BSD-3-Clause", "cccl/thrust/fill.h": "Apache-2.0 WITH LLVM-exception",
+        "cccl/cuda/std/atomic": "Apache-2.0 WITH LLVM-exception", "cccl/nv/target": "Apache-2.0 WITH LLVM-exception",
+        "cccl/cuda/pipeline": None, "cccl/cuda/__ptx/generated.h": None}
+    assert {p for p, h in headers.items() if h.use == "train"} == {p for p, h in headers.items() if h.license}
+    assert all(h.text == CODE for h in headers.values() if h.use == "train")  # banners stay out
+    assert headers["cccl/cuda/pipeline"].evidence == "other license: NVIDIA SOFTWARE LICENSE"
+
+
+def run_builder(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "data" / "build_tiny_model.py"), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_builder_refuses_clearly_without_the_cccl_headers(tmp_path):
+    r = run_builder("--cuda-include", str(tmp_path), "--out", str(tmp_path / "model"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr  # one line, no traceback
+    for folder in ("cccl/cub/", "cccl/thrust/", "cccl/cuda/", "cccl/nv/"):
+        assert folder in r.stderr
+    assert not (tmp_path / "model").exists()
+
+
+def test_builder_refuses_a_library_with_no_permissive_header(tmp_path):
+    include = fake_include(tmp_path, {"cub/a.cuh": BSD_BANNER + CODE, "thrust/b.h": LLVM_BANNER + CODE,
+                                      "cuda/pipeline": NVIDIA_BANNER + CODE, "nv/target": LLVM_BANNER + CODE})
+    r = run_builder("--cuda-include", str(include), "--out", str(tmp_path / "model"))
+    assert r.returncode == 2 and "cccl/cuda" in r.stderr and "libc" in r.stderr, r.stderr
+
+
+def test_report_and_card_list_every_source_with_licence_files_and_bytes(builder):
+    report = json.loads((MODEL_DIR / "build_report.json").read_text())
+    card = (MODEL_DIR / "README.md").read_text()
+    corpus = report["corpus"]
+    sources = [s for s in corpus["sources"] if s["files"]]
+    assert sources[0]["source"] == "CuSeT pretrain task pool" and sources[0]["bytes"] > 0
+    headers = sources[1:]
+    assert {s["source"] for s in headers} == {"CUB", "Thrust", "libcu++"}
+    for s in sources:
+        assert s["license"] and s["evidence"] and s["files"] > 0 and s["bytes"] > 0
+        assert f"| {s['license']} " in card and f"| {s['bytes']:,} |" in card
+    for s in headers:  # every licence is one the builder accepts as permissive, and says why
+        assert set(s["license"].split(" AND ")) <= builder.PERMISSIVE_SPDX
+        assert sum(s["evidence"].values()) == s["available_files"]
+    train = corpus["header_files"]["train"]
+    assert sum(s["files"] for s in headers) == len(train) and None not in train.values()
+    assert all(row["reason"] and row["files"] == len(row["paths"]) for row in corpus["left_out"])
+    assert "NVIDIA SOFTWARE LICENSE" in " ".join(row["reason"] for row in corpus["left_out"])
+    assert not set(train) & {p for row in corpus["left_out"] for p in row["paths"]}
 
 
 def test_pool_uses_only_pretrain_tasks_and_the_stage_prompt_format(builder):
