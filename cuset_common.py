@@ -175,6 +175,19 @@ def run_main(main_fn, argv: list[str] | None = None) -> int:
         return 2
 
 
+def load_script(relpath: str):
+    """Import a stage script by path, for tests and benchmarks (a stage's file name starts with a digit,
+    so `import` cannot name it; the stages themselves never import each other)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(Path(relpath).stem.replace("-", "_"), ROOT / relpath)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
 def pick_device(name: str = "auto") -> str:
     import torch
 

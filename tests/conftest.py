@@ -1,7 +1,6 @@
 """Shared test setup: the repo root on sys.path, and the `gpu` marker that skips without a GPU."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -13,14 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def load_script(relpath: str):
-    """Import a script by path (stage files start with a digit, so `import` cannot name them)."""
-    spec = importlib.util.spec_from_file_location(Path(relpath).stem.replace("-", "_"), ROOT / relpath)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+from cuset_common import load_script  # noqa: E402,F401  (tests import it from here)
 
 
 @lru_cache(maxsize=1)
