@@ -17,7 +17,8 @@ Inputs -> outputs
      samples.jsonl        per sample: index, id, line, response_text, n_prompt_tokens,
                           n_response_tokens, truncated
      meta.json            stage, args, model, tokenizer_fingerprint, data {path, sha256}, max_length, counts
-                          {samples, response_tokens, truncated, no_response}, categories, resumed_at_batch
+                          {samples, response_tokens, truncated, no_response}, categories, batch_size and
+                          chunk_rows (auto resolved), resumed_at_batch
 
 Commands
   python 01_profile.py                                   # tiny model + bundled data, CPU, seconds
@@ -35,10 +36,12 @@ counted as truncated; one whose prompt alone fills --max-length is kept with 0 t
 it is counted as truncated too). In the `text` form there is no prompt, so the first token only
 serves as context (assumption: nothing predicts it; n_prompt_tokens = 1).
 
-Efficiency: samples are batched longest first (little padding); the model body runs once per
-batch (bf16 autocast on a GPU) and lm_head is applied to the response positions only, --chunk-rows
-at a time, with log-softmax of the gold token and the entropy per chunk, so a float32
-[batch, seq, vocab] logits tensor never exists (real vocabularies exceed 150k).
+Efficiency: the model body runs once per batch (bf16 autocast on a GPU) and lm_head is applied to
+the response positions only, --chunk-rows at a time, with log-softmax of the gold token and the
+entropy per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real vocabularies
+exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8 samples (longest
+first: little padding) and chunks of 1024 rows; on a CPU one sample per batch and 128 rows per chunk
+(bench/profile.py measures both against the per-sample loop a user writes first).
 
 Resume: finished batches are saved every --save-every seconds to <out>.partial/ (state.json: what
 the result depends on; batches-B0-B1.safetensors: the results of batches [B0, B1)), each file written
@@ -82,6 +85,7 @@ CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: 
 # lexemes (specific) before the structural patterns (broad), so `threadIdx` inside a guard
 # `if (threadIdx.x < 32)` is indexing and the rest of the condition is guard.
 PRIORITY = (5, 6, 4, 8, 1, 2, 7, 3, 9)
+AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device: for_device
 RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
 TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
@@ -373,11 +377,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
     ap.add_argument("--max-length", type=int, default=2048,
                     help="tokens per sample, prompt included; longer samples are truncated and counted")
-    ap.add_argument("--batch-size", type=int, default=8, help="most samples per batch")
+    ap.add_argument("--batch-size", type=positive_or_auto, default="auto",
+                    help="most samples per batch; auto: 1 on a CPU, 8 on a GPU (see Efficiency above)")
     ap.add_argument("--batch-tokens", type=int, default=16384,
                     help="most padded tokens per batch (fewer samples per batch when they are long)")
-    ap.add_argument("--chunk-rows", type=int, default=1024,
-                    help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a time")
+    ap.add_argument("--chunk-rows", type=positive_or_auto, default="auto",
+                    help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a time; "
+                         "auto: 128 on a CPU, 1024 on a GPU")
     ap.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                     help="auto: bf16 autocast on a GPU, fp32 on CPU")
@@ -386,10 +392,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
     ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
     args = ap.parse_args(argv)
-    for name in ("max_length", "batch_size", "batch_tokens", "chunk_rows"):
+    for name in ("max_length", "batch_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
+
+
+def positive_or_auto(text: str) -> int | str:
+    """--batch-size, --chunk-rows: `auto` or an integer >= 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1 (or auto)")
+    return value
+
+
+def for_device(name: str, value: int | str, device: str) -> int:
+    """--batch-size or --chunk-rows (name: batch_size, chunk_rows) with auto resolved for the device.
+
+    On a CPU, one sample per batch: right padding and the masked attention it needs cost more than the
+    larger matrix products gain; and 128 rows per output-layer chunk: the passes over a [rows, vocab]
+    block (log-softmax, exp, sums) then run from cache (on one thread with a 32k vocabulary, the output
+    layer took 1.6x as long in 1024-row chunks, 1.4x in 32-row ones). Both keep stage 01 at or above the
+    per-sample loop a user writes first (bench/profile.py; README.md, Performance). On a GPU, batches and
+    large chunks fill the device (not measured yet)."""
+    return value if value != "auto" else AUTO[name]["cpu" if device == "cpu" else "gpu"]
 
 
 def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
@@ -408,6 +439,17 @@ def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[l
     return batches
 
 
+def entropy_of(logp: torch.Tensor) -> torch.Tensor:
+    """-sum p log p per row of log-probs [n, V] -> [n], as torch.special.entr sums it, at less cost: entr takes a
+    log per logit again (on a CPU it cost more than the log-softmax itself). A -inf logit (p = 0, log p = -inf)
+    makes 0 * -inf = nan; only those rows, rare, are summed with entr, whose entr(0) = 0."""
+    entropy = -logp.exp().mul_(logp).sum(-1)  # [n]; in place on the new p
+    bad = entropy.isnan()
+    if bad.any():
+        entropy[bad] = torch.special.entr(logp[bad].exp()).sum(-1)
+    return entropy
+
+
 def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_rows: int,
                          use_bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(gold) and entropy per row of hidden [N, H], applying head chunk by chunk.
@@ -421,7 +463,7 @@ def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_r
             logits = head(hidden[lo:lo + chunk_rows])  # [n, V]
         logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V] float32
         logp_gold.append(logp.gather(1, gold[lo:lo + chunk_rows, None])[:, 0])  # [n]
-        entropy.append(torch.special.entr(logp.exp()).sum(-1))  # [n]; entr(0) = 0, no 0 * -inf
+        entropy.append(entropy_of(logp))  # [n]
     return torch.cat(logp_gold), torch.cat(entropy)
 
 
@@ -511,7 +553,9 @@ def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device
     weight, bias = output_head(model)
     body, head = model.base_model, lambda h: F.linear(h, weight, bias)  # what check_head_is_plain checks
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked; any id works
-    batches = make_batches(encs, args.batch_size, args.batch_tokens)  # deterministic: resume needs the same plan
+    # deterministic (resume needs the same plan; the device is part of the run, so auto resolves alike)
+    batches = make_batches(encs, for_device("batch_size", args.batch_size, device), args.batch_tokens)
+    chunk_rows = for_device("chunk_rows", args.chunk_rows, device)
     if batches:
         check_head_is_plain(model, torch.tensor([encs[batches[0][0]]["input_ids"]], device=device), "01_profile.py")
     results = [(np.zeros(0, np.float32), np.zeros(0, np.float32)) for _ in encs]
@@ -525,7 +569,7 @@ def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device
     last_log = last_save = t0
     for k in range(start, len(batches)):
         for i, res in zip(batches[k], score_batch(body, head, [encs[i] for i in batches[k]], pad_id, device,
-                                                  args.chunk_rows, use_bf16)):
+                                                  chunk_rows, use_bf16)):
             results[i] = res
         done += sizes[k]
         if time.time() - last_log >= args.log_every or k == len(batches) - 1:
@@ -614,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_length": args.max_length, "counts": counts,
             "categories": {str(k): v for k, v in CATEGORIES.items()}, "chat_template": bool(tokenizer.chat_template),
             "category_priority": [CATEGORIES[c] for c in PRIORITY], "device": device, "precision": run["precision"],
-            "resumed_at_batch": resumed_at}
+            "batch_size": for_device("batch_size", args.batch_size, device),
+            "chunk_rows": for_device("chunk_rows", args.chunk_rows, device), "resumed_at_batch": resumed_at}
     samples_text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
     write_artifact(args.out, tensors, meta, extra_files={"samples.jsonl": samples_text})
     shutil.rmtree(partial_dir(args.out), ignore_errors=True)  # only once the artifact is in place

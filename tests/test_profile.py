@@ -5,7 +5,9 @@ point 3), the response ending at the end-of-turn token (issue 9, item 6), the CU
 tagger on hand-written snippets (issue 9, item 9: derived output pointers, ternary guards,
 pointer-offset indexing, loop termination tests), the four record forms, truncation /
 no-response counting, refusals (malformed line, unknown form, a folder without a model: item 13),
-the shared head check (item 2) and resume after SIGKILL (item 11).
+the shared head check (item 2), resume after SIGKILL (item 11), and the speed changes of issue 15:
+--batch-size and --chunk-rows auto (1 and 128 on a CPU, 8 and 1024 on a GPU) giving the batched values
+and resuming alike, the in-place entropy equal to torch.special.entr even with -inf logits.
 """
 from __future__ import annotations
 
@@ -659,3 +661,94 @@ def test_resume_without_a_partial_run_is_refused(tmp_path, capsys):
     rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p"),
                                "--resume"])
     assert rc == 2 and "no partial run" in capsys.readouterr().err and not (tmp_path / "p").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Speed (issue 15): --batch-size auto, the in-place entropy
+# ---------------------------------------------------------------------------------------
+
+
+def test_auto_batch_size_and_chunk_rows_depend_on_the_device(capsys):
+    """--batch-size and --chunk-rows default to auto: 1 sample and 128 rows on a CPU, 8 and 1024 on a GPU."""
+    args = stage.parse_args([])
+    assert args.batch_size == args.chunk_rows == "auto"
+    assert stage.parse_args(["--batch-size", "5", "--chunk-rows", "9"]).chunk_rows == 9
+    assert stage.for_device("batch_size", "auto", "cpu") == 1
+    assert stage.for_device("chunk_rows", "auto", "cpu") == 128
+    for gpu in ("cuda", "cuda:1"):
+        assert stage.for_device("batch_size", "auto", gpu) == 8 and stage.for_device("chunk_rows", "auto", gpu) == 1024
+    assert stage.for_device("batch_size", 3, "cpu") == stage.for_device("chunk_rows", 3, "cuda") == 3
+    for flag in ("--batch-size", "--chunk-rows"):
+        for bad in ("0", "-1", "eight"):
+            with pytest.raises(SystemExit) as e:
+                stage.parse_args([flag, bad])
+            assert e.value.code == 2 and flag in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def profiled_auto(tmp_path_factory):
+    """The small fixture profiled with the CPU defaults (auto: one sample per batch, 128 rows per chunk)."""
+    out = tmp_path_factory.mktemp("auto") / "profile"
+    assert stage.main(["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out),
+                       "--max-length", str(MAX_LEN), "--device", "cpu"]) == 0
+    return out, *read_profile(out)
+
+
+def test_the_cpu_default_gives_the_batched_values(profiled, profiled_auto):
+    """Batches of 3 in chunks of 7 rows (padded, masked attention) and the CPU defaults (one sample per
+    batch, 128 rows): the same tokens, tags and spans, confidences within float32 rounding, entropies within
+    float16 rounding."""
+    _, t3, meta3, samples3 = profiled
+    _, t1, meta1, samples1 = profiled_auto
+    assert meta1["args"]["batch_size"] == meta1["args"]["chunk_rows"] == "auto"
+    assert (meta1["batch_size"], meta1["chunk_rows"], meta3["batch_size"], meta3["chunk_rows"]) == (1, 128, 3, 7)
+    assert samples1 == samples3
+    for k in ("token_ids", "sensitive", "char_start", "char_end", "line_index", "sample_offsets"):
+        assert np.array_equal(t1[k], t3[k]), k
+    np.testing.assert_allclose(t1["confidence"], t3["confidence"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t1["entropy"].astype(np.float32), t3["entropy"].astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_with_the_auto_defaults_gives_the_same_artifact(tmp_path, monkeypatch, profiled_auto):
+    """A run with the default --batch-size and --chunk-rows stopped after two batches (shards after every
+    batch), resumed with the same arguments: the artifact equals the uninterrupted default run's byte for byte."""
+    common = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--max-length", str(MAX_LEN),
+              "--device", "cpu", "--out", str(tmp_path / "profile")]
+    real_score, calls = stage.score_batch, []
+
+    def stop_at_the_third_batch(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Interrupted
+        return real_score(*a, **kw)
+
+    monkeypatch.setattr(stage, "score_batch", stop_at_the_third_batch)
+    with pytest.raises(Interrupted):
+        stage.main(common + ["--save-every", "0"])
+    monkeypatch.setattr(stage, "score_batch", real_score)
+    assert stage.main(common + ["--save-every", "0", "--resume"]) == 0
+    meta = json.loads((tmp_path / "profile" / "meta.json").read_text())
+    assert meta["resumed_at_batch"] == 2 and meta["batch_size"] == 1
+    for name in ("tensors.safetensors", "samples.jsonl"):
+        assert (tmp_path / "profile" / name).read_bytes() == (profiled_auto[0] / name).read_bytes(), name
+
+
+def test_entropy_is_entr_even_with_minus_inf_logits():
+    """The in-place -sum p log p equals torch.special.entr's sum, also where a logit is -inf (p = 0, log p =
+    -inf: 0 there, not nan), chunked or not."""
+    torch.manual_seed(0)
+    logits = torch.randn(9, 50) * 4  # [n, V]
+    logits[:, :7] = float("-inf")
+    logits[3, 20:] = float("-inf")  # one row with only 13 finite logits
+    gold = torch.randint(7, 20, (9,))
+    for chunk in (4, 100):
+        logp_gold, entropy = stage.gold_logprob_entropy(lambda h: h, logits, gold, chunk, False)
+        ref = torch.log_softmax(logits, -1)
+        assert torch.isfinite(entropy).all()
+        torch.testing.assert_close(entropy, torch.special.entr(ref.exp()).sum(-1), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(logp_gold, ref.gather(1, gold[:, None])[:, 0])

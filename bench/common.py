@@ -1,0 +1,154 @@
+"""Plumbing shared by the bench scripts: the machine label, thread count, interleaved timing, peak
+extra memory measured in a forked child per variant, and the table printer.
+
+Memory method. On a CPU, torch's allocator is invisible to tracemalloc, so we read the kernel's
+numbers. Once the model and data are loaded, the process forks one child per variant. The child
+(1) computes on one thread: OpenMP's pool does not survive a fork (per-thread buffers are small
+next to activations and logits); (2) takes every block of 128 KiB or more from mmap, so that it
+neither reuses memory the parent freed (still counted in VmRSS) nor keeps what it frees;
+(3) runs warm_up(), a small forward pass, so that pages of code and weights it has not touched
+yet (a forked child maps file-backed pages as it touches them) are not charged to the variant;
+(4) records its resident set (VmRSS), resets its peak (writing 5 to /proc/self/clear_refs sets
+VmHWM to VmRSS, Linux >= 4.0), runs the variant once and reads the peak (VmHWM). Peak extra
+memory = VmHWM - VmRSS before the run: what the variant adds on top of the loaded model, data
+(and, in training, optimizer state). On a GPU: torch.cuda.max_memory_allocated() -
+memory_allocated() before the run, in process (the caching allocator's counters see every tensor).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from cuset_common import TINY_MODEL, load_causal_lm
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2 ** 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (not the machine's count: a container may get fewer)."""
+    return len(os.sched_getaffinity(0))
+
+
+def machine(device: str, threads: int) -> str:
+    """One line naming what the figures were measured on."""
+    if device.startswith("cuda"):
+        where = f"{torch.cuda.get_device_name(device)}"
+    else:
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")]
+        where = f"{names[0] if names else platform.processor()}, {default_threads()} CPUs available"
+    return f"{where}; torch {torch.__version__} with {threads} threads (torch.set_num_threads); " \
+           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+
+
+def wide_model(vocab: int):
+    """The bundled tiny model's body with a random output layer of `vocab` rows (seeded; tied, so the input
+    embedding grows with it): the shape of a real model's head on a body that runs in seconds on a CPU."""
+    model = load_causal_lm(str(TINY_MODEL), torch.float32)
+    torch.manual_seed(0)
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    torch.nn.init.normal_(model.get_output_embeddings().weight, std=model.config.initializer_range)
+    return model
+
+
+@torch.no_grad()
+def warm_up(model, device: str) -> None:
+    """One forward pass on 16 tokens and a log-softmax: what every variant does first, on a scale too small to
+    matter, so that one-time set-up (lazy initialisation, pages of code and weights) is charged to none."""
+    model(input_ids=torch.arange(16, device=device)[None]).logits.float().log_softmax(-1)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def clock(device: str) -> tuple[Callable[[], float], str]:
+    """(timer, unit). On a CPU the process's CPU time: on a shared machine wall time mostly measures how
+    long the scheduler made us wait (it swung the same code by 2x between runs here), CPU time what the
+    work cost. On a GPU wall time, synchronized."""
+    return (time.process_time, "CPU s") if device == "cpu" else (time.perf_counter, "s")
+
+
+def interleaved_times(variants: dict[str, Callable[[], object]], repeats: int, device: str) -> dict[str, list[float]]:
+    """Seconds (clock(device)) per run of each variant, `repeats` rounds; the order flips every round so
+    that a slow spell of the machine (or warm caches) does not always favour the same variant."""
+    timer, _ = clock(device)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(repeats):
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            synchronize(device)
+            t0 = timer()
+            variants[name]()
+            synchronize(device)
+            times[name].append(timer() - t0)
+    return times
+
+
+def median_ratio(times: dict[str, list[float]], name: str, anchor: str) -> float:
+    """Speed of `name` relative to `anchor` (> 1: faster), the median over rounds of the ratio within
+    one round: both ran back to back, so the machine's load largely cancels."""
+    return statistics.median(a / b for a, b in zip(times[anchor], times[name]))
+
+
+def _proc_status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _peak_rss_delta(run: Callable[[], object]) -> int:
+    base = _proc_status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    run()
+    return _proc_status_bytes("VmHWM") - base
+
+
+def peak_extra_memory(run: Callable[[], object], device: str, warm_up: Callable[[], object]) -> int:
+    """Bytes `run` needs beyond what is already loaded, measured as the module docstring says (on a CPU in
+    a forked child that calls warm_up() first)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, report through the pipe, exit without running the parent's cleanup
+        code = 1
+        try:
+            torch.set_num_threads(1)  # OpenMP's thread pool does not survive fork: more threads hang here
+            # blocks >= 128 KiB from mmap: no reuse of the parent's freed memory, nothing kept once freed
+            ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+            warm_up()
+            os.write(write_end, str(_peak_rss_delta(run)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        reported = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not reported:
+        raise RuntimeError(f"the memory measurement's child process failed (wait status {status})")
+    return int(reported)
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """A markdown table (pastes into README.md as it is)."""
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "|".join("---" if k == 0 else "---:" for k in range(len(headers))) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")

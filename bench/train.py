@@ -1,0 +1,201 @@
+"""Benchmark stage 03 (03_train_cuset.py): each objective against sft, and the chunked head against
+the model's own `model(labels=...)` cross-entropy.
+
+Part 1, objectives. One optimizer step of stage 03's loop as one process runs it (its collate,
+GoldLogProbs, objective_loss; backward, grad clip, AdamW step) on the bundled tiny model, with its
+defaults (a micro-batch of 4, --chunk-size 1024), for every --objective, on the same batch: the
+first 4 bundled samples cut at --length tokens. Region masks and sample weights are synthetic (a seeded
+18% of response tokens in regions, weights uniform in [1, 3], about what stage 02 gives on the
+bundled data): the cost does not depend on their values, and the bench then needs no stage 01/02 run.
+
+Part 2, output layer. Forward + backward of the sft loss on one 2k-token sample (the longest
+bundled one, prompt masked), on the tiny model's body with a random output layer of 32k and 150k
+rows (tied, seeded): stage 03's chunked head (GoldLogProbs: response positions only, [chunk, V]
+logits at a time, recomputed in backward) against `model(input_ids, labels=...).loss`, which
+materialises float32 [L, V] logits, their log-softmax and their gradients. Both give the same loss
+(checked).
+
+Method: torch.set_num_threads(--threads); variants run back to back in rounds whose order flips
+each round; ratios are medians over rounds of the within-round ratio. Time is the process's CPU
+time on a CPU (bench/common.py, clock: wall time on a shared machine measures the scheduler; use
+--threads 1 there), wall time on a GPU. Peak extra memory: once per variant in a forked child, on top
+of the loaded model, data and (part 1) AdamW state (bench/common.py says how).
+
+    python bench/train.py                   # full: a few minutes on 2 CPU cores
+    python bench/train.py --quick           # CI smoke: tiny sizes, one round, checks only that it runs
+    python bench/train.py --device cuda     # on a GPU (stage 03 runs under bf16 autocast there)
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+# the repo root first, and bench/ itself off the path (its profile.py would shadow the standard `profile`)
+sys.path = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import numpy as np
+import torch
+from transformers import AutoConfig
+
+from bench.common import (MIB, clock, default_threads, interleaved_times, machine, median_ratio,
+                          peak_extra_memory, print_table, warm_up, wide_model)
+from cuset_common import SFT_FILE, TINY_MODEL, load_causal_lm, load_script, load_sft, load_tokenizer, pick_device
+
+REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI smoke: short samples, small vocabularies, one round")
+    ap.add_argument("--parts", nargs="+", choices=("objectives", "head"), default=["objectives", "head"])
+    ap.add_argument("--vocabs", nargs="+", type=int, default=[32000, 150000],
+                    help="output-layer rows for part 2 (default %(default)s; --quick: 8192)")
+    ap.add_argument("--length", type=int, default=512, help="--max-length of the part-1 samples (--quick: 200)")
+    ap.add_argument("--seq", type=int, default=2048, help="tokens of the part-2 sample (--quick: 256)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of timing (default %(default)s; --quick: 1)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: the CPUs available; --quick: 1, fastest on a shared CI machine)")
+    ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.vocabs, args.length, args.seq = 1, [8192], 200, 256
+    if args.threads is None:
+        args.threads = 1 if args.quick else default_threads()
+    return args
+
+
+def synthetic_samples(stage, tok, n: int, max_length: int) -> list[dict]:
+    """stage 03's tokenized samples (tokenize_dataset, no regions artifact) + seeded regions and weights."""
+    samples, _ = stage.tokenize_dataset(load_sft(SFT_FILE)[:n], tok, max_length, None)
+    rng = np.random.default_rng(0)
+    for s in samples:
+        s["region"] = rng.random(len(s["region"])) < REGION_SHARE
+        s["weight"] = float(rng.uniform(*WEIGHT_RANGE))
+    return samples
+
+
+def objective_steps(stage, model, samples: list[dict], pad_id: int, device: str) -> dict[str, Callable[[], float]]:
+    """objective -> one optimizer step of stage 03's loop on `samples` (returns the loss)."""
+    defaults = stage.parse_args([])
+    knobs = dict(rho=defaults.rho, tau_max=defaults.tau_max, profit_threshold=defaults.profit_threshold)
+    net = stage.GoldLogProbs(model, defaults.chunk_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)  # tiny: the weights barely move between variants
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    mbs = defaults.micro_batch_size
+    micro = [stage.collate(samples[i:i + mbs], pad_id, device) for i in range(0, len(samples), mbs)]
+    n_tokens = float(sum(len(s["input_ids"]) - s["start"] for s in samples))  # N, before masking
+
+    def step(objective: str) -> float:
+        total = 0.0
+        for mb in micro:
+            with autocast:
+                logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
+            loss, _ = stage.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], n_tokens, objective,
+                                           **knobs)
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), defaults.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
+    step("sft")  # AdamW state exists from here on: part of what is loaded, for every objective alike
+    return {obj: (lambda obj=obj: step(obj)) for obj in stage.OBJECTIVES}
+
+
+def head_variants(stage, model, sample: dict, pad_id: int, device: str) -> dict[str, Callable[[], float]]:
+    """'plain model(labels=...)' and 'stage 03 chunked head' -> forward + backward of the sft loss."""
+    mb = stage.collate([sample], pad_id, device)
+    labels = mb["ids"].masked_fill(torch.arange(mb["ids"].shape[1], device=device) < sample["start"], -100)
+    net = stage.GoldLogProbs(model, stage.parse_args([]).chunk_size)
+    n_tokens = float(mb["valid"].sum())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+
+    def plain() -> float:
+        with autocast:
+            loss = model(input_ids=mb["ids"], attention_mask=mb["attn"], labels=labels).loss  # mean over labels
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def chunked() -> float:
+        with autocast:
+            logp = net(mb["ids"], mb["attn"], mb["valid"])
+        loss, _ = stage.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], n_tokens, "sft")
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return {"plain model(labels=...)": plain, "stage 03 chunked head": chunked}
+
+
+def measure(found: dict[str, Callable[[], float]], model, args) -> tuple[dict, dict, dict]:
+    """(losses, seconds per round, peak extra bytes) per variant; the first run doubles as a warm-up."""
+    losses = {name: run() for name, run in found.items()}
+    times = interleaved_times(found, args.repeats, args.device)
+    memory = {name: peak_extra_memory(run, args.device, lambda: warm_up(model, args.device))
+              for name, run in found.items()}
+    return losses, times, memory
+
+
+def bench_objectives(stage, tok, args) -> None:
+    model = load_causal_lm(str(TINY_MODEL), torch.float32).to(args.device).train()
+    defaults = stage.parse_args([])
+    samples = synthetic_samples(stage, tok, 2 if args.quick else defaults.micro_batch_size, args.length)
+    found = objective_steps(stage, model, samples, tok.pad_token_id, args.device)
+    _, times, memory = measure(found, model, args)
+    tokens = sum(len(s["input_ids"]) for s in samples)
+    print(f"\n### objectives: one optimizer step, {len(samples)} samples, {tokens:,} tokens, tiny model "
+          f"(vocabulary {model.config.vocab_size:,})\n")
+    rows = [[name, f"{statistics.median(t):.3f}", f"{1 / median_ratio(times, name, 'sft'):.2f}x",
+             f"{memory[name] / MIB:,.0f}", f"{memory[name] / memory['sft']:.2f}x"] for name, t in times.items()]
+    print_table(["objective", f"step ({clock(args.device)[1]})", "time vs sft", "peak extra memory (MiB)",
+                 "memory vs sft"], rows)
+
+
+def bench_head(stage, tok, args) -> None:
+    sample = max(stage.tokenize_dataset(load_sft(SFT_FILE), tok, args.seq, None)[0], key=lambda s: len(s["input_ids"]))
+    hidden = AutoConfig.from_pretrained(TINY_MODEL).hidden_size
+    print(f"\n### output layer: forward + backward of the sft loss, one sample of {len(sample['input_ids']):,} "
+          f"tokens ({len(sample['input_ids']) - sample['start']:,} scored), the tiny model's body (hidden {hidden})\n")
+    rows = []
+    for vocab in args.vocabs:
+        model = wide_model(vocab).to(args.device).train()
+        found = head_variants(stage, model, sample, tok.pad_token_id, args.device)
+        losses, times, memory = measure(found, model, args)
+        plain, chunked = losses.values()
+        if abs(plain - chunked) > 1e-3 * abs(plain):
+            raise RuntimeError(f"vocabulary {vocab}: the chunked loss {chunked} differs from the plain {plain}")
+        for name, t in times.items():
+            anchor = "plain model(labels=...)"
+            rows.append([f"{vocab:,}", name, f"{statistics.median(t):.2f}", f"{median_ratio(times, name, anchor):.2f}x",
+                         f"{memory[name] / MIB:,.0f}", f"{memory[name] / memory[anchor]:.2f}x"])
+        del model, found  # before the next vocabulary's model exists, not after
+    print_table(["vocabulary", "variant", f"step ({clock(args.device)[1]})", "speed vs plain",
+                 "peak extra memory (MiB)", "memory vs plain"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.device = pick_device(args.device)
+    stage = load_script("03_train_cuset.py")
+    tok = load_tokenizer(str(TINY_MODEL))
+    if tok.pad_token_id is None:  # as stage 03 does
+        tok.pad_token = tok.eos_token
+    print(f"# bench/train.py{' --quick' if args.quick else ''}: stage 03's step per objective, and its chunked "
+          f"head vs model(labels=...)\nmachine: {machine(args.device, args.threads)}; median of {args.repeats} "
+          f"interleaved round(s)")
+    if "objectives" in args.parts:
+        bench_objectives(stage, tok, args)
+    if "head" in args.parts:
+        bench_head(stage, tok, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
