@@ -33,9 +33,25 @@ MIB = 2 ** 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
-def default_threads() -> int:
+def cpus_available() -> int:
     """The CPUs this process may run on (not the machine's count: a container may get fewer)."""
     return len(os.sched_getaffinity(0))
+
+
+def add_run_args(ap) -> None:
+    """--repeats, --threads and --device, the same in every bench."""
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of timing (default %(default)s; --quick: 1)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: the CPUs available; --quick: 1, fastest on a shared CI machine)")
+    ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+def resolve_run_args(args) -> None:
+    """--quick means one round on one thread; otherwise threads default to cpus_available()."""
+    if args.quick:
+        args.repeats = 1
+    if args.threads is None:
+        args.threads = 1 if args.quick else cpus_available()
 
 
 def machine(device: str, threads: int) -> str:
@@ -45,7 +61,7 @@ def machine(device: str, threads: int) -> str:
     else:
         names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                  if ln.startswith("model name")]
-        where = f"{names[0] if names else platform.processor()}, {default_threads()} CPUs available"
+        where = f"{names[0] if names else platform.processor()}, {cpus_available()} CPUs available"
     return f"{where}; torch {torch.__version__} with {threads} threads (torch.set_num_threads); " \
            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
 

@@ -42,8 +42,8 @@ sys.path = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Pat
 import numpy as np
 import torch
 
-from bench.common import (MIB, clock, default_threads, interleaved_times, machine, median_ratio,
-                          peak_extra_memory, print_table, warm_up, wide_model)
+from bench.common import (MIB, add_run_args, clock, interleaved_times, machine, median_ratio,
+                          peak_extra_memory, print_table, resolve_run_args, warm_up, wide_model)
 from cuset_common import (SFT_FILE, TINY_MODEL, encode_sample, load_causal_lm, load_script, load_sft, load_tokenizer,
                           pick_device)
 
@@ -61,15 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "git show HEAD:01_profile.py > /tmp/old.py; --stage /tmp/old.py)")
     ap.add_argument("--batch-sizes", nargs="*", type=int, default=[8],
                     help="stage 01 --batch-size values timed besides its default (%(default)s; --quick: none)")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of timing (default %(default)s; --quick: 1)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (default: the CPUs available; --quick: 1, fastest on a shared CI machine)")
-    ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    add_run_args(ap)
     args = ap.parse_args(argv)
     if args.quick:
-        args.repeats, args.batch_sizes, args.tiny_samples, args.wide_samples = 1, [], 2, 2
-    if args.threads is None:
-        args.threads = 1 if args.quick else default_threads()
+        args.batch_sizes, args.tiny_samples, args.wide_samples = [], 2, 2
+    resolve_run_args(args)
     return args
 
 

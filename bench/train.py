@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from bench.common import (MIB, clock, default_threads, interleaved_times, machine, median_ratio,
-                          peak_extra_memory, print_table, warm_up, wide_model)
+from bench.common import (MIB, add_run_args, clock, interleaved_times, machine, median_ratio,
+                          peak_extra_memory, print_table, resolve_run_args, warm_up, wide_model)
 from cuset_common import SFT_FILE, TINY_MODEL, load_causal_lm, load_script, load_sft, load_tokenizer, pick_device
 
 REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
@@ -56,15 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="output-layer rows for part 2 (default %(default)s; --quick: 8192)")
     ap.add_argument("--length", type=int, default=512, help="--max-length of the part-1 samples (--quick: 200)")
     ap.add_argument("--seq", type=int, default=2048, help="tokens of the part-2 sample (--quick: 256)")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of timing (default %(default)s; --quick: 1)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (default: the CPUs available; --quick: 1, fastest on a shared CI machine)")
-    ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    add_run_args(ap)
     args = ap.parse_args(argv)
     if args.quick:
-        args.repeats, args.vocabs, args.length, args.seq = 1, [8192], 200, 256
-    if args.threads is None:
-        args.threads = 1 if args.quick else default_threads()
+        args.vocabs, args.length, args.seq = [8192], 200, 256
+    resolve_run_args(args)
     return args
 
 
