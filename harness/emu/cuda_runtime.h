@@ -297,6 +297,7 @@ struct Worker {
     char* dyn = nullptr;  // this launch's dynamic shared memory (heap: checked builds see overruns)
     size_t dyn_size = 0;
     char* static_smem = nullptr;
+    size_t guarded_end = 0;  // checked builds: how far of the static layout this arena's gaps are poisoned
 #if defined(__SANITIZE_ADDRESS__)
     void* fake_stack = nullptr;
     const void* sched_bottom = nullptr;
@@ -334,9 +335,19 @@ inline size_t static_layout_alloc(size_t size, size_t align) {
     l.vars.push_back({start, size});
     return start;
 }
+// Checked builds: a variable's offset is allocated when a thread first reaches its declaration, i.e.
+// during a block that poison_shared has already prepared, possibly on another worker. Before handing
+// out a variable, poison the gaps of whatever the layout gained since this arena was last prepared,
+// so the first blocks of a launch catch overruns too, whichever worker registered the variable.
+#if defined(__SANITIZE_ADDRESS__)
+inline void guard_new_shared(Worker* w);
+#endif
 template <class T, class Key>
 inline T& shared_var(Key) {
     static const size_t offset = static_layout_alloc(sizeof(T), alignof(T));
+#if defined(__SANITIZE_ADDRESS__)
+    guard_new_shared(t_worker);
+#endif
     return *reinterpret_cast<T*>(t_worker->static_smem + offset);
 }
 inline void* dynamic_smem() { return t_worker->dyn; }
@@ -354,7 +365,21 @@ inline void poison_shared(Worker* w) {
     __asan_poison_memory_region(w->static_smem, l.end);
     for (auto& v : l.vars) __asan_unpoison_memory_region(w->static_smem + v.first, v.second);
 #endif
+    w->guarded_end = l.end;
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+inline void guard_new_shared(Worker* w) {
+    SharedLayout& l = shared_layout();
+    std::lock_guard<std::mutex> lock(l.m);
+    if (w->guarded_end >= l.end) return;
+    // the new part was never used by this arena: it still holds the 0xFF bytes of the arena's creation
+    __asan_poison_memory_region(w->static_smem + w->guarded_end, l.end - w->guarded_end);
+    for (auto& v : l.vars)
+        if (v.first >= w->guarded_end) __asan_unpoison_memory_region(w->static_smem + v.first, v.second);
+    w->guarded_end = l.end;
+}
+#endif
 
 inline uint64_t next_random(uint64_t& s) {  // splitmix64
     uint64_t z = (s += 0x9E3779B97F4A7C15ull);
