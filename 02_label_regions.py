@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, check_meta_matches, load_tokenizer, read_artifact,
-                          read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_meta_matches, load_tokenizer,
+                          read_artifact, read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     tensors = {"region_id": region_id, "region_category": cats, "region_start": starts, "region_end": ends,
                "tau": tau.astype(np.float32), "sample_mass": mass.astype(np.float32),
                "sample_weight": weight.astype(np.float32), "sample_offsets": off.astype(np.int64)}
-    out_meta = {"stage": STAGE, "args": {k: str(a) if isinstance(a, Path) else a for k, a in vars(args).items()},
+    out_meta = {"stage": STAGE, "args": args_to_json(args),
                 **{k: meta.get(k) for k in ("model", "tokenizer_fingerprint", "data", "max_length", "categories")},
                 "profile": {"path": str(args.profile.resolve()), "meta_sha256": sha256_file(args.profile / "meta.json"),
                             "tensors_sha256": sha256_file(args.profile / "tensors.safetensors")},
