@@ -1,0 +1,366 @@
+"""Whitelist sandbox for stage 04 (DESIGN.md, Evaluation): runs untrusted code (nvcc or g++ on
+model-written source, and the program they built) and the task author's trusted scripts.
+
+Why bubblewrap: it exists to build exactly such a view of the file system from an unprivileged
+user namespace, together with PID, network, IPC and UTS namespaces, a fresh /proc, a minimal
+/dev and die-with-parent; an `unshare` + private-root shell construction would reimplement it.
+
+Untrusted code sees, read-only: /usr (with /bin, /lib... as on the host), the loader's and
+alternatives' files of /etc, the CUDA toolkit when it lies outside /usr, a minimal /dev (plus
+the GPU nodes and /sys where /dev/nvidiactl exists); a /proc of its own PID namespace; an
+empty private /tmp and /dev/shm of bounded size; its folder, read-write at its own path.
+Nothing else: not the project, the task file, /home, /root, /run, /var, /opt, host processes,
+the network (only its own loopback, so no abstract unix sockets either), nor new user
+namespaces. As root it runs as the unprivileged SANDBOX_UID (setpriv, then bwrap in a user
+namespace of that uid), so it holds no capability over host files. Trusted scripts keep our
+uid and file system but get no network and their own PID namespace. All runs get their own
+session, resource limits, a scrubbed environment and a wall-clock timeout that kills
+everything they started.
+
+    if not probe_isolation().available: ...        # refuse, or isolate=False if the user said so
+    prepare_folder(run_dir)
+    code, log = run_sandboxed(["./prog"], run_dir, 30, untrusted=True, stdin=nonce)  # or SandboxError
+
+Limits: the GPU binds are untested (no GPU where this was written); there is no seccomp filter
+(the kernel's user namespaces are the trust base); attacks inside one process on a harness
+compiled into it are out of scope; memory is not limited (RLIMIT_AS breaks CUDA and ASan), nor
+the number of files in the folder (only their size). With isolate=False a process that left
+both the process tree and the session before the timeout (double fork + setsid) survives it.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import resource
+import secrets
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+SANDBOX_UID = 61234  # unprivileged host uid for untrusted code when we run as root (no passwd entry needed)
+ENV_KEEP = ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "LANG")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The dynamic loader's cache and configuration; alternatives holds the links behind cc, c++, g++ on Debian.
+ETC_KEEP = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
+TMP_MB, SHM_MB = 512, 64  # the private /tmp and /dev/shm live in memory: bounded
+STDIN_MAX = 65536  # stdin bytes are written into a pipe before the program starts: at most one pipe buffer
+
+
+@dataclass(frozen=True)
+class Isolation:
+    available: bool
+    how: str  # what is used, or why nothing is possible and how to get it
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up, so the command never ran; the message is bwrap's or setpriv's
+    (e.g. "Resource temporarily unavailable" while the sandbox uid is at its process limit)."""
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _sandbox_uid() -> int:
+    return SANDBOX_UID if _is_root() else os.getuid()
+
+
+# ---------------------------------------------------------------------------------------
+# The view: bwrap arguments
+# ---------------------------------------------------------------------------------------
+
+
+def _system_binds() -> list[str]:
+    """/usr read-only; /bin, /lib... as the links they are on the host (merged /usr) or read-only binds."""
+    args = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in ETC_KEEP:
+        args += ["--ro-bind-try", path, path]
+    return args
+
+
+def _toolkit_binds() -> list[str]:
+    """The CUDA toolkit read-only where it lies outside /usr: found from nvcc on PATH (links resolved)
+    and CUDA_HOME."""
+    nvcc = shutil.which("nvcc")
+    roots = {Path(os.path.realpath(nvcc)).parents[1]} if nvcc else set()
+    if os.environ.get("CUDA_HOME"):
+        roots.add(Path(os.path.realpath(os.environ["CUDA_HOME"])))
+    outside = sorted(str(r) for r in roots if r.is_dir() and not r.is_relative_to("/usr"))
+    return [arg for root in outside for arg in ("--ro-bind", root, root)]
+
+
+def _gpu_binds() -> list[str]:
+    """Where a driver is loaded: the GPU nodes (nvidia0.., nvidiactl, nvidia-uvm*, nvidia-caps/) and
+    the read-only /sys the CUDA driver reads topology from. Untested on hardware."""
+    if not os.path.exists("/dev/nvidiactl"):
+        return []
+    nodes = [arg for node in sorted(glob.glob("/dev/nvidia*")) for arg in ("--dev-bind", node, node)]
+    return [*nodes, "--ro-bind", "/sys", "/sys"]
+
+
+def _untrusted_argv(cmd: list[str], folder: str) -> list[str]:
+    argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox", *_system_binds(), *_toolkit_binds(),
+            "--dev", "/dev", *_gpu_binds(), "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm", "--proc", "/proc",
+            "--size", str(TMP_MB << 20), "--tmpfs", "/tmp", "--bind", folder, folder, "--chdir", folder,
+            # bwrap's own tmpfs at / and /dev, memory too: read-only once the mount points exist
+            "--remount-ro", "/dev", "--remount-ro", "/", "--", *cmd]
+    if not _is_root():
+        return argv
+    # Drop to the sandbox uid before bwrap: its user namespace then maps only that uid.
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
+            "--clear-groups", "--no-new-privs", "--", *argv]
+
+
+def _announced(cmd: list[str], marker: str) -> list[str]:
+    """cmd behind a shell that first prints `marker`, inside the finished sandbox: output that starts
+    with it proves the setup worked, whatever the program prints (its own "bwrap: ..." included)."""
+    return ["/bin/sh", "-c", 'printf %s "$1" && shift && exec "$@"', "sh", marker, *cmd]
+
+
+def _trusted_argv(cmd: list[str], folder: str) -> list[str]:
+    """Our uid and whole file system (the interpreter may be a venv anywhere); no network, own PIDs."""
+    return [shutil.which("bwrap") or "bwrap", "--dev-bind", "/", "/", "--unshare-net", "--unshare-pid",
+            "--proc", "/proc", "--die-with-parent", "--new-session", "--chdir", folder, "--", *cmd]
+
+
+def prepare_folder(folder: Path) -> None:
+    """As root, hand `folder` and everything in it to SANDBOX_UID, and give its ancestors search
+    permission (not listing) for all: bwrap runs as that uid and must reach the folder to bind it.
+    Files with hard links elsewhere (shared inputs) keep their owner: readable, not writable.
+    Nothing to do when not root."""
+    if not _is_root():
+        return
+    folder = folder.resolve()
+    for top, dirs, files in os.walk(folder):  # symbolic links are not followed
+        for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
+            info = os.lstat(name)
+            if stat.S_ISDIR(info.st_mode) or info.st_nlink == 1:
+                os.chown(name, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+    for parent in folder.parents:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(parent, mode | stat.S_IXOTH)
+
+
+# ---------------------------------------------------------------------------------------
+# Probe
+# ---------------------------------------------------------------------------------------
+
+
+def _userns_disabled() -> str | None:
+    """The sysctls that forbid user namespaces outright, as the reason to report."""
+    for path, off, fix in (("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces=10000"),
+                           ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone=1")):
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if value == off:
+            return f"user namespaces are disabled ({path} = {value}): sysctl -w {fix}"
+    return None
+
+
+def _failure_hint() -> str:
+    try:
+        restricted = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").read_text().strip() == "1"
+    except OSError:
+        restricted = False
+    return " (AppArmor restricts unprivileged user namespaces: give bwrap a profile)" if restricted else ""
+
+
+@cache
+def probe_isolation() -> Isolation:
+    """Runs `true` through exactly the untrusted construction, as the same uid; cached per process."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return Isolation(False, "bwrap not found: apt-get install bubblewrap (or your distribution's package)")
+    if _is_root() and shutil.which("setpriv") is None:
+        return Isolation(False, "setpriv not found: apt-get install util-linux")
+    disabled = _userns_disabled()
+    if disabled:
+        return Isolation(False, disabled)
+    with tempfile.TemporaryDirectory(prefix="cuset-probe-") as tmp:
+        try:
+            prepare_folder(Path(tmp))
+            code, log = run_sandboxed(["true"], Path(tmp), 60, untrusted=True)
+        except OSError as e:
+            return Isolation(False, f"cannot start the sandbox as uid {_sandbox_uid()}: {e}")
+        except SandboxError as e:
+            return Isolation(False, f"{str(e).splitlines()[-1]}{_failure_hint()}")
+    if code != 0:
+        return Isolation(False, f"`true` in the sandbox: {'timeout' if code is None else f'exit status {code}'} {log}")
+    version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
+    return Isolation(True, f"{version}: user, mount, PID, network, IPC, UTS namespaces; uid {_sandbox_uid()}")
+
+
+# ---------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------
+
+
+def _limits(cpu_s: int, file_mb: int, nproc: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def _scrubbed_env(home: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+    env.update(HOME=home, TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+    return env
+
+
+def _stdin_pipe(data: bytes) -> int:
+    """A pipe that holds `data` and is closed for writing: the program reads it, then end of file."""
+    if len(data) > STDIN_MAX:
+        raise ValueError(f"stdin of {len(data)} bytes: at most {STDIN_MAX}")
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    return read_end
+
+
+class _Capture:
+    """Keeps the first and last `keep` bytes of a stream; the bytes between are only counted."""
+
+    def __init__(self, keep: int):
+        self.keep, self.head, self.tail, self.total = keep, b"", b"", 0
+        self.started = False  # the start marker came first
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.keep - len(self.head)
+        self.head += chunk[:room]
+        self.tail = (self.tail + chunk[room:])[-self.keep:] if self.keep else b""
+
+    def text(self) -> str:
+        cut = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {cut} bytes cut ...]\n" if cut else ""
+        return self.head.decode(errors="replace") + middle + self.tail.decode(errors="replace")
+
+
+def _drain(stream, capture: _Capture, marker: bytes) -> None:
+    """Read the command's output to the end; the start marker, when it comes first, is not output."""
+    first = b""
+    while len(first) < len(marker) and (chunk := stream.read1(65536)):
+        first += chunk
+    capture.started = first.startswith(marker)
+    capture.feed(first[len(marker):] if capture.started else first)
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        capture.feed(chunk)
+
+
+def _live_processes() -> dict[int, int]:
+    """pid -> parent pid of every process that is not a zombie."""
+    parents = {}
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            text = Path(path).read_text()
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid = text[text.rindex(")") + 2:].split()[:2]
+        if state != "Z":
+            parents[int(path.split("/")[2])] = int(ppid)
+    return parents
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = _live_processes()
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _signal(pids, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_everything(proc: subprocess.Popen) -> None:
+    """Kill the command's tree and process group; return once they are gone and the command is reaped.
+
+    The tree is stopped first (stopped processes cannot fork), then killed. Under bwrap it holds
+    the PID namespace's init: the kernel kills all of that namespace, processes that called setsid
+    too, and bwrap exits only once it is empty.
+    """
+    stopped: set[int] = set()
+    while new := ({proc.pid} | _descendants(proc.pid)) - stopped:
+        _signal(new, signal.SIGSTOP)
+        stopped |= new
+    _signal(stopped, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # proc is not reaped yet, so its pid is still this group's id
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while stopped & _live_processes().keys() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _exited(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait for the command without reaping it (a pidfd is readable once the process exited)."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        waiter = select.poll()
+        waiter.register(pidfd, select.POLLIN)
+        return bool(waiter.poll(timeout * 1000))
+    finally:
+        os.close(pidfd)
+
+
+def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, untrusted: bool, isolate: bool = True,
+                  cpu_s: int = 120, file_mb: int = 512, nproc: int = 256, env: dict[str, str] | None = None,
+                  stdin: bytes | None = None, log_keep: int = 2000) -> tuple[int | None, str]:
+    """Run cmd in cwd; returns (exit status, or None on wall-clock timeout; the first and last
+    `log_keep` bytes of its combined stdout and stderr).
+
+    untrusted: the whitelist sandbox (call prepare_folder(cwd) first); else a trusted script's
+    view (ours, without network). isolate=False runs cmd as it is: only the limits, the timeout
+    and the scrubbed environment (where probe_isolation() says no isolation is possible).
+    Raises SandboxError when the sandbox could not be set up (the command never ran).
+    """
+    folder = str(cwd.resolve())
+    marker = secrets.token_hex(16) if isolate else ""  # without a sandbox, nothing can fail to set up
+    argv = cmd
+    if isolate:
+        argv = (_untrusted_argv if untrusted else _trusted_argv)(_announced(cmd, marker), folder)
+    stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(argv, cwd=folder, env=_scrubbed_env(folder) | (env or {}), stdin=stdin_fd,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_limits(cpu_s, file_mb, nproc))
+    finally:
+        if stdin is not None:
+            os.close(stdin_fd)
+    capture = _Capture(log_keep)
+    reader = threading.Thread(target=_drain, args=(proc.stdout, capture, marker.encode()), daemon=True)
+    reader.start()
+    exited = _exited(proc, timeout)
+    _kill_everything(proc)
+    reader.join(timeout=5)  # only a process that escaped (isolate=False) can still hold the pipe
+    if not capture.started:
+        raise SandboxError(capture.text().strip() or f"the sandbox did not start within {timeout} s")
+    return (proc.returncode if exited else None), capture.text()

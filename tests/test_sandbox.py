@@ -1,0 +1,397 @@
+"""harness/sandbox.py against hostile programs, as root (pytest itself) and as a non-root user
+(a driver run as nobody with the system python): no reading or writing outside its folder, no
+host processes, no sockets, nothing survives the timeout; the compilers work in the whitelist;
+the probe says why isolation is unavailable where it is."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from harness.sandbox import SANDBOX_UID, SandboxError, prepare_folder, probe_isolation, run_sandboxed
+
+NOBODY = 65534
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid and running as nobody need root")
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+# One program, many attacks: each argument `action:arg` prints `action:arg=ok` or `=<the error>`.
+HOSTILE = r"""
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+static std::string errs(bool ok) { return ok ? "ok" : strerror(errno); }
+static std::string connect_to(int family, const sockaddr* addr, socklen_t len) {
+    int fd = socket(family, SOCK_STREAM, 0);
+    return errs(fd >= 0 && connect(fd, addr, len) == 0);
+}
+static std::string unix_socket(const std::string& path, bool abstract) {
+    sockaddr_un a{}; a.sun_family = AF_UNIX;
+    memcpy(a.sun_path + abstract, path.data(), path.size());  // abstract names start with a NUL byte
+    return connect_to(AF_UNIX, (sockaddr*)&a, offsetof(sockaddr_un, sun_path) + abstract + path.size());
+}
+static std::string pids() {
+    std::string out; DIR* d = opendir("/proc");
+    while (dirent* e = readdir(d))
+        if (e->d_name[0] >= '1' && e->d_name[0] <= '9') out += std::string(e->d_name) + " ";
+    return out;
+}
+static void sleep_forever() { for (;;) pause(); }
+static std::string act(const std::string& what, const std::string& arg) {
+    const char* path = arg.c_str();
+    char c;
+    if (what == "read") { int fd = open(path, O_RDONLY); return errs(fd >= 0 && read(fd, &c, 1) >= 0); }
+    if (what == "list") return errs(opendir(path) != nullptr);
+    if (what == "write") {
+        int fd = open(path, O_WRONLY | O_CREAT, 0666);
+        return errs(fd >= 0 && write(fd, "x", 1) == 1);
+    }
+    if (what == "unix") return unix_socket(arg, false);
+    if (what == "abstract") return unix_socket(arg, true);
+    if (what == "tcp") {
+        sockaddr_in a{}; a.sin_family = AF_INET; a.sin_port = htons(atoi(path));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        return connect_to(AF_INET, (sockaddr*)&a, sizeof a);
+    }
+    if (what == "signal") return errs(kill(atoi(path), 0) == 0);
+    if (what == "pids") return pids();
+    if (what == "megabytes") {  // the size of the file system at `path`
+        struct statvfs f;
+        return statvfs(path, &f) ? errs(false) : std::to_string(f.f_blocks * f.f_frsize >> 20);
+    }
+    if (what == "spew") { for (long i = 0; i < atol(path); i++) putchar('a' + (i * 7 + i / 26) % 26); return "ok"; }
+    if (what == "loop") for (volatile long i = 0;; i++) {}
+    if (what == "bomb") { while (fork() >= 0) setsid(); sleep_forever(); }  // every process forks until refused
+    if (what == "setsid") { if (fork() == 0) { setsid(); sleep_forever(); } sleep_forever(); }
+    if (what == "daemon") {  // a grandchild in its own session, orphaned at once
+        if (fork() == 0) { setsid(); if (fork() == 0) sleep_forever(); _exit(0); }
+        sleep_forever();
+    }
+    if (what == "double") {  // data/in.bin -> data/out.bin, each byte doubled
+        FILE* in = fopen("data/in.bin", "rb"); FILE* out = fopen("data/out.bin", "wb"); int c;
+        if (!in || !out) return errs(false);
+        while ((c = fgetc(in)) != EOF) fputc(2 * c, out);
+        return fclose(out) == 0 ? "ok" : errs(false);
+    }
+    return "unknown action";
+}
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i]; size_t colon = a.find(':');
+        std::string result = act(a.substr(0, colon), colon == std::string::npos ? "" : a.substr(colon + 1));
+        if (a.rfind("spew", 0) != 0) printf("%s=%s\n", argv[i], result.c_str());
+        fflush(stdout);
+    }
+}
+"""
+
+# Runs one sandboxed command as its user (nobody) with the system python: stdlib and sandbox.py only.
+DRIVER = r"""
+import json, sys
+from dataclasses import asdict
+from pathlib import Path
+from sandbox import SandboxError, prepare_folder, probe_isolation, run_sandboxed
+if sys.argv[1] == "probe":
+    print(json.dumps(asdict(probe_isolation())))
+else:
+    job = json.loads(sys.argv[1])
+    if "stdin" in job["kw"]:
+        job["kw"]["stdin"] = job["kw"]["stdin"].encode("latin-1")
+    prepare_folder(Path(job["cwd"]))
+    try:
+        code, log = run_sandboxed(job["cmd"], Path(job["cwd"]), job["timeout"], untrusted=job["untrusted"], **job["kw"])
+        print(json.dumps({"code": code, "log": log}))
+    except SandboxError as e:
+        print(json.dumps({"sandbox_error": str(e)}))
+"""
+
+
+@pytest.fixture(scope="session")
+def base():
+    """A world-traversable folder under /tmp: nobody cannot reach pytest's tmp_path."""
+    path = Path(tempfile.mkdtemp(prefix="cuset-sandbox-test-"))
+    try:
+        path.chmod(0o755)
+        (path / "sandbox.py").write_bytes((ROOT / "harness" / "sandbox.py").read_bytes())
+        (path / "driver.py").write_text(DRIVER)
+        (path / "hostile.cpp").write_text(HOSTILE)
+        subprocess.run(["g++", "-O1", "-o", str(path / "hostile"), str(path / "hostile.cpp")], check=True)
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def as_nobody(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+                          capture_output=True, text=True, timeout=120)
+
+
+class Sandbox:
+    """Runs commands sandboxed in fresh folders as `who`; each folder has a world-readable task file next to it."""
+
+    def __init__(self, base: Path, who: str):
+        self.base, self.who = base, who
+        self.uid = NOBODY if who == "nobody" else SANDBOX_UID if os.geteuid() == 0 else os.getuid()
+
+    def folder(self) -> Path:
+        top = Path(tempfile.mkdtemp(dir=self.base))
+        top.chmod(0o777)  # writable for anyone: only the sandbox can keep the program from writing here
+        (top / "task").mkdir(mode=0o755)
+        (top / "task" / "secret.txt").write_text("reference outputs")
+        (top / "task" / "secret.txt").chmod(0o644)
+        (top / "run" / "data").mkdir(parents=True)
+        shutil.copy(self.base / "hostile", top / "run" / "hostile")
+        if self.who == "nobody":
+            for p in [top / "run", *(top / "run").rglob("*")]:
+                os.chown(p, NOBODY, NOBODY)
+        return top / "run"
+
+    def run(self, cmd: list[str], timeout: float = 30, cwd: Path | None = None, untrusted: bool = True, **kw):
+        cwd = cwd or self.folder()
+        if self.who == "self":
+            prepare_folder(cwd)
+            return run_sandboxed(cmd, cwd, timeout, untrusted=untrusted, **kw)
+        if "stdin" in kw:  # JSON has no bytes
+            kw["stdin"] = kw["stdin"].decode("latin-1")
+        job = {"cmd": cmd, "cwd": str(cwd), "timeout": timeout, "untrusted": untrusted, "kw": kw}
+        r = as_nobody("/usr/bin/python3", str(self.base / "driver.py"), json.dumps(job))
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        if "sandbox_error" in report:
+            raise SandboxError(report["sandbox_error"])
+        return report["code"], report["log"]
+
+    def attack(self, *actions: str, **kw) -> dict[str, str]:
+        code, log = self.run(["./hostile", *actions], **kw)
+        assert code == 0, log
+        return dict(line.split("=", 1) for line in log.splitlines())
+
+
+@pytest.fixture(scope="session", params=["self", pytest.param("nobody", marks=root_only)])
+def sandbox(request, base) -> Sandbox:
+    return Sandbox(base, request.param)
+
+
+@pytest.fixture(scope="session")
+def listeners():
+    """A filesystem unix socket under /tmp, an abstract one and a TCP port on 127.0.0.1, all open to anyone."""
+    path = f"/tmp/cuset-test-{uuid.uuid4().hex[:8]}.sock"
+    fs, abstract, tcp = (socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX), socket.socket())
+    fs.bind(path)
+    os.chmod(path, 0o777)
+    name = f"cuset-test-{uuid.uuid4().hex[:8]}"
+    abstract.bind("\0" + name)
+    tcp.bind(("127.0.0.1", 0))
+    for s in (fs, abstract, tcp):
+        s.listen()
+    yield {"unix": path, "abstract": name, "tcp": str(tcp.getsockname()[1])}
+    for s in (fs, abstract, tcp):
+        s.close()
+    os.unlink(path)
+
+
+def survivors(token: str) -> list[str]:
+    """Live (non-zombie) processes whose command line holds `token`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline, status = (proc / "cmdline").read_bytes(), (proc / "stat").read_text()
+        except OSError:
+            continue
+        if token.encode() in cmdline and status[status.rindex(")") + 2] != "Z":
+            found.append(f"{proc.name}: {cmdline!r}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# What the program cannot reach
+# ---------------------------------------------------------------------------------------
+
+
+def test_it_cannot_read_the_project_the_task_file_or_home_folders(sandbox):
+    cwd = sandbox.folder()
+    results = sandbox.attack(f"read:{ROOT / 'README.md'}", f"read:{ROOT / 'cuset_common.py'}",
+                             "read:../task/secret.txt", f"read:{cwd.parent / 'task' / 'secret.txt'}", f"list:{ROOT}",
+                             "list:/root", "list:/home", "read:/etc/shadow", "read:/etc/passwd", "list:/run", cwd=cwd)
+    assert results == dict.fromkeys(results, "No such file or directory")
+
+
+def test_it_cannot_see_host_processes(sandbox):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        results = sandbox.attack("pids", f"signal:{sleeper.pid}", f"signal:{os.getpid()}",
+                                 f"read:/proc/{sleeper.pid}/cmdline")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    pids = {int(p) for p in results.pop("pids").split()}
+    assert len(pids) <= 3 and sleeper.pid not in pids and os.getpid() not in pids, pids  # bwrap's init and the program
+    assert all(result == "No such process" or result == "No such file or directory" for result in results.values())
+
+
+def test_nothing_it_writes_outside_its_folder_reaches_the_host(sandbox):
+    cwd, token = sandbox.folder(), uuid.uuid4().hex[:8]
+    targets = [Path(d) / f"cuset-escape-{token}" for d in ("/tmp", "/var/tmp", "/dev/shm", "/run", "/run/lock",
+                                                          ROOT, cwd.parent, cwd.parent.parent)]
+    sandbox.attack(*(f"write:{t}" for t in targets), "write:../escape-relative", cwd=cwd)
+    written = [t for t in [*targets, cwd.parent / "escape-relative"] if t.exists()]
+    for t in written:
+        t.unlink()
+    assert written == []
+
+
+def test_its_in_memory_file_systems_are_read_only_or_bounded(sandbox):
+    results = sandbox.attack("write:/new", "write:/dev/new", "megabytes:/tmp", "megabytes:/dev/shm")
+    assert results["write:/new"] == results["write:/dev/new"] == "Read-only file system"
+    assert int(results["megabytes:/tmp"]) <= 512 and int(results["megabytes:/dev/shm"]) <= 64
+
+
+def test_it_cannot_connect_to_host_sockets(sandbox, listeners):
+    results = sandbox.attack(f"unix:{listeners['unix']}", f"abstract:{listeners['abstract']}",
+                             f"tcp:{listeners['tcp']}")
+    assert all(result != "ok" for result in results.values()), results
+
+
+@root_only
+def test_it_runs_as_the_sandbox_uid_on_the_host(base):
+    cwd = Sandbox(base, "self").folder()
+    Sandbox(base, "self").attack("write:mine", cwd=cwd)
+    assert (cwd / "mine").stat().st_uid == SANDBOX_UID
+
+
+@root_only
+def test_a_hard_linked_shared_file_stays_read_only(base):
+    cwd, shared = Sandbox(base, "self").folder(), base / "shared.h"
+    shared.write_text("shared header")
+    os.link(shared, cwd / "shared.h")
+    results = Sandbox(base, "self").attack("read:shared.h", "write:shared.h", cwd=cwd)
+    assert results == {"read:shared.h": "ok", "write:shared.h": "Permission denied"}
+    assert shared.stat().st_uid == 0 and shared.read_text() == "shared header"
+
+
+# ---------------------------------------------------------------------------------------
+# Timeouts, limits, output
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attack", ["bomb", "setsid", "daemon"])
+def test_nothing_it_started_survives_the_timeout(sandbox, attack):
+    token = uuid.uuid4().hex
+    code, log = sandbox.run(["./hostile", attack, token], timeout=1, nproc=64)
+    assert code is None
+    assert survivors(token) == []
+
+
+def test_a_setsid_child_is_killed_without_isolation_too(sandbox):
+    token = uuid.uuid4().hex
+    code, _ = sandbox.run(["./hostile", "setsid", token], timeout=1, isolate=False)
+    assert code is None
+    assert survivors(token) == []
+
+
+def test_an_honest_program_reads_and_writes_its_data(sandbox):
+    cwd = sandbox.folder()
+    (cwd / "data" / "in.bin").write_bytes(bytes(range(100)))
+    assert sandbox.attack("double", cwd=cwd) == {"double": "ok"}
+    assert (cwd / "data" / "out.bin").read_bytes() == bytes(2 * b % 256 for b in range(100))
+
+
+def test_an_endless_loop_times_out(sandbox):
+    assert sandbox.run(["./hostile", "loop"], timeout=1)[0] is None
+
+
+def spew(n: int) -> str:
+    return "".join(chr(ord("a") + (i * 7 + i // 26) % 26) for i in range(n))
+
+
+@pytest.mark.parametrize("size,keep", [(3_000_000, 1000), (2500, 1000), (1500, 1000), (2000, 1000), (999, 1000)])
+def test_output_keeps_head_and_tail_and_counts_the_cut_exactly(sandbox, size, keep):
+    code, log = sandbox.run(["./hostile", f"spew:{size}"], log_keep=keep)
+    text, cut = spew(size), max(0, size - 2 * keep)
+    assert code == 0
+    assert log == (text[:keep] + f"\n[... {cut} bytes cut ...]\n" + text[-keep:] if cut else text)
+
+
+def test_a_sandbox_that_cannot_start_raises_and_a_program_cannot_fake_that(sandbox):
+    with pytest.raises(SandboxError, match="Resource temporarily unavailable"):
+        sandbox.run(["true"], nproc=1)  # bwrap cannot fork the sandbox's first process
+    fake = "bwrap: Creating new namespace failed: Resource temporarily unavailable"
+    assert sandbox.run(["sh", "-c", f"echo '{fake}'; exit 1"]) == (1, fake + "\n")
+
+
+def test_stdin_is_given_then_closed(sandbox):
+    code, log = sandbox.run(["sh", "-c", "cat; echo end"], stdin=b"nonce-42\n")
+    assert (code, log) == (0, "nonce-42\nend\n")
+
+
+# ---------------------------------------------------------------------------------------
+# Compilers in the whitelist, trusted scripts
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compiler,source", [
+    (["nvcc", "-O2", "-gencode", "arch=compute_80,code=sm_80"], "__global__ void k(float* y) { *y = 1; }\n"),
+    (["g++", "-O2", "-x", "c++"], ""),
+])
+def test_the_compilers_work_in_the_whitelist(sandbox, compiler, source):
+    cwd = sandbox.folder()
+    (cwd / "prog.cu").write_text(source + '#include <cstdio>\nint main() { printf("built\\n"); }\n')
+    code, log = sandbox.run([*compiler, "prog.cu", "-o", "prog"], timeout=120, cwd=cwd, nproc=512)
+    assert code == 0, log
+    assert sandbox.run(["./prog"], cwd=cwd) == (0, "built\n")
+
+
+def test_trusted_scripts_see_our_files_but_no_network_and_no_host_processes(sandbox, listeners):
+    results = sandbox.attack(f"read:{ROOT / 'README.md'}", f"tcp:{listeners['tcp']}", "pids", untrusted=False)
+    assert results[f"read:{ROOT / 'README.md'}"] == "ok"
+    assert results[f"tcp:{listeners['tcp']}"] != "ok"
+    assert len(results["pids"].split()) <= 3
+
+
+# ---------------------------------------------------------------------------------------
+# The probe
+# ---------------------------------------------------------------------------------------
+
+
+def test_the_probe_names_what_it_uses(sandbox, base):
+    how = probe_isolation().how if sandbox.who == "self" else json.loads(as_nobody(
+        "/usr/bin/python3", str(base / "driver.py"), "probe").stdout)["how"]
+    assert how.startswith("bubblewrap") and how.endswith(f"namespaces; uid {sandbox.uid}")
+
+
+@root_only
+def test_the_probe_says_why_when_user_namespaces_are_disabled(base):
+    disable = "echo 0 > /proc/sys/user/max_user_namespaces"  # per user namespace: this one and those below
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", f"{disable} && exec /usr/bin/python3 "
+                        "driver.py probe"], cwd=base, capture_output=True, text=True)
+    assert json.loads(r.stdout) == {"available": False, "how": "user namespaces are disabled (/proc/sys/user/"
+                                    "max_user_namespaces = 0): sysctl -w user.max_user_namespaces=10000"}
+
+
+@root_only
+def test_the_probe_says_why_without_bwrap(base, tmp_path):
+    for tool in ("python3", "true", "setpriv"):
+        (tmp_path / tool).symlink_to(shutil.which(tool, path="/usr/bin:/bin"))
+    r = subprocess.run(["python3", "driver.py", "probe"], cwd=base, capture_output=True, text=True,
+                       env={"PATH": str(tmp_path)})
+    report = json.loads(r.stdout)
+    assert not report["available"] and report["how"].startswith("bwrap not found: apt-get install bubblewrap")
