@@ -259,7 +259,8 @@ def run_reference_on_gpu(task: dict, exe: Path, workdir: Path) -> tuple[str, str
     assert r.returncode == 0, r.stderr
     for buf in task["inputs"]:
         shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
-    r = subprocess.run([str(exe)], cwd=run_dir, capture_output=True, text=True, timeout=120)
+    # stdin carries the timing nonce that kernel-mode harnesses print back (stage 04 does the same)
+    r = subprocess.run([str(exe)], cwd=run_dir, input="test-nonce\n", capture_output=True, text=True, timeout=120)
     if r.returncode:
         return "runtime_error", r.stderr[-800:]
     for buf in task["outputs"]:
@@ -281,7 +282,7 @@ def test_every_reference_passes_on_gpu(tasks, tmp_path, mode):
         if r.returncode:
             return f"{task['id']}: compile error {r.stderr[-800:]}"
         verdict, log = run_reference_on_gpu(task, exe, d)
-        if mode == "kernel" and verdict == "T" and "CUSET_TIMING candidate_ms=" not in log:
+        if mode == "kernel" and verdict == "T" and "CUSET_TIMING nonce=test-nonce candidate_ms=" not in log:
             return f"{task['id']}: no timing line"
         shutil.rmtree(d, ignore_errors=True)
         return None if verdict == "T" else f"{task['id']}: {verdict} {log}"

@@ -183,6 +183,19 @@ static void write_file(const char* path, const void* data, size_t bytes) {
 """
 
 TIMER = f"""\
+// The evaluator writes a fresh random nonce on stdin for every run; main reads it before any
+// kernel runs and the timing line carries it. A timing line printed by anything else (a
+// candidate's static constructor, a kernel's printf) lacks it, and a nonce taken from stdin
+// before main leaves main's own line without it: either way stage 04 discards the timing.
+// From a terminal (stdin a tty) nothing is read, so the program can still be run by hand.
+#include <cstring>
+#include <unistd.h>
+
+static void read_timing_nonce(char* nonce, int size) {{
+    if (isatty(fileno(stdin)) || !fgets(nonce, size, stdin)) nonce[0] = '\\0';
+    nonce[strcspn(nonce, "\\r\\n")] = '\\0';
+}}
+
 // Median time of `run` over {TIMING_REPEATS} repeats after {TIMING_WARMUP} warmup runs, CUDA events.
 template <typename Run>
 static float median_ms(Run run) {{
@@ -293,6 +306,7 @@ def render_harness(spec: OpSpec) -> str:
     run_candidate = _indent(_launch(spec, ""), 4)
     run_reference = _indent(_launch(spec, "cuset_ref::"), 4)
     body = "\n\n".join([
+        "char nonce[80];\nread_timing_nonce(nonce, sizeof nonce);",
         _host_setup(spec),
         "auto run_candidate = [&]() {\n" + run_candidate + "\n};",
         "auto run_reference = [&]() {\n" + run_reference + "\n};",
@@ -303,7 +317,8 @@ def render_harness(spec: OpSpec) -> str:
         "#ifndef CUSET_EMULATED\n"
         "float candidate_ms = median_ms(run_candidate);\n"
         "float reference_ms = median_ms(run_reference);\n"
-        f'printf("CUSET_TIMING candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", candidate_ms, reference_ms);\n'
+        f'printf("CUSET_TIMING nonce=%s candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", nonce, '
+        "candidate_ms, reference_ms);\n"
         "#endif",
         _host_free(spec),
         "return 0;",
