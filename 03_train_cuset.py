@@ -53,7 +53,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
-                          check_meta_matches, check_resume_args, encode_sample, library_versions, load_causal_lm,
+                          check_meta_matches, check_resume_args, encode_sample, end_of_turn_ids, library_versions, load_causal_lm,
                           load_sft, load_tokenizer, output_head, pick_device, read_artifact, run_main, sha256_file,
                           tokenizer_fingerprint, write_text_atomic)
 
@@ -655,6 +655,8 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, ma
         weights = {k: v for k, v in weights.items() if k in names}
     tmp = args.out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    # generate() stops at the end of the assistant's turn, as trained (close_turn), not only at eos
+    model.generation_config.eos_token_id = end_of_turn_ids(tokenizer)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     regions_file = args.regions / "tensors.safetensors"

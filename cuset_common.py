@@ -63,6 +63,28 @@ def write_jsonl_atomic(path: Path, records: list[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    """Append records and fsync, so that a kill loses at most the line being written (a torn last
+    line, which read_appended_jsonl drops)."""
+    with open(path, "a", encoding="utf-8", newline="\n") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_appended_jsonl(path: Path) -> list[dict]:
+    """The records of a file written by append_jsonl ([] if there is none). A last line without its
+    newline was cut by a kill: it is removed from the file, so that the next append starts clean."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    if len(whole) != len(data):
+        os.truncate(path, len(whole))
+    return [obj for _, obj in read_jsonl(path)]
+
+
 def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
     """Move a completely written folder into place; the previous one is removed only after."""
     final_dir = Path(final_dir)
@@ -438,6 +460,16 @@ def close_turn(tokenizer, response: str, content: str) -> str:
     return response[:body] + (tail[:min(ends)] if ends else tail.rstrip())
 
 
+def end_of_turn_ids(tokenizer) -> list[int]:
+    """Token ids that end an assistant turn: eos, and the special token the chat template closes a turn
+    with (ChatML's `<|im_end|>` in a tokenizer whose eos is another token). Generation stops at any."""
+    _, response = render_prompt_and_response(tokenizer, {"prompt_messages": [{"role": "user", "content": "?"}],
+                                                         "response": "x"})
+    ids = {tokenizer.eos_token_id} - {None}
+    ids |= {tokenizer.convert_tokens_to_ids(s) for s in special_token_strings(tokenizer) if response.endswith(s)}
+    return sorted(i for i in ids if i is not None and i != tokenizer.unk_token_id)
+
+
 def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
     """Token ids of prompt + response, with the response tokens' character spans.
 
@@ -469,7 +501,7 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _check_model_source(name: str, what: str, needed: tuple[str, ...]) -> None:
+def check_model_source(name: str, what: str, needed: tuple[str, ...]) -> None:
     """A local folder must exist and hold one of `needed`; anything else is taken for a hub id."""
     path = Path(name).expanduser()
     looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
@@ -487,7 +519,7 @@ def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
     """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the path."""
     from transformers import AutoTokenizer
 
-    _check_model_source(name, "tokenizer", TOKENIZER_FILES)
+    check_model_source(name, "tokenizer", TOKENIZER_FILES)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
@@ -502,7 +534,7 @@ def load_causal_lm(name: str, dtype):
     """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is missing."""
     from transformers import AutoModelForCausalLM
 
-    _check_model_source(name, "model", ("config.json",))
+    check_model_source(name, "model", ("config.json",))
     try:
         return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, ImportError, KeyError) as e:

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuset_common import (TINY_MODEL, UserError, check_resume_args, close_turn, encode_sample, load_causal_lm,
-                          load_tokenizer, read_artifact, write_artifact)
+from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_resume_args, close_turn, encode_sample,
+                          end_of_turn_ids, load_causal_lm, load_tokenizer, read_appended_jsonl, read_artifact,
+                          write_artifact)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,24 @@ def test_a_prompt_longer_than_max_length_is_cut_and_has_no_response_tokens(token
     enc = encode_sample(tokenizer, record, 64)
     assert len(enc["input_ids"]) == 64 and enc["response_start"] == 64 and enc["spans"] == []
     assert enc["truncated"]
+
+
+def test_end_of_turn_ids_hold_the_template_end_token_also_when_eos_is_another(tokenizer):
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_ids(tokenizer) == [im_end]  # the tiny model: eos is ChatML's end of turn
+    other = load_tokenizer(str(TINY_MODEL), eos_token="<|endoftext|>")
+    assert end_of_turn_ids(other) == sorted([im_end, other.convert_tokens_to_ids("<|endoftext|>")])
+
+
+def test_appended_jsonl_drops_a_torn_last_line_and_appends_clean(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    append_jsonl(path, [{"a": 1}, {"a": 2}])
+    with path.open("a") as f:
+        f.write('{"a": 3')  # a kill in the middle of a row
+    assert read_appended_jsonl(path) == [{"a": 1}, {"a": 2}]
+    append_jsonl(path, [{"a": 4}])
+    assert read_appended_jsonl(path) == [{"a": 1}, {"a": 2}, {"a": 4}]
+    assert read_appended_jsonl(tmp_path / "none.jsonl") == []
 
 
 def write_small_artifact(path):

@@ -224,6 +224,8 @@ def test_training_lowers_the_loss_and_the_checkpoint_reloads_and_generates(tmp_p
     assert meta["data"]["sha256"] == sha256_file(small_data) and meta["regions"]["sha256"]
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
+    eos = model.generation_config.eos_token_id  # generation stops at the end of the turn, as trained
+    assert tok.convert_tokens_to_ids("<|im_end|>") in (eos if isinstance(eos, list) else [eos])
     ids = tok("__global__ void", return_tensors="pt").input_ids
     gen = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert gen.shape[1] > ids.shape[1]
