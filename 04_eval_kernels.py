@@ -4,7 +4,8 @@ Inputs:  a model (--model: hub id, local folder or stage-03 checkpoint) or compl
          elsewhere (--solutions), or the tasks' own references (--reference); a
          CUDABench-format task file (--tasks; the real CUDABench JSONL works unchanged).
 Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, summary.md,
-         completions.jsonl (what the model wrote). Rerunning with the same --out resumes.
+         completions.jsonl (what the model wrote), fingerprint.json (what defines the run).
+         Rows and completions are appended as they finish; rerunning the same run resumes it.
 
     python 04_eval_kernels.py                                   # tiny model, bundled eval split
     python 04_eval_kernels.py --model data/artifacts/ckpt-cuset --num-samples 5 --temperature 0.8
@@ -14,10 +15,11 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
 
 Protocol (DESIGN.md, Evaluation): extract the code block -> nvcc (fixed flags, parallel,
-timeout) -> gen.py in its own folder -> the binary in a fresh sandbox folder that holds only
-the inputs -> compare.py on its outputs. Outcomes: no_code, compile_error, runtime_error,
-timeout, wrong_output, pass; `unsupported` (counted apart, outside pass@k) when the emulator
-cannot run a program.
+timeout) -> gen.py once per task in its own folder (and compare.py once on gen.py's reference
+outputs: a task whose own scripts fail here is a `task_error`, not a verdict) -> the binary in
+a fresh sandbox folder that holds only the inputs -> compare.py on the files it wrote under
+data/. Outcomes: missing, no_code, compile_error, runtime_error, timeout, wrong_output, pass;
+`unsupported` (the emulator cannot run it) and `task_error` are counted apart, outside pass@k.
 
 Backends (--backend, default auto = the GPU when nvidia-smi lists one, else emulate):
 gpu runs nvcc's binary on the GPU, one program at a time, and times kernel mode. emulate
@@ -26,21 +28,24 @@ builds it with g++ against our CPU runtime header (harness/emu/), sandboxed like
 runs it in parallel through the same sandbox, gen.py and compare.py: functional verdicts
 only, rows labelled `backend: emulated`, no timings. See README, "CPU emulation".
 
-Sandbox (generated code is untrusted): every compile and run gets its own folder, a
-wall-clock timeout that kills everything it started, resource limits (CPU time, file size,
-processes, core dumps), a scrubbed environment and, when started as root, private network,
-PID and mount namespaces (private /tmp, /var/tmp, /dev/shm) and an unprivileged uid.
+Sandbox (generated code is untrusted; harness/sandbox.py): nvcc and the program see a
+whitelist of the file system (system libraries and tools, the CUDA toolkit, GPU device nodes,
+their own /proc, a private /tmp, their own folder), no network, an unprivileged uid, resource
+limits and a wall-clock timeout that kills everything they started. Where that isolation is
+impossible, stage 04 says why and refuses unless --no-sandbox. What the program wrote is read
+without following links (harness/program_files.py). Kernel-mode timings carry a per-run nonce.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import re
-import resource
+import secrets
 import shutil
-import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -52,16 +57,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
-                          UserError, build_messages, fence, load_causal_lm, load_tasks, load_tokenizer,
-                          pick_device, read_jsonl, render_prompt_and_response, run_main, write_jsonl_atomic,
-                          write_text_atomic)
+                          UserError, append_jsonl, build_messages, check_model_source, end_of_turn_ids, fence,
+                          load_causal_lm, load_tasks, load_tokenizer, pick_device, read_appended_jsonl, read_jsonl,
+                          render_prompt_and_response, run_main, sha256_file, write_jsonl_atomic, write_text_atomic)
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
+from harness.program_files import copy_written_files
+from harness.sandbox import SandboxError, prepare_folder, probe_isolation, run_sandboxed
 
-OUTCOMES = ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
+OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
+TASK_ERROR = "task_error"  # the task's own gen.py/compare.py failed here: no verdict, kept out of pass@k
+APART = (UNSUPPORTED, TASK_ERROR)
 FAST_P = (0.0, 1.0, 1.5)
-SANDBOX_UID = 61234  # unprivileged uid for untrusted programs when we run as root (no passwd entry needed)
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
+# The candidate's per-file size limit: 1.5x the task's largest declared buffer, and at least this
+# (a task may write files it does not declare; CUDABench buffers run from KB to several GB).
+MIN_OUTPUT_MB = 512
+FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
+                 "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,7 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
     a("--run-timeout", type=float, default=30.0, help="seconds per program run")
+    a("--task-timeout", type=float, default=900.0,
+      help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)")
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
+    a("--force", action="store_true", help="start over in --out when it holds another run")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--solutions", type=Path, help="JSONL of completions made elsewhere: task_id, level, "
                                                      "sample, completion")
@@ -91,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
       help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present")
     a("--emulate-checks", action="store_true",
       help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error")
+    a("--no-sandbox", action="store_true",
+      help="run generated code WITHOUT isolation where none is possible (only for code you trust)")
     args = ap.parse_args(argv)
     try:
         args.levels = sorted({int(x) for x in args.levels.split(",")})
@@ -98,9 +116,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--levels must be comma-separated integers, got {args.levels!r}")
     if not set(args.levels) <= set(LEVELS):
         ap.error(f"--levels must be within {LEVELS}")
+    for name in ("num_samples", "max_new_tokens", "gen_batch_size", "jobs", "limit"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    for name in ("compile_timeout", "run_timeout", "task_timeout"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    if not args.temperature >= 0 or not 0 < args.top_p <= 1:
+        ap.error("--temperature must be >= 0 and --top-p within (0, 1]")
     if args.out is None:
         name = "reference" if args.reference else (args.solutions.stem if args.solutions else Path(args.model).name)
         args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out {args.out} is a file; name a folder (results.jsonl, summary.md, ... go inside)")
+    if args.solutions and not args.solutions.is_file():
+        ap.error(f"--solutions {args.solutions}: no such file")
     return args
 
 
@@ -123,6 +154,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.S)
 
 
+CLOSED_FENCE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)\n[ \t]*```", re.S)
+
+
+def wanted_block(block: str, mode: str) -> bool:
+    """A block the mode asks for: a kernel, and in standalone mode also a main()."""
+    return "__global__" in block and (mode == "kernel" or re.search(r"\bmain\s*\(", block) is not None)
+
+
 def extract_code(reply: str, mode: str) -> str | None:
     """The code block to compile, or None when the reply holds no usable code.
 
@@ -130,10 +169,9 @@ def extract_code(reply: str, mode: str) -> str | None:
     block with `__global__`; an unclosed final fence counts as a block. Without fences, the
     whole reply is used only if it looks like CUDA (has `__global__`).
     """
+    reply = reply.replace("\r\n", "\n")  # replies written with CRLF line ends (Windows, some APIs)
     blocks = [m.group(2) for m in FENCE.finditer(reply)]
-    def wanted(b: str) -> bool:
-        return "__global__" in b and (mode == "kernel" or re.search(r"\bmain\s*\(", b) is not None)
-    for pick in (wanted, lambda b: "__global__" in b):
+    for pick in (lambda b: wanted_block(b, mode), lambda b: "__global__" in b):
         found = [b for b in blocks if pick(b)]
         if found:
             return max(found, key=len).strip() + "\n"
@@ -150,7 +188,7 @@ def program_source(task: dict, code: str, mode: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Sandbox
+# Compile, generate data, run, compare
 # ---------------------------------------------------------------------------------------
 
 
@@ -161,126 +199,56 @@ def gpu_name() -> str | None:
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
-def is_root() -> bool:
-    return os.geteuid() == 0
+@dataclass(frozen=True)
+class Runner:
+    """How this run executes code: the sandbox on or off (--no-sandbox), the backend label."""
+    sandbox: bool
+    backend: str  # "gpu" | "emulated"
+
+    def untrusted(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
+        """nvcc/g++ on generated source, or the generated program: whitelist sandbox, sandbox uid."""
+        self.hand_over(folder)
+        return self._run(cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, **kw)
+
+    def hand_over(self, folder: Path) -> None:
+        """Make `folder` the sandbox uid's (as root); without a sandbox the program runs as we do."""
+        if self.sandbox:
+            prepare_folder(folder)
+
+    def task_script(self, script: str, folder: Path, timeout: float) -> tuple[int | None, str]:
+        """The task author's gen.py/compare.py: our file system view, no network, generous limits."""
+        return self._run([sys.executable, script], folder, timeout, untrusted=False,
+                         cpu_s=int(timeout * (os.cpu_count() or 1)) + 5, file_mb=1 << 20, nproc=4096)
+
+    def _run(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
+        """run_sandboxed, retried while the sandbox cannot start for want of processes: all sandboxes
+        share the sandbox uid's process limit, which a concurrent program (a fork bomb) may hold until
+        its timeout. A sandbox that cannot start for another reason stops the run: its program gets
+        no verdict rather than one it did not earn (never a compile_error)."""
+        give_up = time.monotonic() + timeout + 60
+        while True:
+            try:
+                return run_sandboxed(cmd, folder, timeout, isolate=self.sandbox, log_keep=LOG_KEEP // 2, **kw)
+            except SandboxError as e:
+                if "Resource temporarily unavailable" not in str(e) or time.monotonic() > give_up:
+                    raise UserError(f"the sandbox could not start {cmd[0]} in {folder}: {e}") from None
+                time.sleep(1.0)
 
 
-def _limits(cpu_s: int, file_mb: int, nproc: int):
-    def apply():
-        os.setsid()  # own process group: the timeout kills everything it started
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
-def _scrubbed_env(home: Path) -> dict[str, str]:
-    keep = ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "LANG")
-    env = {k: os.environ[k] for k in keep if k in os.environ}
-    env.update(HOME=str(home), TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
-    return env
-
-
-def _isolated(cmd: list[str], untrusted: bool) -> list[str]:
-    """As root: private network and PID namespaces (no network; when the program dies the kernel
-    kills all it spawned). Untrusted code also gets a private mount namespace whose /tmp,
-    /var/tmp and /dev/shm are fresh and empty but for the sandbox folder itself (bound back at
-    its own path), and runs as the unprivileged SANDBOX_UID. Elsewhere the command runs as it
-    is; the resource limits and the timeout still apply.
-    """
-    if not is_root():
-        return cmd
-    namespaces = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
-    if not untrusted:  # task scripts: their interpreter may live under /tmp (a venv), so no masking
-        return [*namespaces, "--", *cmd]
-    script = ('P="$(pwd)" && mount -t tmpfs -o size=256m tmpfs /tmp && mount -t tmpfs -o size=64m tmpfs /var/tmp'
-              ' && mount -t tmpfs -o size=64m tmpfs /dev/shm && mkdir -p "$P"'
-              # mount's own cwd is still the real folder: bind it (uncanonicalized) over the new, empty path
-              ' && mount --no-canonicalize --bind /proc/self/cwd "$P" && cd "$P" && exec '
-              f"setpriv --reuid={SANDBOX_UID} --regid={SANDBOX_UID} --clear-groups --no-new-privs -- ")
-    return [*namespaces, "--mount", "--", "sh", "-c", script + '"$@"', "sh", *cmd]
-
-
-def _kill_everything(proc: subprocess.Popen) -> None:
-    """Kill the program and all it spawned, and return only once they are gone.
-
-    As root the program is the init of its own PID namespace: killing it makes the kernel kill
-    every process in the namespace, and unshare exits only after that. Elsewhere the process
-    group is killed (a process that left the group escapes; the resource limits still hold).
-    """
+def built_file(folder: Path, name: str) -> bool:
+    """True when the sandboxed compiler (dead by now) left `name` as a regular file, not a link."""
     try:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        return stat.S_ISREG(os.lstat(folder / name).st_mode)
     except FileNotFoundError:
-        children = []
-    for child in children:
-        try:
-            os.kill(int(child), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=10)  # unshare reaps the namespace init after the kernel emptied the namespace
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        return False
 
 
-def _drain(stream, keep: list, limit: int) -> None:
-    """Read a pipe to the end, keeping the first and last `limit` bytes: megabytes of output are cut."""
-    head, tail, total = b"", b"", 0
-    for chunk in iter(lambda: stream.read(65536), b""):
-        total += len(chunk)
-        if len(head) < limit:
-            head += chunk[: limit - len(head)]
-        tail = (tail + chunk)[-limit:]
-    text = head.decode(errors="replace")
-    if total > limit:
-        text += f"\n[... {total - limit} bytes cut ...]\n" + tail[-(limit // 2):].decode(errors="replace")
-    keep.append(text)
-
-
-def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, as_sandbox_user: bool, cpu_s: int = 120,
-                  file_mb: int = 512, nproc: int = 256, env: dict[str, str] | None = None) -> tuple[int | None, str]:
-    """Run cmd in cwd under the sandbox; returns (exit status, or None on timeout; head+tail of output).
-
-    as_sandbox_user: generated code and its compiler run as SANDBOX_UID with a masked /tmp (when
-    root). Task scripts (gen.py, compare.py) keep our uid and file system view, since the
-    interpreter may live where that uid cannot read or under /tmp, but get no network, the
-    limits, the timeout and the scrubbed environment (plus `env`).
-    """
-    if as_sandbox_user and is_root():
-        for p in [cwd, *cwd.rglob("*")]:
-            os.chown(p, SANDBOX_UID, SANDBOX_UID)
-    proc = subprocess.Popen(_isolated(cmd, untrusted=as_sandbox_user), cwd=cwd, env=_scrubbed_env(cwd) | (env or {}),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_limits(cpu_s, file_mb, nproc))
-    out: list[str] = []
-    reader = threading.Thread(target=_drain, args=(proc.stdout, out, LOG_KEEP // 2), daemon=True)
-    reader.start()
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    _kill_everything(proc)
-    reader.join(timeout=5)
-    return code, out[0] if out else ""
-
-
-# ---------------------------------------------------------------------------------------
-# Compile, generate data, run, compare
-# ---------------------------------------------------------------------------------------
-
-
-def compile_program(source: str, workdir: Path, arch: list[str], timeout: float) -> tuple[Path | None, str]:
+def compile_program(source: str, workdir: Path, arch: list[str], timeout: float,
+                    runner: Runner) -> tuple[Path | None, str]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prog.cu").write_text(source)
-    code, log = run_sandboxed(["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"], workdir, timeout,
-                              as_sandbox_user=True, cpu_s=int(timeout) + 5, nproc=512)
-    ok = code == 0 and (workdir / "prog").exists()
+    code, log = runner.untrusted(["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"], workdir, timeout, nproc=512)
+    ok = code == 0 and built_file(workdir, "prog")
     return (workdir / "prog" if ok else None), ("compile timeout" if code is None else log)
 
 
@@ -301,89 +269,139 @@ def prepare_emulator(work: Path, checks: bool) -> Emulator:
     return Emulator(include, checks)
 
 
-def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulator) -> tuple[Path | None, str]:
+def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulator,
+                   runner: Runner) -> tuple[Path | None, str]:
     """Rebuild a program nvcc accepted for the CPU emulator: translate, then g++ against the runtime
-    header, linked into the build folder (the sandbox user sees nothing else). Returns
+    header, linked into the build folder (the sandbox sees nothing else). Returns
     (executable, "") or (None, why the emulator cannot run it)."""
     try:
         translated = translate(source)
     except Unsupported as e:
         return None, f"emulator: {e}"
-    shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
     (workdir / "prog_emu.cpp").write_text(translated)
-    code, log = run_sandboxed(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
-                              as_sandbox_user=True, cpu_s=int(timeout) + 5, nproc=512)
-    if code == 0 and (workdir / "prog_emu").exists():
+    runner.hand_over(workdir)  # before the links: the header files stay ours, read-only to the sandbox uid
+    shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
+    code, log = runner.untrusted(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
+                                 nproc=512)
+    if code == 0 and built_file(workdir, "prog_emu"):
         return workdir / "prog_emu", ""
     why = "timeout" if code is None else log
     return None, f"emulator: g++ cannot build the translated program (nvcc could):\n{why}"
 
 
-def build(source: str, workdir: Path, arch: list[str], timeout: float,
-          emulator: Emulator | None) -> tuple[str | None, Path | None, str]:
+def build(source: str, workdir: Path, arch: list[str], timeout: float, emulator: Emulator | None,
+          runner: Runner) -> tuple[str | None, Path | None, str]:
     """nvcc decides compile_error on every backend; an emulator (None on the GPU) then rebuilds for
     the CPU. Returns (outcome if it ends here, else None; executable; log)."""
-    exe, log = compile_program(source, workdir, arch, timeout)
+    exe, log = compile_program(source, workdir, arch, timeout, runner)
     if exe is None:
         return "compile_error", None, log
     if emulator is not None:
-        exe, log = build_emulated(source, workdir, timeout, emulator)
+        exe, log = build_emulated(source, workdir, timeout, emulator, runner)
         if exe is None:
             return UNSUPPORTED, None, log
     return None, exe, ""
 
 
-def prepare_task_data(task: dict, folder: Path, timeout: float) -> None:
-    """Run gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates)."""
+def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) -> str | None:
+    """gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates).
+    Then compare.py once on gen.py's own reference outputs given as the program's (data/X_ref.bin
+    copied to data/X.bin, CUDABench's naming): it must say T, or the task's scripts cannot judge
+    anything here. Returns None when the task is ready, else the log of what failed (task_error)."""
     folder.mkdir(parents=True)
     (folder / "data").mkdir()
     (folder / "gen.py").write_text(task["gen.py"])
-    code, log = run_sandboxed([sys.executable, "gen.py"], folder, timeout, as_sandbox_user=False,
-                              cpu_s=int(timeout) + 5)
-    if code != 0:
-        raise UserError(f"task {task['id']}: gen.py failed ({'timeout' if code is None else f'exit {code}'}):\n{log}")
+    code, log = runner.task_script("gen.py", folder, timeout)
     os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
+    if code != 0:
+        return f"gen.py failed ({'timeout' if code is None else f'exit status {code}'}):\n{log}"
+    check = folder / "self-check"
+    shutil.copytree(folder / "data", check / "data", copy_function=os.link)  # links: GBs cost nothing
+    for ref in (check / "data").glob("*_ref.bin"):
+        as_output = ref.with_name(ref.name[: -len("_ref.bin")] + ".bin")
+        as_output.unlink(missing_ok=True)  # an in-place task's output has its input's name
+        os.link(ref, as_output)
+    (check / "compare.py").write_text(task["compare.py"])
+    code, verdict = runner.task_script("compare.py", check, timeout)
+    shutil.rmtree(check)
+    lines = verdict.strip().splitlines()
+    if code != 0 or not lines or lines[-1].strip() != "T":
+        status = "timeout" if code is None else f"exit status {code}"
+        return f"compare.py does not accept gen.py's own reference outputs ({status}):\n{verdict}"
+    return None
 
 
-def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, backend: str = "gpu",
-            env: dict[str, str] | None = None) -> tuple[str, str, dict]:
-    """Run a compiled candidate (with `env` added) on the task's inputs, then compare. Returns
-    (outcome, log, timing); timings only on the GPU (emulated ones mean nothing)."""
+def output_limit_mb(task: dict) -> int:
+    """The candidate's per-file size limit: 1.5x the largest declared buffer, at least MIN_OUTPUT_MB."""
+    import numpy as np
+
+    largest = 0
+    for buf in [*task.get("inputs", []), *task.get("outputs", [])]:
+        dims = re.findall(r"\d+", str(buf.get("shape", "")))
+        try:
+            itemsize = np.dtype(str(buf.get("dtype"))).itemsize
+        except TypeError:
+            itemsize = 8
+        largest = max(largest, math.prod(int(d) for d in dims) * itemsize if dims else 0)
+    return max(MIN_OUTPUT_MB, math.ceil(1.5 * largest / (1 << 20)))
+
+
+def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, runner: Runner,
+            env: dict[str, str] | None = None, timed: bool = False, compare_timeout: float = 900.0
+            ) -> tuple[str, str, dict]:
+    """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
+    under data/ with the references. Returns (outcome, log, timing); `timed` (kernel mode on the GPU)
+    parses the harness's timing line, which must carry this run's nonce."""
     run_dir, cmp_dir = workdir / "run", workdir / "compare"
     (run_dir / "data").mkdir(parents=True)
     shutil.copy(exe, run_dir / "prog")
     for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
         shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
-    code, log = run_sandboxed(["./prog"], run_dir, timeout, as_sandbox_user=True, cpu_s=int(timeout) + 5,
-                              nproc=64, env=env)
+    nonce = secrets.token_hex(16)
+    limit_mb = output_limit_mb(task)
+    code, log = runner.untrusted(["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env,
+                                 stdin=f"{nonce}\n".encode())
     if code is None:
         return "timeout", log, {}
     if code != 0:
         return "runtime_error", f"exit status {code}\n{log}", {}
-    shutil.copytree(gen_dir / "data", cmp_dir / "data")
-    for buf in task["outputs"]:
-        produced = run_dir / "data" / f"{buf['name']}.bin"
-        if produced.is_file() and not produced.is_symlink():
-            shutil.copy(produced, cmp_dir / "data" / produced.name)
+    shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link)  # ours and compare's only
+    given = {f"{buf['name']}.bin" for buf in task["inputs"]}
+    hidden = set(os.listdir(cmp_dir / "data")) - given  # reference outputs: the program never replaces those
+    for name in given:  # what the program wrote under an input's name (in place) is its output
+        (cmp_dir / "data" / name).unlink(missing_ok=True)
+    notes = copy_written_files(workdir, ["run", "data"], cmp_dir / "data", skip=hidden, max_bytes=limit_mb << 20)
     (cmp_dir / "compare.py").write_text(task["compare.py"])
-    ccode, verdict = run_sandboxed([sys.executable, "compare.py"], cmp_dir, timeout, as_sandbox_user=False,
-                                   cpu_s=int(timeout) + 5)
-    timing = parse_timing(log) if backend == "gpu" else {}
+    ccode, verdict = runner.task_script("compare.py", cmp_dir, compare_timeout)
+    timing = parse_timing(log, nonce) if timed else {}
     lines = verdict.strip().splitlines()
     passed = ccode == 0 and bool(lines) and lines[-1].strip() == "T"
-    return ("pass" if passed else "wrong_output"), log + "\n[compare] " + verdict, timing
+    log += "".join(f"\n[harness] {n}" for n in notes) + "\n[compare] " + verdict
+    return ("pass" if passed else "wrong_output"), log, timing
 
 
-def parse_timing(log: str) -> dict:
-    m = re.search(r"CUSET_TIMING candidate_ms=([\d.eE+-]+) reference_ms=([\d.eE+-]+)", log)
-    if not m:
+TIMING_LINE = re.compile(r"CUSET_TIMING nonce=(\w*) candidate_ms=([\d.eE+-]+) reference_ms=([\d.eE+-]+)")
+
+
+def parse_timing(log: str, nonce: str) -> dict:
+    """The harness's timing, only if it is the log's one CUSET_TIMING line and carries `nonce`
+    (written to the program's stdin, read by the harness's main). A forged line (a static
+    constructor's, a kernel printf's) or a nonce taken before main voids the timing."""
+    found = log.count("CUSET_TIMING")
+    m = TIMING_LINE.search(log)
+    if found == 0:
         return {}
-    cand, ref = float(m.group(1)), float(m.group(2))
+    if found > 1 or m is None or m.group(1) != nonce:
+        return {"timing_void": f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"}
+    cand, ref = float(m.group(2)), float(m.group(3))
     return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
 
 
 def clip(text: str) -> str:
-    return text if len(text) <= LOG_KEEP else text[: LOG_KEEP // 2] + "\n[...]\n" + text[-LOG_KEEP // 2:]
+    if len(text) <= LOG_KEEP:
+        return text
+    half = LOG_KEEP // 2
+    return text[:half] + f"\n[... {len(text) - 2 * half} characters cut ...]\n" + text[-half:]
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,8 +414,12 @@ def reference_completion(task: dict, mode: str) -> str:
 
 
 def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
-    """--solutions JSONL: {task_id, level, sample, completion} per line; keys must name known jobs."""
-    found = {}
+    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. The same job
+    twice is refused (which answer counts?); answers for jobs outside this run are ignored with a
+    warning that counts them (a typo in task ids shows up there)."""
+    found: dict[tuple, str] = {}
+    first_line: dict[tuple, int] = {}
+    outside = []
     for lineno, obj in read_jsonl(path):
         try:
             key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
@@ -406,13 +428,45 @@ def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
             raise UserError(f"{path}:{lineno}: each line needs task_id, level, sample (int) and completion") from None
         if not isinstance(text, str):
             raise UserError(f"{path}:{lineno}: completion must be a string")
+        if key in first_line:
+            raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already answered "
+                            f"on line {first_line[key]}; keep one answer per task, level and sample")
+        first_line[key] = lineno
         if key in wanted:
             found[key] = text
+        else:
+            outside.append((lineno, key))
+    if outside:
+        lineno, key = outside[0]
+        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (task id, level or sample not "
+              f"selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored", file=sys.stderr)
     return found
 
 
-def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple, str]:
-    """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT data)."""
+def stop_after_code_block(tok, prompt_len: int, mode: str):
+    """A generate() stopping criterion, per sequence: stop once the reply holds a closed code block
+    that the mode asks for (what comes after it is never used). Decodes the whole reply only when a
+    fence has just been written."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopAfterCodeBlock(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            done = []
+            for row in input_ids:
+                if "```" not in tok.decode(row[-4:], skip_special_tokens=True):
+                    done.append(False)
+                    continue
+                reply = tok.decode(row[prompt_len:], skip_special_tokens=True).replace("\r\n", "\n")
+                done.append(any(wanted_block(m.group(1), mode) for m in CLOSED_FENCE.finditer(reply)))
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return StopAfterCodeBlock()
+
+
+def generate(args, tasks_by_id: dict, jobs: list[tuple], progress, on_batch) -> None:
+    """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT
+    data). on_batch({job: reply}) is called as each batch finishes, so a kill loses one batch."""
     import torch
 
     device = pick_device(args.device)
@@ -421,8 +475,8 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple
         tok.pad_token = tok.eos_token
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = load_causal_lm(args.model, dtype).to(device).eval()
+    wanted = set(jobs)
     prompts = sorted({(tid, level) for tid, level, _ in jobs})
-    out: dict[tuple, str] = {}
     for i in range(0, len(prompts), args.gen_batch_size):
         chunk = prompts[i:i + args.gen_batch_size]
         texts = [render_prompt_and_response(tok, {"prompt_messages": build_messages(tasks_by_id[t], lv, args.mode),
@@ -431,14 +485,16 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 \
             else dict(do_sample=False)
         with torch.no_grad():
+            # stop at the end of the turn or after the code block the mode asks for, not at max_new_tokens
             gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_samples,
-                                 pad_token_id=tok.pad_token_id, **sampling)
+                                 pad_token_id=tok.pad_token_id, eos_token_id=end_of_turn_ids(tok),
+                                 stopping_criteria=[stop_after_code_block(tok, enc["input_ids"].shape[1], args.mode)],
+                                 **sampling)
         replies = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        for j, (tid, level) in enumerate(chunk):
-            for s in range(args.num_samples):
-                out[(tid, level, s)] = replies[j * args.num_samples + s]
+        batch = {(tid, level, s): replies[j * args.num_samples + s]
+                 for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
+        on_batch({job: text for job, text in batch.items() if job in wanted})
         progress(len(chunk))
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -447,8 +503,9 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress) -> dict[tuple
 
 
 def summarize(rows: list[dict], k: int, backend: str) -> dict:
-    """Per level and per category: compile rate, pass@1, pass@k (over rows with a verdict:
-    `unsupported` ones are counted apart), speedups and fast_p (GPU rows only carry timings)."""
+    """Per level and per category: compile rate (rows whose task could judge), pass@1, pass@k (over
+    rows with a verdict: `unsupported` and `task_error` ones are counted apart), speedups and fast_p
+    (GPU rows only carry timings)."""
     def group(key):
         g = defaultdict(list)
         for r in rows:
@@ -456,13 +513,15 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
         return g
 
     def stats(rs: list[dict]) -> dict:
-        judged = [r for r in rs if r["outcome"] != UNSUPPORTED]
+        judged = [r for r in rs if r["outcome"] not in APART]
         per_prompt = defaultdict(list)
         for r in judged:
             per_prompt[(r["task_id"], r["level"])].append(r)
         n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
-        out = {"rows": len(rs), "compile_rate": sum(r["outcome"] not in ("no_code", "compile_error") for r in rs)
-               / max(len(rs), 1), UNSUPPORTED: len(rs) - len(judged)}
+        usable = [r for r in rs if r["outcome"] != TASK_ERROR]
+        compiled = sum(r["outcome"] not in ("missing", "no_code", "compile_error") for r in usable)
+        out = {"rows": len(rs), "compile_rate": compiled / max(len(usable), 1)}
+        out |= {o: sum(r["outcome"] == o for r in rs) for o in APART}
         out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
         if k > 1:
             out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
@@ -477,7 +536,7 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
 
     return {"backend": backend, "num_samples": k,
             "overall": stats(rows),
-            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, UNSUPPORTED)},
+            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, *APART)},
             "by_level": {f"L{lv}": stats(v) for lv, v in sorted(group(lambda r: r["level"]).items())},
             "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())}}
 
@@ -492,6 +551,9 @@ def summary_markdown(summary: dict, header: str) -> str:
     lines += [row(k, v) for k, v in summary["by_level"].items()]
     lines += [row(k, v) for k, v in summary["by_category"].items()]
     lines += ["", "Outcomes: " + ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())]
+    if summary["outcomes"][TASK_ERROR]:
+        lines += ["", f"{summary['outcomes'][TASK_ERROR]} rows are `task_error`: the task's own gen.py or compare.py "
+                      "failed here (see their logs in results.jsonl); they are outside pass@k and the compile rate."]
     if summary["backend"] == "emulated":
         lines += ["", "**backend: emulated.** Programs ran under CPU emulation: verdicts on functional correctness "
                       "of well-synchronised code; no timings. `unsupported` rows are outside pass@k."]
@@ -543,23 +605,116 @@ def resolve_backend(choice: str, gpu: str | None) -> str:
     return "gpu" if choice == "gpu" or (choice == "auto" and gpu) else "emulated"
 
 
-def compile_job(task: dict, job: tuple, completion: str, args, arch: list[str], backend: str,
+def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list[str], runner: Runner,
                 emulator: Emulator | None, work: Path):
-    """Extract and build one completion. Returns (row, executable or None, its folder or None)."""
+    """Extract and build one completion (None: the solutions file has no answer for it). Returns
+    (row, executable or None, its folder or None)."""
     tid, level, sample = job
     row = {"task_id": tid, "level": level, "sample": sample, "mode": args.mode,
-           "category": task.get("category", "uncategorized"), "backend": backend,
-           "emulate_checks": backend == "emulated" and args.emulate_checks}
+           "category": task.get("category", "uncategorized"), "backend": runner.backend,
+           "emulate_checks": runner.backend == "emulated" and args.emulate_checks}
+    if completion is None:
+        return row | {"outcome": "missing", "log": f"{args.solutions} has no answer for this job"}, None, None
     code = extract_code(completion, args.mode)
     if code is None:
         return row | {"outcome": "no_code", "log": clip(completion)}, None, None
     workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
+    os.chmod(workdir, 0o711)  # the sandbox uid passes through to its own folders, lists nothing
     outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout,
-                              emulator)
+                              emulator, runner)
     if outcome is not None:
         shutil.rmtree(workdir, ignore_errors=True)
         return row | {"outcome": outcome, "log": clip(log)}, None, None
     return row, exe, workdir
+
+
+def choose_runner(args, backend: str) -> Runner:
+    """Isolation is required for untrusted code: say what is used, or why none is possible and refuse
+    unless --no-sandbox."""
+    isolation = probe_isolation()
+    if isolation.available and not args.no_sandbox:
+        print(f"sandbox: {isolation.how}")
+        return Runner(True, backend)
+    if not args.no_sandbox:
+        raise UserError(f"cannot isolate generated code here: {isolation.how}. Stage 04 runs untrusted programs "
+                        f"and refuses to do so unisolated; fix that, or pass --no-sandbox (only for code you trust)")
+    print(f"WARNING: --no-sandbox: generated code runs with your rights and sees your files "
+          f"(isolation {'available but ' if isolation.available else ''}off: {isolation.how})", file=sys.stderr)
+    return Runner(False, backend)
+
+
+def model_fingerprint(name: str) -> dict:
+    """What identifies a --model: a hub id as given; for a local folder, its config, tokenizer and
+    the size, head and tail (1 MiB each) of every weight file: cheap for GBs, changed by training."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return {"model": name}
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(1 << 20)
+            fh.seek(max(size - (1 << 20), 0))
+            h.update(f"{f.name}:{size}:".encode() + head + fh.read())
+    return {"model": str(path.resolve()), "model_files": h.hexdigest()}
+
+
+def run_fingerprint(args, backend: str) -> dict:
+    """What defines a run's rows: a rerun into the same --out resumes only when all of it is equal."""
+    source = ({"source": "reference"} if args.reference else
+              {"source": "solutions", "solutions_sha256": sha256_file(args.solutions)} if args.solutions else
+              {"source": "model"} | model_fingerprint(args.model))
+    values = vars(args) | {"tasks": sha256_file(args.tasks), "backend": backend,
+                           "emulate_checks": backend == "emulated" and args.emulate_checks}
+    return source | {k: values[k] for k in FINGERPRINTED}
+
+
+def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict]:
+    """Resume the run in `out` if it is the same run (rows and completions so far), start it if the
+    folder is new or --force; refuse another run's folder. Returns (rows, completions) by job."""
+    fp_path = out / "fingerprint.json"
+    ours = [out / n for n in ("results.jsonl", "completions.jsonl", "summary.json", "summary.md", fp_path.name)]
+    saved = None
+    if fp_path.exists():
+        try:
+            saved = json.loads(fp_path.read_text())
+        except json.JSONDecodeError:
+            saved = {"fingerprint.json": "unreadable"}
+    elif any(f.exists() for f in ours):
+        saved = {"fingerprint.json": "absent (written by an older version)"}
+    if saved is not None and (force or saved != fingerprint):
+        if not force:
+            differ = [k for k in sorted(set(saved) | set(fingerprint)) if saved.get(k) != fingerprint.get(k)]
+            raise UserError(f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force to "
+                            f"start over there, or name another --out")
+        for f in ours:
+            f.unlink(missing_ok=True)
+        saved = None
+    out.mkdir(parents=True, exist_ok=True)
+    if saved is None:
+        write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
+    key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
+    return ({key(r): r for r in read_appended_jsonl(out / "results.jsonl")},
+            {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")})
+
+
+def gather_completions(args, by_id: dict, need: list[tuple], completions: dict, comp_path: Path,
+                       solutions: dict | None) -> None:
+    """Completions for the jobs in `need` (from `solutions` when given), appended to completions.jsonl
+    (and `completions`) as they come."""
+    def keep(batch: dict) -> None:
+        completions.update(batch)
+        append_jsonl(comp_path, [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
+                                 for j, c in sorted(batch.items(), key=lambda kv: kv[0])])
+
+    if not need:
+        return
+    if args.reference:
+        keep({j: reference_completion(by_id[j[0]], args.mode) for j in need})
+    elif solutions is not None:
+        keep({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
+    else:
+        generate(args, by_id, need, Progress("generate (prompts)", len({j[:2] for j in need})), keep)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -572,108 +727,110 @@ def main(argv: list[str] | None = None) -> int:
     if args.emulate_checks and backend == "gpu":
         raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
     arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
+    for tool in ("nvcc", *(["g++"] if backend == "emulated" else [])):
+        if shutil.which(tool) is None:
+            raise UserError(f"{tool} not found on PATH; install " + ("the CUDA toolkit" if tool == "nvcc" else "g++"))
+    if not (args.reference or args.solutions):
+        check_model_source(args.model, "model", ("config.json",))
     print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
           f"mode {args.mode}")
     print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
           f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
           f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
-    for tool in ("nvcc", *(["g++"] if backend == "emulated" else [])):
-        if shutil.which(tool) is None:
-            raise UserError(f"{tool} not found on PATH; install " + ("the CUDA toolkit" if tool == "nvcc" else "g++"))
+    runner = choose_runner(args, backend)
+    solutions = load_solutions(args.solutions, set(jobs)) if args.solutions else None  # bad lines: before any output
 
-    # Resume: keep finished rows made by the same backend and mode.
+    # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.
     results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
-    done = {}
-    if results_path.exists():
-        done = {(r["task_id"], r["level"], r["sample"]): r for _, r in read_jsonl(results_path)
-                if r.get("backend") == backend and r.get("mode") == args.mode
-                and r.get("emulate_checks") == (backend == "emulated" and args.emulate_checks)}
-    completions = {(r["task_id"], r["level"], r["sample"]): r["completion"]
-                   for _, r in (read_jsonl(comp_path) if comp_path.exists() else [])}
-    todo = [j for j in jobs if j not in done]
+    rows, completions = open_run(args.out, run_fingerprint(args, backend), args.force)
+    todo = [j for j in jobs if j not in rows]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
+    gather_completions(args, by_id, [j for j in todo if j not in completions], completions, comp_path, solutions)
 
-    need = [j for j in todo if j not in completions]
-    if args.reference:
-        completions.update({j: reference_completion(by_id[j[0]], args.mode) for j in need})
-    elif args.solutions:
-        completions.update(load_solutions(args.solutions, set(need)))
-        completions.update({j: "" for j in need if j not in completions})  # missing answer = no code
-    elif need:
-        completions.update(generate(args, by_id, need, Progress("generate (prompts)", len({j[:2] for j in need}))))
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(comp_path, [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
-                                   for j, c in sorted(completions.items())])
-
-    # The same completion for the same task is the same program (--reference at every level, repeated
-    # samples): it is built and run once and its row copied to the other jobs.
+    # The same completion for the same task is the same program (--reference at every level,
+    # repeated samples): it is built and run once and its row copied to the other jobs.
     first: dict[tuple, tuple] = {}
     unique = [j for j in todo if first.setdefault((j[0], completions[j]), j) == j]
-    rows = dict(done)
     lock = threading.Lock()
-    work = Path(tempfile.mkdtemp(prefix="cuset-eval-"))  # 0700: sandboxed programs cannot look around
+
+    def record(job: tuple, row: dict) -> None:
+        with lock:  # appended as it finishes: a kill loses only the rows in flight
+            rows[job] = row
+            append_jsonl(results_path, [row])
+
+    work = Path(tempfile.mkdtemp(prefix="cuset-eval-"))
+    os.chmod(work, 0o711)  # the sandbox uid may pass through to its own folders; it can list nothing
     try:
-        emulator = prepare_emulator(work, args.emulate_checks) if backend == "emulated" and unique else None
-        task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in unique}))}
-        for d in task_dirs.values():
-            d.mkdir()
-        compiling = Progress("compile", len(unique))
-
-        def build_one(job):
-            out = compile_job(by_id[job[0]], job, completions[job], args, arch, backend, emulator,
-                              task_dirs[job[0]])
-            compiling()
-            return job, out
-
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            built = list(pool.map(build_one, unique))
-        by_task = defaultdict(list)
-        for job, out in built:
-            by_task[job[0]].append((job, out))
-        running = Progress("run", sum(exe is not None for _, (_, exe, _) in built))
-        # Emulated programs run --jobs at a time and share the cores out (this also keeps the sandbox
-        # uid's threads under its process limit).
-        run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, args.jobs)))}
-
-        def run_task(tid: str) -> None:
-            """gen.py once, then the task's programs; its data is removed when they are done."""
-            gen_dir = task_dirs[tid] / "gen"
-            for job, (row, exe, workdir) in by_task[tid]:
-                if exe is not None:
-                    if not gen_dir.exists():
-                        prepare_task_data(by_id[tid], gen_dir, args.run_timeout * 4)
-                    outcome, log, timing = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, backend,
-                                                   run_env)
-                    row = row | {"outcome": outcome, "log": clip(log)} | timing
-                    shutil.rmtree(workdir, ignore_errors=True)
-                    running()
-                with lock:
-                    rows[job] = row
-                    if len(rows) % 20 == 0:  # partial results survive a kill
-                        write_jsonl_atomic(results_path, [rows[j] for j in jobs if j in rows])
-            shutil.rmtree(task_dirs[tid], ignore_errors=True)
-
-        # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.
-        with ThreadPoolExecutor(1 if backend == "gpu" else max(1, args.jobs)) as pool:
-            list(pool.map(run_task, sorted(by_task)))
+        evaluate(args, by_id, unique, completions, arch, runner, work, record)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for j in todo:
-        rows[j] = rows[first[(j[0], completions[j])]] | {"level": j[1], "sample": j[2]}
+        if j not in rows:
+            record(j, rows[first[(j[0], completions[j])]] | {"level": j[1], "sample": j[2]})
 
     final = [rows[j] for j in jobs]
-    write_jsonl_atomic(results_path, final)
+    write_jsonl_atomic(results_path, final)  # in job order, one row per job
     summary = summarize(final, args.num_samples, backend)
     summary["gpu"], summary["model"] = gpu, ("reference" if args.reference else str(args.solutions or args.model))
     summary["emulate_checks"] = backend == "emulated" and args.emulate_checks
+    summary["sandbox"] = runner.sandbox
     header = (f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
-              f"backend: {backend}")
+              f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)"))
     md = summary_markdown(summary, header)
     write_text_atomic(args.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_text_atomic(args.out / "summary.md", md)
     print(md)
     print(f"results in {args.out}")
     return 0
+
+
+def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list[str], runner: Runner, work: Path,
+             record) -> None:
+    """Build every job's program (--jobs in parallel), then per task: gen.py once, its programs, compare;
+    record(job, row) as each row is final."""
+    emulator = prepare_emulator(work, args.emulate_checks) if runner.backend == "emulated" and jobs else None
+    task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in jobs}))}
+    for d in task_dirs.values():
+        d.mkdir(mode=0o711)
+    compiling = Progress("compile", len(jobs))
+
+    def build_one(job):
+        out = compile_job(by_id[job[0]], job, completions[job], args, arch, runner, emulator, task_dirs[job[0]])
+        compiling()
+        return job, out
+
+    by_task = defaultdict(list)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for job, (row, exe, workdir) in pool.map(build_one, jobs):
+            if exe is None:
+                record(job, row)
+            else:
+                by_task[job[0]].append((job, row, exe, workdir))
+    running = Progress("run", sum(len(v) for v in by_task.values()))
+    # Emulated programs run --jobs at a time and share the cores out (this also keeps the sandbox
+    # uid's threads under its process limit).
+    run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
+    timed = runner.backend == "gpu" and args.mode == "kernel"
+
+    def run_task(tid: str) -> None:
+        """gen.py once, then the task's programs; its data is removed when they are done."""
+        gen_dir = task_dirs[tid] / "gen"
+        task_error = prepare_task_data(by_id[tid], gen_dir, args.task_timeout, runner)
+        for job, row, exe, workdir in by_task[tid]:
+            if task_error:
+                row = row | {"outcome": TASK_ERROR, "log": clip(task_error)}
+            else:
+                outcome, log, timing = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, runner, run_env,
+                                               timed, args.task_timeout)
+                row = row | {"outcome": outcome, "log": clip(log)} | timing
+            shutil.rmtree(workdir, ignore_errors=True)
+            record(job, row)
+            running()
+        shutil.rmtree(task_dirs[tid], ignore_errors=True)
+
+    # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.
+    with ThreadPoolExecutor(1 if runner.backend == "gpu" else args.jobs) as pool:
+        list(pool.map(run_task, sorted(by_task)))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT, load_script
 from cuset_common import TASKS_FILE, load_tasks
+from harness.sandbox import SANDBOX_UID
 
 
 ev = load_script("04_eval_kernels.py")
@@ -62,6 +63,20 @@ def test_code_extraction_on_tricky_replies(reply, mode, want):
     assert (got.strip() if got else None) == (want.strip() if want else None)
 
 
+@pytest.mark.parametrize("mode", ["standalone", "kernel"])
+def test_generation_stops_right_after_the_code_block_the_mode_asks_for(mode):
+    tok = ev.load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    prompt = tok("<|im_start|>user\nwrite it<|im_end|>\n<|im_start|>assistant\n").input_ids
+    reply = f"Sure.\n```cuda\n{KERNEL}\n```\nNow main:\n```cuda\n{PROGRAM}\n```\nDone, and more text."
+    ids = prompt + tok(reply).input_ids
+    stop = ev.stop_after_code_block(tok, len(prompt), mode)
+    import torch
+    first_stop = next(n for n in range(len(prompt) + 1, len(ids) + 1) if stop(torch.tensor([ids[:n]]), None)[0])
+    text = tok.decode(ids[len(prompt):first_stop])
+    # kernel mode stops after the first block; standalone needs main(), so it stops after the second
+    assert text.rstrip().endswith("```") and text.count("```") == (2 if mode == "kernel" else 4), text
+
+
 # ---------------------------------------------------------------------------------------
 # References (every one of them: tests/test_tasks.py), labels, resume
 # ---------------------------------------------------------------------------------------
@@ -95,17 +110,17 @@ def test_backend_gpu_without_a_gpu_is_refused(tmp_path, capsys):
 
 def test_rerun_with_the_same_out_keeps_finished_rows(tmp_path):
     out = tmp_path / "ev"
-    base = ["--reference", "--split", "train", "--levels", "1", "--out", str(out)]
-    assert ev.main([*base, "--limit", "2"]) == 0
+    args = ["--reference", "--split", "train", "--levels", "1", "--limit", "3", "--out", str(out)]
+    assert ev.main(args) == 0
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     rows[0]["log"] = "kept from the first run"
-    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert ev.main([*base, "--limit", "3"]) == 0
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))  # as if killed after 2
+    assert ev.main(args) == 0
     again = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(again) == 3 and again[0]["log"] == "kept from the first run"
 
 
-def test_solutions_file_is_scored_and_missing_answers_are_no_code(tmp_path):
+def test_solutions_file_is_scored_and_missing_answers_are_missing(tmp_path):
     tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
     sols = tmp_path / "sols.jsonl"
     sols.write_text(json.dumps({"task_id": tasks[0]["id"], "level": 1, "sample": 0,
@@ -118,7 +133,7 @@ def test_solutions_file_is_scored_and_missing_answers_are_no_code(tmp_path):
     by = {(r["task_id"], r["level"]): r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert by[(tasks[0]["id"], 1)]["outcome"] == "pass"
     assert by[(tasks[1]["id"], 1)]["outcome"] == "compile_error" and "error" in by[(tasks[1]["id"], 1)]["log"]
-    assert by[(tasks[0]["id"], 2)]["outcome"] == "no_code"
+    assert by[(tasks[0]["id"], 2)]["outcome"] == "missing"
 
 
 def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
@@ -129,7 +144,7 @@ def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(completions) == len(rows) == 2 * 2 * 2
     assert all(c["completion"].strip() for c in completions)
-    assert {r["outcome"] for r in rows} <= {*ev.OUTCOMES, ev.UNSUPPORTED}
+    assert {r["outcome"] for r in rows} <= {*ev.OUTCOMES, *ev.APART}
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["by_level"]) == {"L1", "L3"}
 
@@ -201,18 +216,21 @@ def escape_program(targets: list[str]) -> str:
 def sandbox(tmp_path):
     """A task folder laid out as main() lays it out: gen data prepared once, one workdir per program."""
     work = tmp_path / "work"
-    work.mkdir(mode=0o700)
+    work.mkdir(mode=0o711)
+    runner = ev.Runner(True, BACKEND)
     emulator = ev.prepare_emulator(work, checks=False) if BACKEND == "emulated" else None
+    (work / "task-0").mkdir(mode=0o711)
     gen_dir = work / "task-0" / "gen"
-    ev.prepare_task_data(TOY_TASK, gen_dir, timeout=60)
+    assert ev.prepare_task_data(TOY_TASK, gen_dir, 60, runner) is None
 
     def run(source: str, timeout: float = 20.0):
         """Built and run the way main() does it here: nvcc, then (no GPU) the emulated g++ build."""
         workdir = Path(ev.tempfile.mkdtemp(dir=gen_dir.parent))
-        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator)
+        os.chmod(workdir, 0o711)
+        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator, runner)
         assert outcome is None, log
         assert (exe.name == "prog_emu") == (BACKEND == "emulated")
-        return ev.execute(TOY_TASK, exe, gen_dir, workdir, timeout, BACKEND)
+        return ev.execute(TOY_TASK, exe, gen_dir, workdir, timeout, runner)
 
     run.gen_dir = gen_dir
     return run
@@ -224,7 +242,7 @@ def live_sandbox_processes() -> list[str]:
     live = []
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and p.stat().st_uid == ev.SANDBOX_UID \
+            if p.name.isdigit() and p.stat().st_uid == SANDBOX_UID \
                     and (p / "stat").read_text().split(") ")[-1][:1] != "Z":
                 live.append(p.name)
         except FileNotFoundError:

@@ -1,0 +1,376 @@
+"""Stage 04 on real-CUDABench-shaped tasks (issue 11): task-level errors, large and undeclared
+outputs, integer outputs, programs that plant links, forged kernel timings, resume of the same
+run only, and bad input. The programs are host-only C++ (run the same way on the GPU backend and
+under emulation), except the timing tests, which use a real kernel-mode harness."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, load_script
+from cuset_common import TASKS_FILE, load_tasks
+
+ev = load_script("04_eval_kernels.py")
+BACKEND = ev.resolve_backend("auto", ev.gpu_name())
+BIG = 520 << 20  # bytes: over the old fixed 512 MiB file-size limit
+UNUSED_KERNEL = "__global__ void unused_kernel() {}\n"  # extraction wants CUDA; these programs are host-only
+FILE_IO = r"""
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <unistd.h>
+template <typename T> static void load(const char* p, T* v, size_t n) {
+    FILE* f = fopen(p, "rb"); if (!f || fread(v, sizeof(T), n, f) != n) exit(1); fclose(f); }
+template <typename T> static void save(const char* p, const T* v, size_t n) {
+    FILE* f = fopen(p, "wb"); if (!f || fwrite(v, sizeof(T), n, f) != n) exit(1); fclose(f); }
+"""
+
+
+def task(tid: str, gen: str, compare: str, inputs=(), outputs=()) -> dict:
+    """A task in the CUDABench schema (the fields stage 04 reads; prompts are never shown here)."""
+    buf = lambda name, dtype, shape: {"name": name, "dtype": dtype, "shape": shape}  # noqa: E731
+    return {"id": tid, "task_name": tid, "task_description": tid, "level1_prompt": tid, "level2_prompt": tid,
+            "level3_prompt": tid, "bench.cu": "", "inputs": [buf(*b) for b in inputs],
+            "outputs": [buf(*b) for b in outputs], "gen.py": gen, "compare.py": compare}
+
+
+GEN_X = "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n" \
+        "x = np.arange(1, 1025, dtype=np.int32)\nx.tofile('data/x.bin')\n"
+COMPARE_FILES = ("import os, sys\nimport numpy as np\n"
+                 "def same(name, dtype):\n"
+                 "    p = f'data/{name}.bin'\n"
+                 "    return os.path.isfile(p) and np.array_equal(np.fromfile(p, dtype), "
+                 "np.fromfile(f'data/{name}_ref.bin', dtype))\n")
+
+TASKS = {
+    # gen.py needs a package that is not installed (real CUDABench tasks import torch, scipy, PIL)
+    "needs_module": task("needs_module", "import cuset_no_such_package\n", "print('T')\n",
+                         [("x", "int32", "(1024,)")], [("y", "int32", "(1024,)")]),
+    # 520 MiB declared and written by gen.py (sparse) and by the program: over the old 512 MiB cap
+    "big_output": task(
+        "big_output",
+        GEN_X + f"with open('data/big_ref.bin', 'wb') as f:\n    f.truncate({BIG})\n",
+        f"import os\nok = os.path.isfile('data/big.bin') and os.path.getsize('data/big.bin') == {BIG}\n"
+        "print('T' if ok else 'F')\n",
+        [("x", "int32", "(1024,)")], [("big", "float32", f"({BIG // 4},)")]),
+    # the program writes a file compare.py reads but the task does not declare
+    "undeclared": task("undeclared", GEN_X + "(2 * x).tofile('data/out_ref.bin')\n",
+                       COMPARE_FILES + "print('T' if same('out', np.int32) else 'F')\n",
+                       [("x", "int32", "(1024,)")], []),
+    "int_types": task(
+        "int_types",
+        GEN_X + "(x.astype(np.int64) << 33).tofile('data/wide_ref.bin')\n"
+                "(x.astype(np.uint32) * 3000000).tofile('data/u_ref.bin')\n",
+        COMPARE_FILES + "print('T' if same('wide', np.int64) and same('u', np.uint32) else 'F')\n",
+        [("x", "int32", "(1024,)")], [("wide", "int64", "(1024,)"), ("u", "uint32", "(1024,)")]),
+    # compare.py cannot judge even gen.py's own reference outputs here
+    "broken_compare": task("broken_compare", GEN_X + "x.tofile('data/y_ref.bin')\n",
+                           "import cuset_no_such_package\n", [("x", "int32", "(1024,)")],
+                           [("y", "int32", "(1024,)")]),
+}
+
+PROGRAMS = {
+    "needs_module": "int main() { return 0; }\n",
+    "big_output": "int main() { FILE* f = fopen(\"data/big.bin\", \"wb\"); if (!f) return 1;\n"
+                  f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
+    "undeclared": "int main() { int32_t x[1024]; load(\"data/x.bin\", x, 1024);\n"
+                  "  for (int i = 0; i < 1024; ++i) x[i] *= 2; save(\"data/out.bin\", x, 1024); return 0; }\n",
+    "int_types": "int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; load(\"data/x.bin\", x, 1024);\n"
+                 "  for (int i = 0; i < 1024; ++i) { w[i] = (int64_t)x[i] << 33; u[i] = (uint32_t)x[i] * 3000000u; }\n"
+                 "  save(\"data/wide.bin\", w, 1024); save(\"data/u.bin\", u, 1024); return 0; }\n",
+    "broken_compare": "int main() { return 0; }\n",
+}
+
+
+def program(body: str) -> str:
+    return "```cuda\n" + FILE_IO + UNUSED_KERNEL + body + "```\n"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def solution(tid: str, completion: str, level: int = 1, sample: int = 0) -> dict:
+    return {"task_id": tid, "level": level, "sample": sample, "completion": completion}
+
+
+@pytest.fixture(scope="module")
+def realset(tmp_path_factory):
+    """One stage-04 run over the CUDABench-shaped tasks above, levels 1 and 2."""
+    d = tmp_path_factory.mktemp("realset")
+    tasks = write_jsonl(d / "tasks.jsonl", list(TASKS.values()))
+    sols = [solution(tid, program(body)) for tid, body in PROGRAMS.items()]
+    # level 2: a wrong answer for int_types (uint32 wraps differently), and no answer for `undeclared`
+    sols.append(solution("int_types", program(PROGRAMS["int_types"].replace("3000000u", "3000001u")), level=2))
+    sols += [solution(tid, "no code at all", level=2) for tid in TASKS if tid not in ("int_types", "undeclared")]
+    sols.append(solution("no_such_task", program("int main() { return 0; }\n")))
+    out = d / "ev"
+    r = subprocess.run([sys.executable, str(ROOT / "04_eval_kernels.py"), "--tasks", str(tasks), "--split", "all",
+                        "--levels", "1,2", "--solutions", str(write_jsonl(d / "sols.jsonl", sols)), "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {(row["task_id"], row["level"]): row for row in map(json.loads, (out / "results.jsonl").open())}
+    return r, rows, json.loads((out / "summary.json").read_text())
+
+
+def test_a_failing_gen_py_is_a_task_error_and_the_run_goes_on(realset):
+    r, rows, summary = realset
+    assert r.returncode == 0, r.stderr
+    row = rows[("needs_module", 1)]
+    assert row["outcome"] == "task_error" and "cuset_no_such_package" in row["log"], row
+    assert rows[("undeclared", 1)]["outcome"] == "pass"  # the tasks after it were judged
+
+
+def test_a_compare_py_that_rejects_its_own_references_is_a_task_error(realset):
+    row = realset[1][("broken_compare", 1)]
+    assert row["outcome"] == "task_error" and "own reference outputs" in row["log"], row
+
+
+def test_task_errors_are_outside_pass_at_k_and_counted(realset):
+    _, rows, summary = realset
+    judged = [r for r in rows.values() if r["outcome"] not in ("task_error", "unsupported")]
+    prompts = {(r["task_id"], r["level"]) for r in judged}
+    passed = {(r["task_id"], r["level"]) for r in judged if r["outcome"] == "pass"}
+    assert summary["outcomes"]["task_error"] == 2 and summary["overall"]["task_error"] == 2
+    assert summary["overall"]["pass@1"] == pytest.approx(len(passed) / len(prompts))
+
+
+def test_outputs_over_512_mib_are_written_and_judged(realset):
+    assert realset[1][("big_output", 1)]["outcome"] == "pass", realset[1][("big_output", 1)]["log"]
+
+
+def test_undeclared_outputs_reach_compare(realset):
+    assert realset[1][("undeclared", 1)]["outcome"] == "pass", realset[1][("undeclared", 1)]["log"]
+
+
+def test_int64_and_uint32_outputs_are_judged_both_ways(realset):
+    rows = realset[1]
+    assert rows[("int_types", 1)]["outcome"] == "pass", rows[("int_types", 1)]["log"]
+    assert rows[("int_types", 2)]["outcome"] == "wrong_output"
+
+
+def test_a_missing_answer_is_missing_not_no_code_and_unknown_ids_are_counted(realset):
+    r, rows, summary = realset
+    assert rows[("undeclared", 2)]["outcome"] == "missing"
+    assert rows[("big_output", 2)]["outcome"] == "no_code"
+    assert summary["outcomes"]["missing"] == 1
+    assert "1 answer(s) name no job of this run" in r.stderr and "no_such_task" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# Links planted by the program, timings forged by candidate code
+# ---------------------------------------------------------------------------------------
+
+TOY = task("toy", GEN_X + "(2 * x).tofile('data/y_ref.bin')\n",
+           COMPARE_FILES + "print('T' if same('y', np.int32) else 'F')\n",
+           [("x", "int32", "(1024,)")], [("y", "int32", "(1024,)")])
+
+
+@pytest.fixture
+def run_program(tmp_path):
+    """Build and run one program the way main() does (nvcc, then the emulated build without a GPU)."""
+    work = tmp_path / "work"
+    work.mkdir(mode=0o711)
+    runner = ev.Runner(True, BACKEND)
+    emulator = ev.prepare_emulator(work, checks=False) if BACKEND == "emulated" else None
+    prepared = {}
+
+    def run(source: str, the_task: dict = TOY, timed: bool = False):
+        gen_dir = work / the_task["id"] / "gen"
+        if the_task["id"] not in prepared:
+            (work / the_task["id"]).mkdir(mode=0o711)
+            prepared[the_task["id"]] = ev.prepare_task_data(the_task, gen_dir, 120, runner)
+            assert prepared[the_task["id"]] is None, prepared[the_task["id"]]
+        workdir = Path(ev.tempfile.mkdtemp(dir=work / the_task["id"]))
+        os.chmod(workdir, 0o711)
+        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator, runner)
+        assert outcome is None, log
+        return ev.execute(the_task, exe, gen_dir, workdir, 60, runner, timed=timed)
+
+    return run
+
+
+def test_a_data_folder_replaced_by_a_link_to_the_answer_does_not_pass(run_program, tmp_path):
+    answer = tmp_path / "root-only"  # a folder only the harness's uid can read, holding the right answer
+    answer.mkdir(mode=0o700)
+    (2 * np.arange(1, 1025, dtype=np.int32)).tofile(answer / "y.bin")
+    source = FILE_IO + UNUSED_KERNEL + (
+        'int main() { unlink("data/x.bin"); if (rmdir("data") != 0) return 1;\n'
+        f'  return symlink("{answer}", "data") == 0 ? 0 : 2; }}\n')
+    outcome, log, _ = run_program(source)
+    assert outcome == "wrong_output" and "without following links" in log, log
+
+
+def test_an_output_file_linked_to_the_reference_does_not_pass(run_program):
+    source = FILE_IO + UNUSED_KERNEL + (
+        'int main() { return symlink("../../gen/data/y_ref.bin", "data/y.bin") == 0 ? 0 : 1; }\n')
+    outcome, log, _ = run_program(source)
+    assert outcome == "wrong_output" and "y.bin: not copied, a symbolic link" in log, log
+
+
+def kernel_mode_program(task_: dict, extra: str) -> str:
+    """The task's real kernel-mode harness around its reference kernels plus `extra` candidate code.
+    `#undef CUSET_EMULATED` makes the harness time even under emulation (candidate code can do that)."""
+    code = "#undef CUSET_EMULATED\n" + extra + task_["kernel_mode"]["reference_kernels"]
+    return ev.program_source(task_, code, "kernel")
+
+
+FORGED = "CUSET_TIMING nonce=0123456789abcdef0123456789abcdef candidate_ms=0.000001 reference_ms=1000"
+CONSTRUCTOR_FORGERY = f'static int forged_ = (printf("{FORGED}\\n"), fflush(stdout), 0);\n'
+# reads the nonce from stdin before main does and prints a line carrying it
+NONCE_THIEF = ('#include <unistd.h>\nstatic int stolen_ = [] { char n[80] = {0}; fgets(n, sizeof n, stdin);\n'
+               '  n[strcspn(n, "\\n")] = 0; printf("CUSET_TIMING nonce=%s candidate_ms=0.000001 reference_ms=1000\\n", n);\n'
+               '  fflush(stdout); return 0; }();\n')
+
+
+@pytest.fixture(scope="module")
+def small_kernel_task():
+    return next(t for t in load_tasks(TASKS_FILE) if t["id"] == "square_1500007")
+
+
+def test_the_harness_timing_line_carries_the_nonce_and_is_taken(run_program, small_kernel_task):
+    outcome, log, timing = run_program(kernel_mode_program(small_kernel_task, ""), small_kernel_task, timed=True)
+    assert outcome == "pass", log
+    assert timing["candidate_ms"] > 0 and timing["speedup"] > 0, (timing, log)
+
+
+@pytest.mark.parametrize("forgery", [CONSTRUCTOR_FORGERY, "#include <cstring>\n" + NONCE_THIEF],
+                         ids=["static-constructor", "nonce-thief"])
+def test_a_forged_timing_line_is_discarded(run_program, small_kernel_task, forgery):
+    outcome, log, timing = run_program(kernel_mode_program(small_kernel_task, forgery), small_kernel_task, timed=True)
+    assert outcome == "pass", log  # the kernels are right; only the timing is void
+    assert "speedup" not in timing and "timing_void" in timing, (timing, log)
+
+
+def test_parse_timing_takes_only_the_one_line_with_the_nonce():
+    line = "CUSET_TIMING nonce={} candidate_ms=2.0 reference_ms=4.0 repeats=25"
+    assert ev.parse_timing(line.format("abc"), "abc")["speedup"] == 2.0
+    assert "timing_void" in ev.parse_timing(line.format("xyz"), "abc")
+    assert "timing_void" in ev.parse_timing(line.format("abc") + "\n" + line.format("abc"), "abc")
+    assert ev.parse_timing("no timing here", "abc") == {}
+
+
+# ---------------------------------------------------------------------------------------
+# Resume only the same run; appends survive a kill
+# ---------------------------------------------------------------------------------------
+
+
+def reference_solutions(path: Path, tasks: list[dict], mutate=lambda c: c) -> Path:
+    return write_jsonl(path, [solution(t["id"], mutate("```cuda\n" + t["bench.cu"] + "```\n")) for t in tasks])
+
+
+def test_another_source_into_the_same_out_is_refused_and_force_starts_over(tmp_path, capsys):
+    tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
+    a = reference_solutions(tmp_path / "a.jsonl", tasks)
+    b = reference_solutions(tmp_path / "b.jsonl", tasks, lambda c: c.replace("cuda", "cpp", 1))
+    out = tmp_path / "ev"
+    base = ["--split", "eval", "--limit", "2", "--levels", "1", "--out", str(out)]
+    assert ev.main([*base, "--solutions", str(a)]) == 0
+    before = (out / "results.jsonl").read_text()
+    assert ev.run_main(ev.main, [*base, "--solutions", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "holds another run" in err and "solutions_sha256" in err and "--force" in err
+    assert (out / "results.jsonl").read_text() == before  # nothing lost
+    assert ev.run_main(ev.main, [*base, "--solutions", str(a), "--mode", "kernel"]) == 2  # settings count too
+    assert ev.main([*base, "--solutions", str(b), "--force"]) == 0
+    assert json.loads((out / "fingerprint.json").read_text())["solutions_sha256"] == ev.sha256_file(b)
+
+
+def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
+    out = tmp_path / "ev"
+    cmd = [sys.executable, str(ROOT / "04_eval_kernels.py"), "--reference", "--split", "train", "--levels", "1",
+           "--limit", "12", "--jobs", "1", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    results = out / "results.jsonl"
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline and \
+            (not results.exists() or results.read_text().count("\n") < 2):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = results.read_text().splitlines()
+    assert 2 <= len(kept) < 12, "the run must be killed part way (make --limit larger if it finished)"
+    with results.open("a") as f:
+        f.write('{"task_id": "torn')  # a row cut by the kill
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(kept)} rows already done" in r.stdout
+    final = [json.loads(x) for x in results.read_text().splitlines()]
+    assert len(final) == 12 and all(row["outcome"] == "pass" for row in final)
+    assert json.loads(kept[0]) in final  # the rows made before the kill were kept as they were
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: one line, exit 2, before any work
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--num-samples", "0"], "--num-samples must be at least 1"),
+    (["--limit", "0"], "--limit must be at least 1"),
+    (["--limit", "-1"], "--limit must be at least 1"),
+    (["--run-timeout", "0"], "--run-timeout must be a positive"),
+    (["--solutions", "/nonexistent/sols.jsonl"], "no such file"),
+])
+def test_bad_numbers_and_paths_exit_2(tmp_path, capsys, argv, says):
+    with pytest.raises(SystemExit) as e:
+        ev.main([*argv, "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_naming_a_file_is_refused_before_generation(tmp_path, capsys):
+    (tmp_path / "o").write_text("keep me")
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--limit", "1", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and "is a file" in capsys.readouterr().err
+    assert (tmp_path / "o").read_text() == "keep me"
+
+
+def test_duplicate_answers_are_refused_with_both_lines(tmp_path, capsys):
+    tid = load_tasks(TASKS_FILE)[0]["id"]
+    sols = write_jsonl(tmp_path / "s.jsonl", [solution(tid, "a"), solution("other", "b"), solution(tid, "c")])
+    assert ev.run_main(ev.main, ["--solutions", str(sols), "--split", "all", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{sols}:3" in err and "line 1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_crlf_replies_are_recognised():
+    reply = "Here you go:\r\n```cuda\r\n__global__ void k() {}\r\nint main() { return 0; }\r\n```\r\n"
+    assert ev.extract_code(reply, "standalone") == "__global__ void k() {}\nint main() { return 0; }\n"
+
+
+# ---------------------------------------------------------------------------------------
+# No isolation possible: refuse, unless told --no-sandbox
+# ---------------------------------------------------------------------------------------
+
+
+def without_user_namespaces(argv: list[str]) -> subprocess.CompletedProcess:
+    """Stage 04 where user namespaces are disabled: inside a user namespace whose own limit of nested
+    ones is 0 (/proc/sys/user limits are per user namespace), so bubblewrap cannot build its sandbox."""
+    script = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+    return subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", sys.executable,
+                           str(ROOT / "04_eval_kernels.py"), *argv], capture_output=True, text=True, timeout=600)
+
+
+def test_without_isolation_stage_04_refuses_and_runs_only_when_told(tmp_path):
+    argv = ["--reference", "--split", "eval", "--levels", "1", "--limit", "1", "--out", str(tmp_path / "o")]
+    r = without_user_namespaces(argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot isolate generated code" in r.stderr and "max_user_namespaces" in r.stderr
+    assert "--no-sandbox" in r.stderr and not (tmp_path / "o").exists()
+    r = without_user_namespaces([*argv, "--no-sandbox"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING: --no-sandbox" in r.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["sandbox"] is False and summary["overall"]["pass@1"] == 1.0
+    assert "NOT sandboxed" in (tmp_path / "o" / "summary.md").read_text()
