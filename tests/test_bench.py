@@ -43,3 +43,12 @@ def test_train_bench_quick_prints_both_tables():
         assert f"| {objective} |" in out
     assert "| vocabulary | variant | step (CPU s) | speed vs plain | peak extra memory (MiB) | memory vs plain |" in out
     assert "| plain model(labels=...) |" in out and "| stage 03 chunked head |" in out
+
+
+def test_eval_bench_quick_prints_its_table():
+    out = run_quick("eval.py")
+    assert out.startswith("# bench/eval.py --quick") and "machine: " in out
+    assert "| variant | wall s | programs per minute | speed vs anchor | ideal |" in out
+    for variant in ("plain nvcc, one at a time (anchor)", "stage 04, sandboxed, one at a time"):
+        assert f"| {variant} |" in out
+    assert "sandbox cost per compile" in out and "s per row" in out
