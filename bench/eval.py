@@ -8,7 +8,7 @@ wall seconds on this machine, measured back to back in one run; the ratios are w
 
     python bench/eval.py                 # 24 programs, --jobs = the CPUs available
     python bench/eval.py --programs 60 --jobs 4
-    python bench/eval.py --quick         # 4 programs, CI smoke: runs, prints the table, means little
+    python bench/eval.py --quick         # 2 programs, CI smoke: runs, prints the table, means little
 """
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", type=int, default=24, help="reference programs to compile (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=cpus_available(), help="parallel compiles (default: CPUs available)")
-    ap.add_argument("--quick", action="store_true", help="4 programs: CI smoke, the figures mean little")
+    ap.add_argument("--quick", action="store_true", help="2 programs: CI smoke, the figures mean little")
     args = ap.parse_args(argv)
-    n = 4 if args.quick else args.programs
+    n = 2 if args.quick else args.programs
     gpu = ev.gpu_name()
     arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
     sources = [t["bench.cu"] for t in load_tasks(TASKS_FILE)[:n]]
