@@ -21,7 +21,7 @@ from cuset_common import NVCC_FLAGS, SFT_KERNEL_FILE, TASKS_FILE, build_prompt, 
 sys.path.insert(0, str(ROOT / "data"))  # the taskgen package lives in data/
 from taskgen import FAMILIES  # noqa: E402
 from taskgen.core import render_task  # noqa: E402
-from taskgen.variants import find_roles, held_out_words, variant  # noqa: E402
+from taskgen.variants import COPY_SIZES, find_roles, held_out_words, variant  # noqa: E402
 
 # Compile-only for one fixed architecture: what stage 04 would reject, nvcc rejects here too, and
 # no GPU is needed. One copy per family keeps the test near 30 s on 2 cores.
@@ -130,6 +130,24 @@ def test_copies_compile_in_their_own_harness_and_not_in_the_original(tmp_path):
     with ThreadPoolExecutor(JOBS) as pool:
         failures = [f for f in pool.map(check, SAMPLE) if f]
     assert not failures, "\n".join(failures)
+
+
+def test_resized_copy_states_its_size_everywhere(tmp_path):
+    """A copy rebuilt at another size (elementwise, binary, 1-D sums) says so in its prompt, host constants,
+    buffers and gen.py, and its reference still compiles in its harness."""
+    spec = next(s for s in ALL_SPECS if s.op == "sigmoid")
+    n0 = spec.inputs[0].shape[0]
+    copy = next(c for c in (variant(spec, j, FORBIDDEN) for j in range(1, 20)) if c.inputs[0].shape[0] < n0)
+    n = copy.inputs[0].shape[0]
+    assert n in COPY_SIZES and copy.outputs[0].shape == (n,)
+    task = render_task(copy)
+    assert f"= {n} elements" in task["level1_prompt"] and f" = {n};" in copy.constants
+    assert str(n0) not in task["gen.py"] + task["level1_prompt"] + task["kernel_mode"]["harness.cu"]
+    r = nvcc_compile(with_kernels(task, task["kernel_mode"]["reference_kernels"]), tmp_path / "build")
+    assert r.returncode == 0, r.stderr[-1500:]
+    (tmp_path / "gen.py").write_text(task["gen.py"])
+    subprocess.run([sys.executable, "gen.py"], cwd=tmp_path, check=True, timeout=300)
+    assert (tmp_path / "data" / f"{copy.inputs[0].name}.bin").stat().st_size == 4 * n
 
 
 def test_every_copy_in_the_sft_data_is_of_a_train_task(kernel_records):

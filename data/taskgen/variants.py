@@ -7,6 +7,10 @@ kernel names, `__device__` helper names, `constexpr` constants and the kernels' 
 (with the buffers and host constants they stand for). The prompt states the new names (the
 signatures, the launch note, the level-1/2 text), so the only way to write them is to copy them.
 
+Sizes: where a family can build an op at any size (`at_size(spec, n)` in elementwise.py, binary.py
+and reductions.py: kernels that take n as an argument), a copy is first rebuilt at a size drawn
+from COPY_SIZES, so that the sizes in its prompt and gen.py are read, not remembered too.
+
 How: identifier-level substitution over the spec's text fields, one mapping per variant.
 - Code fields (kernels, signatures, launch, constants, gen.py's body) rename every whole-word
   occurrence that is not a member access (`threadIdx.x` keeps its `.x`) and not a Python string
@@ -25,7 +29,11 @@ import dataclasses
 import random
 import re
 
+from taskgen import FAMILIES
 from taskgen.core import OpSpec, render_task
+
+# Element counts for resizable copies: powers of two and sizes that no block divides, 64k to 3M.
+COPY_SIZES = (65_536, 262_144, 500_000, 786_433, 1_000_003, 1_048_576, 1_500_007, 2_000_000, 2_097_152, 3_000_017)
 
 # Word pools. Neutral on purpose: no op name (a held-out op's name must never enter training
 # data), no C/C++ keyword or CUDA builtin, no numpy name. Each pool is large enough for the
@@ -238,15 +246,29 @@ def check_variant(old: OpSpec, new: OpSpec, roles: Roles, mapping: dict[str, str
         raise ValueError(f"variant {new.task_id} of {old.task_id}: " + "; ".join(problems))
 
 
+def resized(spec: OpSpec, rng: random.Random) -> OpSpec:
+    """`spec` at a size from COPY_SIZES where its family can build it at any size; else `spec` itself."""
+    n = rng.choice(COPY_SIZES)
+    for family in FAMILIES:
+        at_size = getattr(family, "at_size", None)
+        built = at_size(spec, n) if at_size else None
+        if built is not None:
+            if (built.op, built.split, built.task_id) != (spec.op, spec.split, spec.task_id):
+                raise ValueError(f"{spec.task_id}: {family.__name__}.at_size built {built.task_id} ({built.split})")
+            return built
+    return spec
+
+
 def variant(spec: OpSpec, j: int, forbidden: set[str]) -> OpSpec:
     """Variant number j (1, 2, ...) of a train spec; deterministic in (task id, j)."""
     if spec.split != "train":
         raise ValueError(f"{spec.task_id}: only train tasks get variants (split {spec.split!r})")
-    roles = find_roles(spec)
     rng = random.Random(f"{spec.task_id}~v{j}")  # str seeds are hashed with sha512: stable across runs
-    mapping = draw_mapping(spec, roles, rng, forbidden)
-    new = apply_mapping(spec, mapping, f"v{j}")
-    check_variant(spec, new, roles, mapping)
+    base = resized(spec, rng)
+    roles = find_roles(base)
+    mapping = draw_mapping(base, roles, rng, forbidden)
+    new = apply_mapping(base, mapping, f"v{j}")
+    check_variant(base, new, roles, mapping)
     return new
 
 
