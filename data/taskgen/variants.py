@@ -36,8 +36,9 @@ from taskgen.core import OpSpec, render_task
 COPY_SIZES = (65_536, 262_144, 500_000, 786_433, 1_000_003, 1_048_576, 1_500_007, 2_000_000, 2_097_152, 3_000_017)
 
 # Word pools. Neutral on purpose: no op name (a held-out op's name must never enter training
-# data), no C/C++ keyword or CUDA builtin, no numpy name. Each pool is large enough for the
-# most names one role needs in one task (8 parameters of one kind) with room to draw.
+# data), no C/C++ keyword or CUDA builtin. A drawn name that is already a word of the task (say
+# `len` where gen.py calls len()) is drawn again, and one draw in five gets a digit, so that a
+# task with many names of one role still finds fresh ones.
 KERNEL_VERBS = ("apply", "compute", "run", "process", "transform", "update", "eval", "fused", "stage", "launch",
                 "work", "step", "pass", "calc", "exec", "solve", "emit", "build", "make", "handle")
 KERNEL_NOUNS = ("values", "items", "elems", "buffer", "tensor", "grid", "field", "batch", "vec", "mat", "chunk",
