@@ -31,14 +31,18 @@ ALL_SPECS = [s for family in FAMILIES for s in family.specs()]
 FORBIDDEN = held_out_words(ALL_SPECS)
 
 
+def names_to_rename(spec) -> int:
+    r = find_roles(spec)
+    return len(r.kernels) + len(r.helpers) + len(r.constants) + len(r.params)
+
+
 def sample_specs() -> list:
     """Per family the train spec with the most names to rename (kernels, helpers, constants, parameters)."""
     out = []
     for family in FAMILIES:
         train = [s for s in family.specs() if s.split == "train"]
         if train:
-            out.append(max(train, key=lambda s: (lambda r: len(r.kernels) + len(r.helpers) + len(r.constants)
-                                                 + len(r.params))(find_roles(s))))
+            out.append(max(train, key=names_to_rename))
     return out
 
 
