@@ -8,7 +8,7 @@ turns these into low-confidence CUDA-sensitive regions and sample weights.
 Inputs -> outputs
   --model  hub id or local folder (default: bundled data/models/tiny-cuda-lm); needs a fast tokenizer
   --data   SFT JSONL in chat `messages`, `prompt`/`completion`, `instruction`/`input`/`output` or
-           `text` form (default: bundled data/sft/train.jsonl)
+           `text` form (default: bundled data/sft/train_kernel.jsonl)
   -> --out (default data/artifacts/profile), written atomically with cuset_common.write_artifact:
      tensors.safetensors  flat over the response tokens of all samples, in data order:
                           token_ids int32 [T], confidence float32 [T], entropy float16 [T] (nats),
@@ -74,7 +74,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain, check_resume_args,
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain, check_resume_args,
                           encode_sample, load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
                           sha256_file, tokenizer_fingerprint, write_artifact, write_text_atomic)
 
@@ -373,7 +373,7 @@ def tag_tokens(text: str, spans: list[tuple[int, int]]) -> np.ndarray:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
-    ap.add_argument("--data", type=Path, default=SFT_FILE, help="SFT JSONL file (default: %(default)s)")
+    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL file (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
     ap.add_argument("--max-length", type=int, default=2048,
                     help="tokens per sample, prompt included; longer samples are truncated and counted")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_meta_matches, load_tokenizer,
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_meta_matches, load_tokenizer,
                           read_artifact, read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
 
 STAGE = "02_label_regions"
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder")
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)")
-    ap.add_argument("--data", type=Path, default=SFT_FILE, help="SFT JSONL the profile was made from")
+    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL the profile was made from")
     ap.add_argument("--rho", type=float, default=0.2, help="quantile of a sample's p0 for its threshold tau_i")
     ap.add_argument("--tau-max", type=float, default=0.5, help="upper bound on tau_i")
     ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")

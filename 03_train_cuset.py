@@ -52,10 +52,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
-from cuset_common import (DATA, SFT_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
-                          check_meta_matches, check_resume_args, encode_sample, end_of_turn_ids, library_versions, load_causal_lm,
-                          load_sft, load_tokenizer, output_head, pick_device, read_artifact, run_main, sha256_file,
-                          tokenizer_fingerprint, write_text_atomic)
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
+                          check_meta_matches, check_resume_args, encode_sample, end_of_turn_ids, library_versions,
+                          load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, read_artifact, run_main,
+                          sha256_file, tokenizer_fingerprint, write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
-    a("--data", type=Path, default=SFT_FILE, help="SFT JSONL (default: %(default)s)")
+    a("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL (default: %(default)s)")
     a("--regions", type=Path, default=DEFAULT_REGIONS, help="stage-02 artifact (default: %(default)s)")
     a("--objective", choices=OBJECTIVES, default="cuset")
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/ckpt-<objective>)")

@@ -17,7 +17,9 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data"
 TASKS_FILE = DATA / "tasks" / "tasks.jsonl"
-SFT_FILE = DATA / "sft" / "train.jsonl"
+SFT_FILE = DATA / "sft" / "train.jsonl"  # standalone mode: whole programs
+# Kernel mode, with renamed copies of each train task (data/build_sft.py). The default data of
+# stages 01-03: on the bundled tiny model, the only SFT data after which answers compile (README).
 SFT_KERNEL_FILE = DATA / "sft" / "train_kernel.jsonl"
 TINY_MODEL = DATA / "models" / "tiny-cuda-lm"
 

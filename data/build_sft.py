@@ -1,15 +1,23 @@
 """Build the bundled SFT data from the `train` split of data/tasks/tasks.jsonl.
 
-    python data/build_sft.py           # writes data/sft/train.jsonl and data/sft/train_kernel.jsonl
-    python data/build_sft.py --check   # exit 1 if the committed files are stale
+    python data/build_sft.py                # writes data/sft/train.jsonl and data/sft/train_kernel.jsonl
+    python data/build_sft.py --variants 0   # kernel-mode file without renamed copies (the 102 answers only)
+    python data/build_sft.py --check        # exit 1 if the committed files are stale
 
 train.jsonl: one record per (train task, prompt level 1-3), standalone mode: the user turn is
 built by cuset_common.build_prompt (the same builder stage 04 uses), the assistant turn is
 the task's reference program in one ```cpp block.
 
-train_kernel.jsonl: the kernel-mode variant, one record per train task, the level cycling
+train_kernel.jsonl: the kernel-mode data, one record per train task, the level cycling
 1, 2, 3 over tasks so that a small set still covers every level; the assistant turn is only
-the reference kernels (what kernel mode asks a model to write).
+the reference kernels (what kernel mode asks a model to write). Then --variants K renamed
+copies of every train task (data/taskgen/variants.py: kernel, helper, constant and parameter
+names drawn afresh, consistently in prompt, signatures and answer; ids `<task id>~v<j>`), each
+rendered as a task of its own, so that the names an answer must use can only be read from its
+prompt: without them a tiny model memorises the 102 answers and writes training kernels' names
+for held-out tasks. Copies are made of train tasks only; each is checked to be of a train op and
+to name no held-out op. Standalone data gets no copies: its answers are whole programs, three
+times longer, and the tiny model's demo is kernel mode.
 
 Records are chat `messages` plus `id`, `task_id`, `level`, `mode` (extra keys are ignored by
 the stages). Output is deterministic: rerunning reproduces the files byte for byte.
@@ -21,9 +29,17 @@ import json
 import sys
 from pathlib import Path
 
+from taskgen import FAMILIES
+from taskgen.core import OpSpec, render_task
+from taskgen.variants import held_out_words, variant
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (LEVELS, SFT_FILE, SFT_KERNEL_FILE, TASKS_FILE, build_messages,  # noqa: E402
-                          fence, load_tasks, write_jsonl_atomic)
+from cuset_common import (LEVELS, SFT_FILE, SFT_KERNEL_FILE, TASKS_FILE, UserError, build_messages,  # noqa: E402
+                          fence, load_tasks, run_main, write_jsonl_atomic)
+
+# Renamed copies per train task in the bundled kernel-mode file. With the originals that is
+# 102 x (1 + 9) = 1,020 records: about 5 minutes for one stage-03 epoch on 2 CPU cores.
+DEFAULT_VARIANTS = 9
 
 
 def record(task: dict, level: int, mode: str) -> dict:
@@ -33,10 +49,41 @@ def record(task: dict, level: int, mode: str) -> dict:
             "messages": messages}
 
 
-def build(tasks: list[dict]) -> tuple[list[dict], list[dict]]:
+def train_specs(train: list[dict]) -> list[OpSpec]:
+    """The specs the train tasks were rendered from; refuses a task file that they no longer render."""
+    specs = {s.task_id: s for family in FAMILIES for s in family.specs()}
+    out = []
+    for t in train:
+        spec = specs.get(t["id"])
+        if spec is None or render_task(spec) != t:
+            raise UserError(f"task {t['id']} is not what data/taskgen renders: renamed copies are made from the "
+                            f"bundled tasks; rebuild them with python data/build_tasks.py, or pass --variants 0")
+        out.append(spec)
+    return out
+
+
+def variant_tasks(train: list[dict], k: int) -> list[list[dict]]:
+    """k renamed copies of each train task, as rendered tasks: result[j - 1][i] is copy j of task i."""
+    if k == 0:
+        return []
+    specs = [s for family in FAMILIES for s in family.specs()]
+    forbidden = held_out_words(specs)
+    base = train_specs(train)
+    copies = [[render_task(variant(s, j, forbidden)) for s in base] for j in range(1, k + 1)]
+    for c in (c for row in copies for c in row):
+        if c["split"] != "train" or c["op"] in forbidden:  # variant() refuses both; kept as the data's own guard
+            raise UserError(f"copy {c['id']} is not of a train op")
+    return copies
+
+
+def build(tasks: list[dict], k: int) -> tuple[list[dict], list[dict]]:
     train = [t for t in tasks if t.get("split") == "train"]
     standalone = [record(t, level, "standalone") for t in train for level in LEVELS]
     kernel = [record(t, LEVELS[i % len(LEVELS)], "kernel") for i, t in enumerate(train)]
+    # Copy j starts the level cycle j places later, so each task's copies cover every level.
+    for j, row in enumerate(variant_tasks(train, k), start=1):
+        kernel += [dict(record(t, LEVELS[(i + j) % len(LEVELS)], "kernel"), variant_of=train[i]["id"])
+                   for i, t in enumerate(row)]
     return standalone, kernel
 
 
@@ -50,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=SFT_FILE, help="standalone SFT JSONL (default: %(default)s)")
     ap.add_argument("--out-kernel", type=Path, default=SFT_KERNEL_FILE,
                     help="kernel-mode SFT JSONL (default: %(default)s)")
+    ap.add_argument("--variants", type=int, default=DEFAULT_VARIANTS,
+                    help="renamed copies of each train task in the kernel-mode file (default: %(default)s)")
     ap.add_argument("--check", action="store_true", help="compare with the outputs instead of writing")
     args = ap.parse_args(argv)
+    if args.variants < 0:
+        print(f"--variants must be >= 0, got {args.variants}", file=sys.stderr)
+        return 2
 
-    standalone, kernel = build(load_tasks(args.tasks))
+    standalone, kernel = build(load_tasks(args.tasks), args.variants)
     if not standalone:
         print(f"{args.tasks}: no task has split 'train'", file=sys.stderr)
         return 2
@@ -69,4 +121,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -202,8 +202,7 @@ def _vector_gen(v: VectorOp, n: int) -> str:
     ])
 
 
-def _vector_spec(v: VectorOp, size_tag: str) -> OpSpec:
-    n = SIZES[size_tag]
+def _vector_spec(v: VectorOp, n: int, size_tag: str) -> OpSpec:
     kernels, signature = _vector_kernel(v)
     launch, note = _vector_launch(v)
     arrays = ", ".join(f"{i.name} ({i.dtype})" for i in v.inputs)
@@ -340,5 +339,12 @@ def col_broadcast_scale() -> OpSpec:
 
 
 def specs() -> list[OpSpec]:
-    vector = [_vector_spec(v, size) for v in VECTOR_OPS for size in v.sizes]
+    vector = [_vector_spec(v, SIZES[size], size) for v in VECTOR_OPS for size in v.sizes]
     return vector + [row_bias_add(), col_broadcast_scale()]
+
+
+def at_size(spec: OpSpec, n: int) -> OpSpec | None:
+    """A vector op over n elements (its kernels take n as an argument), or None if `spec` is no vector op.
+    For the renamed SFT copies of taskgen/variants.py; the id keeps the size tag of the task it copies."""
+    v = next((v for v in VECTOR_OPS if v.op == spec.op), None)
+    return None if v is None else _vector_spec(v, n, spec.variant)

@@ -93,10 +93,12 @@ class OpSpec:
     rtol: float = 1e-5
     variant: str = ""  # size tag for the id when an op has several sizes
     scratch: list[Buffer] = field(default_factory=list)  # zeroed device temporaries
+    copy: str = ""  # renamed SFT copy of a train task (taskgen/variants.py): id `<task id>~<copy>`
 
     @property
     def task_id(self) -> str:
-        return f"{self.op}_{self.variant}" if self.variant else self.op
+        base = f"{self.op}_{self.variant}" if self.variant else self.op
+        return f"{base}~{self.copy}" if self.copy else base
 
 
 def dedent(text: str) -> str:

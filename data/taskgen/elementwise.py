@@ -136,8 +136,7 @@ def _launch(u: Unary) -> tuple[str, str]:
             f"element; the last block is only partly used.")
 
 
-def _spec(u: Unary, size_tag: str) -> OpSpec:
-    n = SIZES[size_tag]
+def _spec(u: Unary, n: int, size_tag: str) -> OpSpec:
     launch, note = _launch(u)
     style = ("a grid-stride loop over a fixed grid" if u.grid_stride
              else "one thread per element with a bounds check i < n")
@@ -167,4 +166,11 @@ def _spec(u: Unary, size_tag: str) -> OpSpec:
 
 
 def specs() -> list[OpSpec]:
-    return [_spec(u, size) for u in UNARY_OPS for size in u.sizes]
+    return [_spec(u, SIZES[size], size) for u in UNARY_OPS for size in u.sizes]
+
+
+def at_size(spec: OpSpec, n: int) -> OpSpec | None:
+    """`spec` over n elements (its kernels take n as an argument), or None if it is no op of this family.
+    For the renamed SFT copies of taskgen/variants.py; the id keeps the size tag of the task it copies."""
+    u = next((u for u in UNARY_OPS if u.op == spec.op), None)
+    return None if u is None else _spec(u, n, spec.variant)
