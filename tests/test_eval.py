@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, program_runner
 from cuset_common import TASKS_FILE, load_tasks
 from harness.sandbox import SANDBOX_UID
 
@@ -214,26 +214,14 @@ def escape_program(targets: list[str]) -> str:
 
 @pytest.fixture
 def sandbox(tmp_path):
-    """A task folder laid out as main() lays it out: gen data prepared once, one workdir per program."""
-    work = tmp_path / "work"
-    work.mkdir(mode=0o711)
-    runner = ev.Runner(True, BACKEND)
-    emulator = ev.prepare_emulator(work, checks=False) if BACKEND == "emulated" else None
-    (work / "task-0").mkdir(mode=0o711)
-    gen_dir = work / "task-0" / "gen"
-    assert ev.prepare_task_data(TOY_TASK, gen_dir, 60, runner) is None
+    """The toy task's data prepared once; each program built and run the way main() does it here."""
+    run = program_runner(ev, tmp_path / "work", BACKEND)
 
-    def run(source: str, timeout: float = 20.0):
-        """Built and run the way main() does it here: nvcc, then (no GPU) the emulated g++ build."""
-        workdir = Path(ev.tempfile.mkdtemp(dir=gen_dir.parent))
-        os.chmod(workdir, 0o711)
-        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator, runner)
-        assert outcome is None, log
-        assert (exe.name == "prog_emu") == (BACKEND == "emulated")
-        return ev.execute(TOY_TASK, exe, gen_dir, workdir, timeout, runner)
+    def run_toy(source: str, timeout: float = 20.0):
+        return run(source, TOY_TASK, timeout)
 
-    run.gen_dir = gen_dir
-    return run
+    run_toy.gen_dir = run.gen_dir(TOY_TASK)
+    return run_toy
 
 
 def live_sandbox_processes() -> list[str]:

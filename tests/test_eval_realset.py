@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, program_runner
 from cuset_common import TASKS_FILE, load_tasks
 
 ev = load_script("04_eval_kernels.py")
@@ -178,25 +178,8 @@ TOY = task("toy", GEN_X + "(2 * x).tofile('data/y_ref.bin')\n",
 @pytest.fixture
 def run_program(tmp_path):
     """Build and run one program the way main() does (nvcc, then the emulated build without a GPU)."""
-    work = tmp_path / "work"
-    work.mkdir(mode=0o711)
-    runner = ev.Runner(True, BACKEND)
-    emulator = ev.prepare_emulator(work, checks=False) if BACKEND == "emulated" else None
-    prepared = {}
-
-    def run(source: str, the_task: dict = TOY, timed: bool = False):
-        gen_dir = work / the_task["id"] / "gen"
-        if the_task["id"] not in prepared:
-            (work / the_task["id"]).mkdir(mode=0o711)
-            prepared[the_task["id"]] = ev.prepare_task_data(the_task, gen_dir, 120, runner)
-            assert prepared[the_task["id"]] is None, prepared[the_task["id"]]
-        workdir = Path(ev.tempfile.mkdtemp(dir=work / the_task["id"]))
-        os.chmod(workdir, 0o711)
-        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator, runner)
-        assert outcome is None, log
-        return ev.execute(the_task, exe, gen_dir, workdir, 60, runner, timed=timed)
-
-    return run
+    run = program_runner(ev, tmp_path / "work", BACKEND)
+    return lambda source, the_task=TOY, timed=False: run(source, the_task, 60, timed)
 
 
 def test_a_data_folder_replaced_by_a_link_to_the_answer_does_not_pass(run_program, tmp_path):
