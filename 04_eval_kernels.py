@@ -365,12 +365,12 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
         return "timeout", log, {}
     if code != 0:
         return "runtime_error", f"exit status {code}\n{log}", {}
-    shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link)  # ours and compare's only
+    # The reference outputs (links: ours and compare's only), never replaced by the program's files; the
+    # inputs come from the program's folder, so what it wrote under an input's name (in place) is its output.
     given = {f"{buf['name']}.bin" for buf in task["inputs"]}
-    hidden = set(os.listdir(cmp_dir / "data")) - given  # reference outputs: the program never replaces those
-    for name in given:  # what the program wrote under an input's name (in place) is its output
-        (cmp_dir / "data" / name).unlink(missing_ok=True)
-    notes = copy_written_files(workdir, ["run", "data"], cmp_dir / "data", skip=hidden, max_bytes=limit_mb << 20)
+    shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
+    notes = copy_written_files(workdir, ["run", "data"], cmp_dir / "data", skip=set(os.listdir(cmp_dir / "data")),
+                               max_bytes=limit_mb << 20)
     (cmp_dir / "compare.py").write_text(task["compare.py"])
     ccode, verdict = runner.task_script("compare.py", cmp_dir, compare_timeout)
     timing = parse_timing(log, nonce) if timed else {}
