@@ -1,6 +1,7 @@
-"""Build the bundled SFT data from the `train` split of data/tasks/tasks.jsonl.
+"""Build the bundled SFT data from the `train` split of data/tasks/tasks.jsonl, and the held-out
+SFT data from its `eval` split.
 
-    python data/build_sft.py                # writes data/sft/train.jsonl and data/sft/train_kernel.jsonl
+    python data/build_sft.py                # writes data/sft/{train,train_kernel,eval,eval_kernel}.jsonl
     python data/build_sft.py --variants 0   # kernel-mode file without renamed copies (the 102 answers only)
     python data/build_sft.py --check        # exit 1 if the committed files are stale
 
@@ -19,6 +20,10 @@ for held-out tasks. Copies are made of train tasks only; each is checked to be o
 to name no held-out op. Standalone data gets no copies: its answers are whole programs, three
 times longer, and the tiny model's demo is kernel mode.
 
+eval.jsonl and eval_kernel.jsonl: the same two forms, built by the same record() from the `eval`
+split (held-out ops, as stage 04 evaluates them by default), without renamed copies: held-out data
+for stage 01 to score trained checkpoints on (experiments/compare.py). Never trained on.
+
 Records are chat `messages` plus `id`, `task_id`, `level`, `mode` (extra keys are ignored by
 the stages). Output is deterministic: rerunning reproduces the files byte for byte.
 """
@@ -34,8 +39,8 @@ from taskgen.core import OpSpec, render_task
 from taskgen.variants import held_out_words, variant
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (LEVELS, SFT_FILE, SFT_KERNEL_FILE, TASKS_FILE, UserError, build_messages,  # noqa: E402
-                          fence, load_tasks, run_main, write_jsonl_atomic)
+from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
+                          TASKS_FILE, UserError, build_messages, fence, load_tasks, run_main, write_jsonl_atomic)
 
 # Renamed copies per train task in the bundled kernel-mode file. With the originals that is
 # 102 x (1 + 9) = 1,020 records: about 5 minutes for one stage-03 epoch on 2 CPU cores.
@@ -76,15 +81,21 @@ def variant_tasks(train: list[dict], k: int) -> list[list[dict]]:
     return copies
 
 
-def build(tasks: list[dict], k: int) -> tuple[list[dict], list[dict]]:
-    train = [t for t in tasks if t.get("split") == "train"]
-    standalone = [record(t, level, "standalone") for t in train for level in LEVELS]
-    kernel = [record(t, LEVELS[i % len(LEVELS)], "kernel") for i, t in enumerate(train)]
+def build_split(tasks: list[dict], split: str, k: int) -> tuple[list[dict], list[dict]]:
+    """(standalone records, kernel-mode records) of one split's tasks, the latter with k renamed copies."""
+    chosen = [t for t in tasks if t.get("split") == split]
+    standalone = [record(t, level, "standalone") for t in chosen for level in LEVELS]
+    kernel = [record(t, LEVELS[i % len(LEVELS)], "kernel") for i, t in enumerate(chosen)]
     # Copy j starts the level cycle j places later, so each task's copies cover every level.
-    for j, row in enumerate(variant_tasks(train, k), start=1):
-        kernel += [dict(record(t, LEVELS[(i + j) % len(LEVELS)], "kernel"), variant_of=train[i]["id"])
+    for j, row in enumerate(variant_tasks(chosen, k), start=1):
+        kernel += [dict(record(t, LEVELS[(i + j) % len(LEVELS)], "kernel"), variant_of=chosen[i]["id"])
                    for i, t in enumerate(row)]
     return standalone, kernel
+
+
+def build(tasks: list[dict], k: int) -> tuple[list[dict], list[dict]]:
+    """The training data: train split, k renamed copies per task in kernel mode."""
+    return build_split(tasks, "train", k)
 
 
 def as_text(records: list[dict]) -> str:
@@ -97,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=SFT_FILE, help="standalone SFT JSONL (default: %(default)s)")
     ap.add_argument("--out-kernel", type=Path, default=SFT_KERNEL_FILE,
                     help="kernel-mode SFT JSONL (default: %(default)s)")
+    ap.add_argument("--out-eval", type=Path, default=EVAL_SFT_FILE,
+                    help="held-out standalone SFT JSONL, eval split (default: %(default)s)")
+    ap.add_argument("--out-eval-kernel", type=Path, default=EVAL_SFT_KERNEL_FILE,
+                    help="held-out kernel-mode SFT JSONL, eval split (default: %(default)s)")
     ap.add_argument("--variants", type=int, default=DEFAULT_VARIANTS,
                     help="renamed copies of each train task in the kernel-mode file (default: %(default)s)")
     ap.add_argument("--check", action="store_true", help="compare with the outputs instead of writing")
@@ -105,11 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--variants must be >= 0, got {args.variants}", file=sys.stderr)
         return 2
 
-    standalone, kernel = build(load_tasks(args.tasks), args.variants)
-    if not standalone:
-        print(f"{args.tasks}: no task has split 'train'", file=sys.stderr)
-        return 2
-    outputs = [(args.out, standalone), (args.out_kernel, kernel)]
+    tasks = load_tasks(args.tasks)
+    standalone, kernel = build(tasks, args.variants)
+    eval_standalone, eval_kernel = build_split(tasks, "eval", 0)  # held out: never renamed copies
+    for split, recs in (("train", standalone), ("eval", eval_standalone)):
+        if not recs:
+            print(f"{args.tasks}: no task has split {split!r}", file=sys.stderr)
+            return 2
+    outputs = [(args.out, standalone), (args.out_kernel, kernel), (args.out_eval, eval_standalone),
+               (args.out_eval_kernel, eval_kernel)]
     if args.check:
         stale = [str(p) for p, recs in outputs if not p.exists() or p.read_text(encoding="utf-8") != as_text(recs)]
         print("STALE, run python data/build_sft.py: " + ", ".join(stale) if stale else "SFT data up to date")

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_script
-from cuset_common import (LEVELS, NVCC_FLAGS, NVCC_NATIVE_ARCH, SFT_FILE, SFT_KERNEL_FILE,
-                          TASKS_FILE, build_prompt, fence, load_tasks, read_jsonl)
+from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, NVCC_FLAGS, NVCC_NATIVE_ARCH, SFT_FILE,
+                          SFT_KERNEL_FILE, TASKS_FILE, build_prompt, fence, load_tasks, read_jsonl)
 
 DTYPES = {"float32", "float64", "int32", "uint32", "int64", "uint8"}
 SPLITS = {"train", "eval", "pretrain"}
@@ -129,6 +129,26 @@ def test_kernel_mode_sft_variant_covers_every_level(tasks):
         assert r["messages"][1]["content"] == build_prompt(task, r["level"], "kernel")
         assert r["messages"][2]["content"] == fence(task["kernel_mode"]["reference_kernels"])
         assert "int main" not in r["messages"][2]["content"]
+
+
+@pytest.mark.parametrize("path,mode", [(EVAL_SFT_FILE, "standalone"), (EVAL_SFT_KERNEL_FILE, "kernel")])
+def test_held_out_sft_data_holds_eval_split_tasks_only(tasks, path, mode):
+    """eval.jsonl / eval_kernel.jsonl: the train files' records, built the same way, from the eval split only
+    (every eval task, held-out ops that no train record names), without renamed copies."""
+    by_id = {t["id"]: t for t in tasks}
+    records = [r for _, r in read_jsonl(path)]
+    eval_ids = {t["id"] for t in tasks if t["split"] == "eval"}
+    assert {r["task_id"] for r in records} == eval_ids and all(by_id[r["task_id"]]["split"] == "eval" for r in records)
+    want = {(i, lv) for i in eval_ids for lv in LEVELS} if mode == "standalone" else None
+    assert want is None or {(r["task_id"], r["level"]) for r in records} == want
+    assert {r["level"] for r in records} == set(LEVELS) and len({r["id"] for r in records}) == len(records)
+    train_ops = {t["op"] for t in tasks if t["split"] == "train"}
+    for r in records:
+        task = by_id[r["task_id"]]
+        assert "variant_of" not in r and r["mode"] == mode and task["op"] not in train_ops
+        code = task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"]
+        assert r["messages"][1]["content"] == build_prompt(task, r["level"], mode)
+        assert r["messages"][2]["content"] == fence(code)
 
 
 # ---------------------------------------------------------------------------------------
