@@ -1,8 +1,8 @@
 """Stage 01: profile a base model on SFT data, token by token, and tag CUDA-sensitive tokens.
 
 For every response token of every sample: the probability of the gold token under teacher
-forcing (its "confidence"), the entropy of the predicted distribution, and the token's
-CUDA-sensitivity category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02
+forcing (its "confidence"), the entropy of the predicted distribution, whether the model's most
+likely token is the gold one (its argmax: token accuracy), and the token's CUDA-sensitivity category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02
 turns these into low-confidence CUDA-sensitive regions and sample weights.
 
 Inputs -> outputs
@@ -12,7 +12,8 @@ Inputs -> outputs
   -> --out (default data/artifacts/profile), written atomically with cuset_common.write_artifact:
      tensors.safetensors  flat over the response tokens of all samples, in data order:
                           token_ids int32 [T], confidence float32 [T], entropy float16 [T] (nats),
-                          sensitive uint8 [T], char_start/char_end int32 [T] (span in the response
+                          argmax_correct uint8 [T] (1: the argmax of the logits is the gold token;
+                          ties go to the lowest id, as torch.argmax), sensitive uint8 [T], char_start/char_end int32 [T] (span in the response
                           text), line_index int32 [T] (0-based line of char_start), sample_offsets int64 [S+1]
      samples.jsonl        per sample: index, id, line, response_text, n_prompt_tokens,
                           n_response_tokens, truncated
@@ -37,8 +38,8 @@ it is counted as truncated too). In the `text` form there is no prompt, so the f
 serves as context (assumption: nothing predicts it; n_prompt_tokens = 1).
 
 Efficiency: the model body runs once per batch (bf16 autocast on a GPU) and lm_head is applied to
-the response positions only, --chunk-rows at a time, with log-softmax of the gold token and the
-entropy per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real vocabularies
+the response positions only, --chunk-rows at a time, with log-softmax of the gold token, the
+entropy and the argmax per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real vocabularies
 exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8 samples (longest
 first: little padding) and chunks of 1024 rows; on a CPU one sample per batch and 128 rows per chunk
 (bench/profile.py measures both against the per-sample loop a user writes first).
@@ -88,8 +89,8 @@ PRIORITY = (5, 6, 4, 8, 1, 2, 7, 3, 9)
 AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device: for_device
 RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
-TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
-                "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}
+TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "argmax_correct": np.uint8,
+                "sensitive": np.uint8, "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}
 
 
 # ---------------------------------------------------------------------------------------
@@ -451,26 +452,29 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
 
 
 def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_rows: int,
-                         use_bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(gold) and entropy per row of hidden [N, H], applying head chunk by chunk.
+                         use_bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log p(gold), entropy and argmax == gold (bool) per row of hidden [N, H], applying head chunk by chunk.
 
     Only a [chunk_rows, vocab] block of logits exists at a time; it is upcast to float32
-    before log_softmax so the gold log-prob is exact up to the body's precision.
+    before log_softmax so the gold log-prob is exact up to the body's precision. The argmax is
+    taken on the same float32 logits (log_softmax shifts a row by one constant: same argmax).
     """
-    logp_gold, entropy = [], []
+    logp_gold, entropy, correct = [], [], []
     for lo in range(0, hidden.shape[0], chunk_rows):
         with torch.autocast(device_type=hidden.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             logits = head(hidden[lo:lo + chunk_rows])  # [n, V]
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V] float32
+        logits = logits.float()  # [n, V] float32
+        correct.append(logits.argmax(-1) == gold[lo:lo + chunk_rows])  # [n] bool
+        logp = torch.log_softmax(logits, dim=-1)  # [n, V] float32
         logp_gold.append(logp.gather(1, gold[lo:lo + chunk_rows, None])[:, 0])  # [n]
         entropy.append(entropy_of(logp))  # [n]
-    return torch.cat(logp_gold), torch.cat(entropy)
+    return torch.cat(logp_gold), torch.cat(entropy), torch.cat(correct)
 
 
 @torch.no_grad()
 def score_batch(body, head, encs: list[dict], pad_id: int, device: str, chunk_rows: int,
-                use_bf16: bool) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(confidence [n_i], entropy [n_i]) for each sample of one right-padded batch."""
+                use_bf16: bool) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(confidence [n_i], entropy [n_i], argmax_correct [n_i] uint8) for each sample of one right-padded batch."""
     lengths = [len(e["input_ids"]) for e in encs]
     ids = torch.full((len(encs), max(lengths)), pad_id, dtype=torch.long)  # [B, L]
     mask = torch.zeros_like(ids)  # [B, L]
@@ -484,10 +488,10 @@ def score_batch(body, head, encs: list[dict], pad_id: int, device: str, chunk_ro
     rows_b = torch.cat([torch.full((lengths[b] - e["response_start"],), b) for b, e in enumerate(encs)])  # [N]
     rows_t = torch.cat([torch.arange(e["response_start"] - 1, lengths[b] - 1) for b, e in enumerate(encs)])  # [N]
     rows_b, rows_t = rows_b.to(device), rows_t.to(device)
-    logp, ent = gold_logprob_entropy(head, hidden[rows_b, rows_t], ids[rows_b, rows_t + 1], chunk_rows, use_bf16)
-    conf, ent = logp.exp().cpu().numpy(), ent.cpu().numpy()
+    logp, ent, ok = gold_logprob_entropy(head, hidden[rows_b, rows_t], ids[rows_b, rows_t + 1], chunk_rows, use_bf16)
+    conf, ent, ok = logp.exp().cpu().numpy(), ent.cpu().numpy(), ok.cpu().numpy().astype(np.uint8)
     cuts = np.cumsum([0] + [lengths[b] - e["response_start"] for b, e in enumerate(encs)])
-    return [(conf[cuts[b]:cuts[b + 1]], ent[cuts[b]:cuts[b + 1]]) for b in range(len(encs))]
+    return [(conf[cuts[b]:cuts[b + 1]], ent[cuts[b]:cuts[b + 1]], ok[cuts[b]:cuts[b + 1]]) for b in range(len(encs))]
 
 
 def partial_dir(out: Path) -> Path:
@@ -525,7 +529,8 @@ def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: 
     tmp = partial / ".shard.tmp"
     save_file({"samples": np.asarray(order, dtype=np.int64),  # [m] sample indices, batch order
                "confidence": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
-               "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32)}, str(tmp))  # [n]
+               "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32),  # [n]
+               "argmax_correct": np.concatenate([results[i][2] for i in order]).astype(np.uint8)}, str(tmp))  # [n]
     os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
 
 
@@ -538,18 +543,21 @@ def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], resul
         b0, b1 = map(int, f.stem.split("-")[1:])
         t, order = load_file(str(f)), [i for b in batches[b0:b1] for i in b]
         cuts = np.cumsum([0] + [len(encs[i]["spans"]) for i in order])
+        if "argmax_correct" not in t:
+            raise UserError(f"{f}: written by an older version of this stage (no argmax_correct); delete {partial} "
+                            f"to start over")
         if b0 != done or t["samples"].tolist() != order or len(t["confidence"]) != cuts[-1]:
             raise UserError(f"{f}: does not continue batch {done} of this run's plan; delete {partial} to start over")
         for k, i in enumerate(order):
-            results[i] = (t["confidence"][cuts[k]:cuts[k + 1]], t["entropy"][cuts[k]:cuts[k + 1]])
+            results[i] = tuple(t[name][cuts[k]:cuts[k + 1]] for name in ("confidence", "entropy", "argmax_correct"))
         done = b1
     return done
 
 
 def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str, use_bf16: bool,
-            run: dict) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
-    """Confidence and entropy per sample (data order; no response tokens: empty arrays), and the batch it
-    resumed at. Finished batches go to <out>.partial/ every --save-every seconds."""
+            run: dict) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
+    """Confidence, entropy and argmax_correct per sample (data order; no response tokens: empty arrays), and
+    the batch it resumed at. Finished batches go to <out>.partial/ every --save-every seconds."""
     weight, bias = output_head(model)
     body, head = model.base_model, lambda h: F.linear(h, weight, bias)  # what check_head_is_plain checks
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked; any id works
@@ -558,7 +566,7 @@ def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device
     chunk_rows = for_device("chunk_rows", args.chunk_rows, device)
     if batches:
         check_head_is_plain(model, torch.tensor([encs[batches[0][0]]["input_ids"]], device=device), "01_profile.py")
-    results = [(np.zeros(0, np.float32), np.zeros(0, np.float32)) for _ in encs]
+    results = [(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)) for _ in encs]
     partial = partial_dir(args.out)
     start = load_shards(partial, batches, encs, results) if args.resume else 0
     sizes = [sum(len(encs[i]["input_ids"]) for i in b) for b in batches]  # tokens per batch, padding excluded
@@ -595,12 +603,13 @@ def build_artifact(records, encs, results) -> tuple[dict[str, np.ndarray], list[
     """Flat tensors over all response tokens (data order), per-sample records and counts."""
     cols: dict[str, list] = {k: [] for k in TOKEN_DTYPES}
     samples, offsets = [], [0]
-    for i, (rec, enc, (conf, ent)) in enumerate(zip(records, encs, results)):
+    for i, (rec, enc, (conf, ent, ok)) in enumerate(zip(records, encs, results)):
         spans = enc["spans"]
         starts = [s for s, _ in spans]
         cols["token_ids"].append(np.asarray(enc["input_ids"][enc["response_start"]:], dtype=np.int32))
         cols["confidence"].append(conf.astype(np.float32))
         cols["entropy"].append(ent.astype(np.float16))
+        cols["argmax_correct"].append(ok.astype(np.uint8))
         cols["sensitive"].append(tag_tokens(enc["response_text"], spans))
         cols["char_start"].append(np.asarray(starts, dtype=np.int32))
         cols["char_end"].append(np.asarray([e for _, e in spans], dtype=np.int32))
@@ -624,6 +633,7 @@ def print_summary(tensors: dict[str, np.ndarray], counts: dict, out: Path) -> No
     if len(conf):
         entropy = tensors["entropy"].astype(np.float32).mean()
         print(f"[profile] mean confidence {conf.mean():.3f}, mean entropy {entropy:.3f} nats, "
+              f"token accuracy (argmax = gold) {tensors['argmax_correct'].mean():.1%}, "
               f"CUDA-sensitive {(sens > 0).mean():.1%} of tokens")
     for code, name in CATEGORIES.items():
         sel = sens == code

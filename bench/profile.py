@@ -107,7 +107,7 @@ def variants(model, tok, encs: list[dict], args: argparse.Namespace) -> dict[str
         def run() -> list:
             with contextlib.redirect_stdout(io.StringIO()):  # its one progress line
                 results, _ = stage.profile(model, tok, encs, stage_args, device, use_bf16, run={})
-            return [conf for conf, _ in results]
+            return [res[0] for res in results]  # confidences (the stage also returns entropy, argmax)
         return run
 
     default_bs = stage.parse_args([]).batch_size
