@@ -1,0 +1,516 @@
+"""The paper's comparison in one command: every objective x seed through the four stages, then one table.
+
+Runs stages 01 and 02 once with the base model (on the training data, for the regions stage 03 uses, and
+on the held-out data, for the "hard tokens" columns), then for each objective and seed: 03 (train), 01
+with the checkpoint on the held-out data (token metrics) and 04 in kernel and standalone mode (kernel
+verdicts). Each stage is called as a subprocess (`python 0N_*.py ...`, output in <run>/log.txt); this
+file only decides what to run and aggregates the artifacts: the method lives in the stages.
+
+    python experiments/compare.py --preset cpu-quick                  # tiny model, 2 CPU cores (see --help)
+    python experiments/compare.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --out runs/compare-qwen1.5b
+    python experiments/compare.py --preset cpu-quick --objectives sft,cuset --seeds 1   # a smaller look
+    python experiments/compare.py --help
+
+Outputs in --out: comparison.md (tables, what each column means, the commands), comparison.json (every
+number), comparison.png (held-out NLL per CUDA-sensitivity category; only with matplotlib installed), and
+base/ and <objective>-seed<k>/ with the stages' artifacts and log.txt.
+
+Resume. A step (one stage call) is finished when its artifact exists (meta.json; stage 04: summary.json)
+and matches what would be run now: the arguments the stage records equal those it would be given (stage
+04: its fingerprint.json), the data sha256 is the data's, and it is newer than the artifacts it reads (a
+retrained checkpoint makes its profile and evaluations stale). Finished steps are skipped; a run whose
+steps are all finished is skipped. A step that was interrupted continues: stage 01 with --resume when
+<out>.partial/ holds the same run (else that folder is removed and it starts over), stage 03 with
+--resume when <ckpt>/resume/ holds the same run (else --force: it starts over), stage 04 in the same
+--out (it keeps finished rows; --force when the folder holds another run). With everything finished
+a call only re-aggregates.
+
+Metrics (comparison.md says what each column means). Token metrics come from stage 01's profile of the
+checkpoint on the held-out data, aligned token by token with the base model's (same tokenizer and data,
+checked). Paired differences to sft: per held-out sample (token metrics) or prompt (kernel metrics), the
+objective's value minus sft's, each averaged over seeds; 95% percentile bootstrap over those units.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
+from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE, TINY_MODEL,  # noqa: E402
+                          UserError, args_to_json, load_script, read_appended_jsonl, read_artifact, run_main,
+                          sha256_file, write_text_atomic)
+
+OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
+MODES = ("kernel", "standalone")
+HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_FILE: EVAL_SFT_FILE}  # training data -> its held-out twin
+PRESETS = {  # per stage: arguments appended to its command line (--profile-args etc. replace them)
+    "full": {"objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
+             "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
+             "eval": ["--levels", "1,2,3", "--num-samples", "5", "--temperature", "0.8"]},
+    "cpu-quick": {"objectives": ("sft", "profit", "cuset"), "seeds": 2, "profile": [], "regions": [],
+                  "train": ["--max-steps", "100"],
+                  "eval": ["--levels", "1", "--backend", "emulate", "--max-new-tokens", "512"]},
+}
+PRESET_HELP = """full (default): all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
+--lr 1e-5 --epochs 3; stage 04 levels 1-3, 5 samples at temperature 0.8 (pass@1 and pass@5), backend auto.
+For a real model on a GPU (README, "Reproduce the comparison", gives the estimated GPU time).
+cpu-quick: the bundled tiny model on 2 CPU cores in under 60 minutes (estimate, from the per-stage times
+of a micro run: base stages about 2 min; per run stage 03's 100 steps of 8 samples about 4 min, stage
+01 on the held-out data 0.3 min, stage 04 kernel and standalone mode, level 1 of the 40 eval tasks under
+the emulate backend, about 3 min): sft, profit and cuset x 2 seeds = 6 runs, about 45 min."""
+TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
+UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll", "all.acc")  # token metrics with a paired bootstrap
+COLUMNS = {
+    "all": "every response token of the held-out data",
+    "sensitive": "CUDA-sensitive tokens (stage 01's tagger, any category)",
+    "base_hard": "tokens the base model found hard: base confidence below the sample's threshold tau_i "
+                 "(stage 02 on the base model's held-out profile, as stored)",
+    "base_region": "tokens inside the base model's low-confidence CUDA-sensitive regions (stage 02 on the "
+                   "held-out data)",
+    "nll": "mean negative log-likelihood of the gold token, nats per token (confidences below float32's "
+           "smallest normal count as that: at most 87.3)",
+    "acc": "token accuracy: share of tokens whose argmax is the gold token",
+    "compile_rate / pass@1 / pass@k": "stage 04's summary.json (overall) in that mode",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = ap.add_argument
+    a("--preset", choices=tuple(PRESETS), default="full", help=PRESET_HELP)
+    a("--model", default=str(TINY_MODEL), help="base model: hub id or local folder (default: the bundled tiny model)")
+    a("--data", type=Path, default=SFT_KERNEL_FILE, help="training SFT JSONL of stages 01-03 (default: %(default)s)")
+    a("--eval-data", type=Path, default=None, help="held-out SFT JSONL (default: the held-out twin of --data)")
+    a("--out", type=Path, default=None, help="output folder (default: runs/compare-<preset>)")
+    a("--objectives", default=None, help="comma-separated objectives (default: the preset's)")
+    a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
+    a("--modes", default=",".join(MODES), help="stage 04 modes (default: %(default)s)")
+    a("--max-length", type=int, default=2048, help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
+    for stage in ("profile", "regions", "train", "eval"):
+        a(f"--{stage}-args", default=None, help=f"extra arguments of the {stage} stage, one string "
+                                                 f"(default: the preset's)")
+    a("--bootstrap", type=int, default=2000, help="bootstrap resamples of the paired differences (default: %(default)s)")
+    a("--stop-after", type=int, default=None, help="stop after N stage calls in this invocation (time slices; "
+                                                   "tests use it to interrupt a comparison deterministically)")
+    args = ap.parse_args(argv)
+    preset = PRESETS[args.preset]
+    args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
+    args.seeds = preset["seeds"] if args.seeds is None else args.seeds
+    args.modes = args.modes.split(",")
+    for stage in ("profile", "regions", "train", "eval"):
+        given = getattr(args, f"{stage}_args")
+        setattr(args, f"{stage}_args", shlex.split(given) if given is not None else list(preset[stage]))
+    if bad := [o for o in args.objectives if o not in OBJECTIVES] + [m for m in args.modes if m not in MODES]:
+        raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}; "
+                        f"modes: {', '.join(MODES)}")
+    if "sft" not in args.objectives or args.seeds < 1 or args.bootstrap < 1:
+        raise UserError("--objectives must include sft (the differences are to sft); --seeds and --bootstrap >= 1")
+    if args.eval_data is None:
+        args.eval_data = HELD_OUT.get(args.data.resolve())
+        if args.eval_data is None:
+            raise UserError(f"--data {args.data}: pass --eval-data, the held-out SFT data for it")
+    for path in (args.data, args.eval_data):
+        if not path.is_file():
+            raise UserError(f"{path}: no such file")
+    args.out = args.out or Path("runs") / f"compare-{args.preset}"
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# Steps: one stage call each, skipped when its artifact matches, continued when interrupted
+# ---------------------------------------------------------------------------------------
+
+STAGES = {"01": "01_profile.py", "02": "02_label_regions.py", "03": "03_train_cuset.py", "04": "04_eval_kernels.py"}
+_modules: dict[str, object] = {}
+
+
+def stage_module(key: str):
+    """The stage's own module, to parse a command line the way it will (loaded once, never run here)."""
+    if key not in _modules:
+        _modules[key] = load_script(STAGES[key])
+    return _modules[key]
+
+
+def plan(args) -> tuple[list[dict], list[dict]]:
+    """(base steps, runs): a step is {stage, argv, out, inputs}; a run is {name, objective, seed, steps}."""
+    base, m = args.out / "base", ["--model", args.model]
+    ml = ["--max-length", str(args.max_length)]
+    steps = []
+    for tag, data in (("", args.data), ("-heldout", args.eval_data)):
+        prof, reg = base / f"profile{tag}", base / f"regions{tag}"
+        steps += [{"stage": "01", "out": prof, "inputs": [],
+                   "argv": [*m, "--data", str(data), "--out", str(prof), *ml, *args.profile_args]},
+                  {"stage": "02", "out": reg, "inputs": [prof / "meta.json"],
+                   "argv": [*m, "--data", str(data), "--profile", str(prof), "--out", str(reg), *args.regions_args]}]
+    runs = []
+    for objective in args.objectives:
+        for seed in range(args.seeds):
+            d = args.out / f"{objective}-seed{seed}"
+            ckpt, held = d / "ckpt", d / "profile-heldout"
+            uses_regions = objective in stage_module("03").REGION_OBJECTIVES
+            run = [{"stage": "03", "out": ckpt, "inputs": [base / "regions" / "meta.json"] if uses_regions else [],
+                    "argv": [*m, "--data", str(args.data), "--regions", str(base / "regions"), "--objective", objective,
+                             "--seed", str(seed), "--out", str(ckpt), *ml, *args.train_args]},
+                   {"stage": "01", "out": held, "inputs": [ckpt / "meta.json"],
+                    "argv": ["--model", str(ckpt), "--data", str(args.eval_data), "--out", str(held), *ml,
+                             *args.profile_args]}]
+            run += [{"stage": "04", "out": d / f"eval-{mode}", "inputs": [ckpt / "meta.json"],
+                     "argv": ["--model", str(ckpt), "--mode", mode, "--split", "eval", "--out", str(d / f"eval-{mode}"),
+                              *args.eval_args]} for mode in args.modes]
+            runs.append({"name": d.name, "objective": objective, "seed": seed, "dir": d, "steps": run})
+    return steps, runs
+
+
+def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
+    return [sys.executable, str(ROOT / STAGES[step["stage"]]), *step["argv"], *extra]
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as a user types it: `python 03_train_cuset.py ...`."""
+    return shlex.join(["python", os.path.relpath(cmd[1]), *cmd[2:]])
+
+
+def same_args(saved: dict, now, ignore: set[str]) -> bool:
+    now = args_to_json(now)
+    return all(saved.get(k) == now.get(k) for k in set(saved) | set(now) if k not in ignore)
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def fingerprint(step: dict) -> dict:
+    """What stage 04 would record in fingerprint.json for this step (its own function, on its own parsing)."""
+    mod = stage_module("04")
+    now = mod.parse_args(step["argv"])
+    return mod.run_fingerprint(now, mod.resolve_backend(now.backend, mod.gpu_name()))
+
+
+def finished(step: dict) -> bool:
+    """The step's artifact exists, matches what would be run now, and is newer than what it reads."""
+    mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
+    stamp = out / ("summary.json" if stage == "04" else "meta.json")
+    if not stamp.exists() or any(not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime for p in step["inputs"]):
+        return False
+    if stage == "04":
+        return read_json(out / "fingerprint.json") == fingerprint(step)
+    meta, now = read_json(stamp), mod.parse_args(step["argv"])
+    if not same_args(meta.get("args", {}), now, {"force"} if stage == "02" else mod.RESUME_MAY_CHANGE):
+        return False
+    weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
+    if stage == "03" and not (meta.get("final_step") and any((out / w).exists() for w in weights)):
+        return False
+    return stage == "02" or meta.get("data", {}).get("sha256") == sha256_file(now.data)
+
+
+def continuation(step: dict, log) -> tuple[str, ...]:
+    """Arguments that continue an interrupted step, or start it over where it cannot continue."""
+    mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
+    if stage == "01" and (state := read_json(mod.partial_dir(out) / "state.json")) is not None:
+        if same_args(state["args"], mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE):
+            return ("--resume",)
+        log(f"removing {mod.partial_dir(out)}: partial results of other arguments")
+        shutil.rmtree(mod.partial_dir(out))
+    if stage == "03":
+        saved = read_json(mod.resume_dir(out) / "args.json")
+        if saved is not None and same_args(saved, mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE):
+            return ("--resume",)
+        return ("--force",) if out.exists() and any(out.iterdir()) else ()
+    if stage == "04" and read_json(out / "fingerprint.json") not in (None, fingerprint(step)):
+        return ("--force",)
+    return ()
+
+
+def hms(seconds: float) -> str:
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
+        f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def execute(args) -> tuple[list[dict], list[dict], int, bool]:
+    """Run what is not finished; returns (base steps, runs, stage calls made, stopped by --stop-after)."""
+    base_steps, runs = plan(args)
+    groups = [("base", base_steps, args.out / "base")] + [(r["name"], r["steps"], r["dir"]) for r in runs]
+    pending = [g for g in groups if not all(finished(s) for s in g[1])]
+    print(f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
+          f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}", flush=True)
+    calls, t0, done_now = 0, time.time(), 0
+    for i, (name, steps, folder) in enumerate(groups):
+        label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
+        if all(finished(s) for s in steps):
+            print(f"[compare] {label}: finished, skipped", flush=True)
+            continue
+        el = time.time() - t0
+        eta = f"ETA {hms(el / done_now * (len(pending) - done_now))}" if done_now else "ETA after the first run"
+        print(f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed {hms(el)} | {eta}", flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        timings_path = folder / "timings.json"
+        timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+        for step in steps:
+            key = f"{STAGES[step['stage']]} -> {step['out'].name}"
+            if finished(step):
+                print(f"[compare]   {key}: finished, skipped", flush=True)
+                continue
+            if args.stop_after is not None and calls >= args.stop_after:
+                print(f"[compare] stopped after {calls} stage calls (--stop-after); rerun the same command to "
+                      f"continue", flush=True)
+                return base_steps, runs, calls, True
+            with open(folder / "log.txt", "a") as log:
+                cmd = command(step, continuation(step, lambda msg: print(f"[compare]   {msg}", file=log, flush=True)))
+                print(f"[compare]   {shown(cmd)}   (log: {folder / 'log.txt'})", flush=True)
+                print(f"\n$ {shown(cmd)}", file=log, flush=True)
+                t = time.time()
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+            calls += 1
+            timings[key] = round(time.time() - t, 1)
+            write_text_atomic(timings_path, json.dumps(timings, indent=2) + "\n")
+            if rc != 0:
+                tail = "".join((folder / "log.txt").read_text().splitlines(keepends=True)[-15:])
+                raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of {folder / 'log.txt'}:\n{tail}")
+        done_now += 1
+    print(f"[compare] {calls} stage calls in {hms(time.time() - t0)}", flush=True)
+    return base_steps, runs, calls, False
+
+
+# ---------------------------------------------------------------------------------------
+# Aggregation: token metrics from the profiles, kernel verdicts from stage 04's summaries
+# ---------------------------------------------------------------------------------------
+
+PROFILE = {"confidence": np.float32, "argmax_correct": np.uint8, "sensitive": np.uint8, "token_ids": np.int32}
+
+
+def read_profile(path: Path, base: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
+    """A stage-01 profile; with `base`, refused unless it lines up with the base model's token by token."""
+    t, meta = read_artifact(path, "01_profile", f"experiments/compare.py (stage 01 into {path})", token_tensors=PROFILE)
+    if base is not None:
+        bt, bmeta = base
+        for what, get in (("tokenizer", lambda m: m.get("tokenizer_fingerprint")),
+                          ("data", lambda m: (m.get("data") or {}).get("sha256"))):
+            if get(meta) != get(bmeta):
+                raise UserError(f"{path}: made with another {what} (meta.json) than the base model's held-out "
+                                f"profile; token metrics align the two token by token: profile both with the same "
+                                f"tokenizer and --eval-data")
+        if not (np.array_equal(t["sample_offsets"], bt["sample_offsets"]) and np.array_equal(t["token_ids"], bt["token_ids"])):
+            raise UserError(f"{path}: its tokens differ from the base model's held-out profile (same tokenizer and data "
+                            f"but another --max-length?); rerun both with the same settings")
+    return t, meta
+
+
+def per_sample(values: np.ndarray, mask: np.ndarray, sample_of: np.ndarray, n: int) -> np.ndarray:
+    """Mean of values over each sample's masked tokens; nan for a sample without one. [S]"""
+    count = np.bincount(sample_of, weights=mask, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.bincount(sample_of, weights=values * mask, minlength=n) / count
+
+
+def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarray, n: int) -> tuple[dict, dict]:
+    """({group.nll, group.acc: mean over the group's tokens}, {UNIT_METRICS: per-sample means [S]})."""
+    nll = -np.log(np.maximum(prof["confidence"].astype(np.float64), np.finfo(np.float32).tiny))  # [T]
+    acc = prof["argmax_correct"].astype(np.float64)  # [T]
+    metrics, units = {}, {}
+    for g, mask in groups.items():
+        for name, v in (("nll", nll), ("acc", acc)):
+            metrics[f"{g}.{name}"] = float(v[mask].mean()) if mask.any() else math.nan
+            if f"{g}.{name}" in UNIT_METRICS:
+                units[f"{g}.{name}"] = per_sample(v, mask, sample_of, n)
+    return metrics, units
+
+
+def kernel_metrics(folder: Path, mode: str) -> tuple[dict, dict, str]:
+    """Stage 04's overall compile rate, pass@1 and pass@k, per-prompt pass@1 (unit: task x level), backend."""
+    summary = json.loads((folder / "summary.json").read_text())
+    k = summary["num_samples"]
+    over = summary["overall"]
+    metrics = {f"{mode}.compile_rate": over["compile_rate"], f"{mode}.pass@1": over["pass@1"],
+               f"{mode}.pass@k": over.get(f"pass@{k}", over["pass@1"])}
+    judged: dict[str, list[bool]] = {}
+    for r in read_appended_jsonl(folder / "results.jsonl"):
+        if r["outcome"] not in ("unsupported", "task_error"):
+            judged.setdefault(f"{r['task_id']}/L{r['level']}", []).append(r["outcome"] == "pass")
+    units = {f"{mode}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
+    return metrics, units, summary["backend"]
+
+
+def bootstrap(d: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the mean of d, resampling its entries with replacement."""
+    rng = np.random.default_rng(seed)
+    means = np.concatenate([d[rng.integers(0, len(d), (min(200, n_boot - i), len(d)))].mean(1)
+                            for i in range(0, n_boot, 200)])
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def aggregate(args, runs: list[dict]) -> dict:
+    base_dir = args.out / "base"
+    base = read_profile(base_dir / "profile-heldout")
+    reg, _ = read_artifact(base_dir / "regions-heldout", "02_label_regions", "experiments/compare.py",
+                           token_tensors={"region_id": np.int32}, sample_tensors={"tau": np.float32})
+    bt, bmeta = base
+    n = len(bt["sample_offsets"]) - 1
+    sample_of = np.repeat(np.arange(n), np.diff(bt["sample_offsets"]))  # [T]
+    names = {int(c): v for c, v in bmeta["categories"].items()}
+    groups = {"all": np.ones(len(sample_of), bool), "sensitive": bt["sensitive"] > 0,
+              "base_hard": bt["confidence"] < reg["tau"][sample_of], "base_region": reg["region_id"] >= 0}
+    groups |= {f"cat.{name}": bt["sensitive"] == code for code, name in names.items()}
+    per_run, backends = {"base": {"objective": "base", "metrics": token_metrics(bt, groups, sample_of, n)[0]}}, set()
+    for r in runs:
+        metrics, units = token_metrics(read_profile(r["dir"] / "profile-heldout", base)[0], groups, sample_of, n)
+        for mode in args.modes:
+            km, ku, backend = kernel_metrics(r["dir"] / f"eval-{mode}", mode)
+            metrics, units, backends = metrics | km, units | ku, backends | {backend}
+        per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics, "units": units}
+    table = {}
+    for o in ["base", *args.objectives]:
+        rows = [v["metrics"] for v in per_run.values() if v["objective"] == o]
+        table[o] = {k: {"mean": float(np.mean([x[k] for x in rows])), "n": len(rows),
+                        "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
+                    for k in rows[0]}
+    return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends),
+            "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n}
+
+
+def paired(args, per_run: dict) -> dict:
+    """Objective minus sft per unit (held-out sample, or prompt), each averaged over seeds; bootstrap CI."""
+    def seed_mean(o: str, key: str) -> np.ndarray | dict:
+        units = [v["units"][key] for v in per_run.values() if v["objective"] == o]
+        if isinstance(units[0], dict):  # prompts: keyed by task/level
+            return {u: float(np.mean([x[u] for x in units if u in x])) for u in set().union(*units)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a unit nan in every seed stays nan
+            return np.nanmean(np.stack(units), axis=0)
+    out = {}
+    keys = [k for k in next(v for v in per_run.values() if v["objective"] == "sft")["units"]]
+    for o in (o for o in args.objectives if o != "sft"):
+        out[o] = {}
+        for key in keys:
+            a, b = seed_mean(o, key), seed_mean("sft", key)
+            if isinstance(a, dict):
+                common = sorted(set(a) & set(b))
+                a, b = np.array([a[u] for u in common]), np.array([b[u] for u in common])
+            d = (a - b)[~np.isnan(a - b)]
+            out[o][key] = {"diff": float(d.mean()) if len(d) else math.nan, "units": len(d),
+                           "ci95": list(bootstrap(d, args.bootstrap)) if len(d) else [math.nan, math.nan]}
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Output: comparison.md, comparison.json, comparison.png
+# ---------------------------------------------------------------------------------------
+
+
+def json_safe(x):
+    """nan -> null, recursively (JSON has no nan)."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def cell(s: dict) -> str:
+    return "n/a" if math.isnan(s["mean"]) else f"{s['mean']:.3f}" + ("" if math.isnan(s["std"]) else f" ± {s['std']:.3f}")
+
+
+def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
+    t, objs = res["table"], ["base", *args.objectives]
+    token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
+    kernel_cols = [f"{mode}.{m}" for mode in args.modes for m in ("compile_rate", "pass@1", "pass@k")]
+    cats = [k for k in t["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(t["sft"][k]["mean"])]
+
+    def table(cols: list[str], rows: list[str], fmt) -> list[str]:
+        return ["| objective | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|",
+                *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows]]
+
+    def diff(o: str, c: str) -> str:
+        p = res["paired"][o][c]
+        return "n/a" if math.isnan(p["diff"]) else f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
+    seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
+    lines = [f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})", "",
+             f"Base model `{args.model}`; training data `{args.data}`; held-out data `{args.eval_data}` "
+             f"({res['held_out_samples']} samples, {res['token_counts']['all']} response tokens, "
+             f"{res['token_counts']['sensitive']} CUDA-sensitive, {res['token_counts']['base_hard']} base-hard, "
+             f"{res['token_counts']['base_region']} in base regions). Stage 04 backend: "
+             f"**{', '.join(res['backends']) or 'none'}**" + (" (CPU emulation: functional verdicts only)"
+                                                              if "emulated" in res["backends"] else "") + ".",
+             "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model (token metrics only).",
+             "", "## Held-out token metrics (stage 01 on the held-out data)", "",
+             *table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
+             "## Kernel verdicts (stage 04, eval split)", "",
+             *table(kernel_cols, args.objectives, lambda o, c: cell(t[o][c])), "",
+             "## Paired differences to sft (95% bootstrap interval)", "",
+             f"Per held-out sample (token metrics: the sample's mean over its tokens of that kind) or per prompt "
+             f"(pass@1: task x level), the objective's value minus sft's, each averaged over seeds; the mean over "
+             f"units and a percentile interval from {args.bootstrap} resamples of the units (seed 0).", "",
+             *table(list(res["paired"][next(iter(res["paired"]))]) if res["paired"] else [],
+                    [o for o in args.objectives if o != "sft"], diff), "",
+             "## Held-out NLL per CUDA-sensitivity category", "",
+             *table([c[4:-4] for c in cats], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])), "", figure_note, "",
+             "## Columns", "", *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],
+             "- `.nll`/`.acc` of a group: over all its tokens of all held-out samples (token-weighted)", "",
+             "## Commands", "", "```bash", shlex.join(["python", *sys.argv]), *commands, "```", ""]
+    return "\n".join(lines)
+
+
+def figure(path: Path, res: dict, args) -> bool:
+    """comparison.png (matplotlib, an optional extra); False when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    objs, t = ["base", *args.objectives], res["table"]
+    cats = [k for k in t["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(t["sft"][k]["mean"])]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 1.1 * len(objs)), 4))
+    width = 0.8 / max(len(cats), 1)
+    for j, c in enumerate(cats):
+        ax.bar([i - 0.4 + (j + 0.5) * width for i in range(len(objs))], [t[o][c]["mean"] for o in objs], width,
+               yerr=[0 if math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs], label=c[4:-4])
+    ax.set_xticks(range(len(objs)), objs)
+    ax.set_ylabel("held-out NLL, nats per token (mean ± std over seeds)", fontsize=8)
+    ax.set_title("Held-out NLL per CUDA-sensitivity category", fontsize=10)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    base_steps, runs, calls, stopped = execute(args)
+    if stopped:
+        return 0
+    res = aggregate(args, runs)
+    commands = [shown(command(s)) for s in base_steps + [s for r in runs for s in r["steps"]]]
+    res |= {"preset": args.preset, "objectives": args.objectives, "seeds": args.seeds, "model": args.model,
+            "data": str(args.data), "eval_data": str(args.eval_data), "columns": COLUMNS, "stage_calls": calls,
+            "command": shlex.join(["python", *sys.argv]), "commands": commands,
+            "timings": {r["name"]: json.loads((r["dir"] / "timings.json").read_text())
+                        for r in [{"name": "base", "dir": args.out / "base"}, *runs] if (r["dir"] / "timings.json").exists()}}
+    for v in res["per_run"].values():  # per-unit arrays as lists; nan as null
+        v["units"] = {k: dict(sorted(a.items())) if isinstance(a, dict) else a.tolist() for k, a in v.get("units", {}).items()}
+    write_text_atomic(args.out / "comparison.json", json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n")
+    made = figure(args.out / "comparison.png", res, args)
+    note = "![held-out NLL per category](comparison.png)" if made else \
+        "(No figure: matplotlib is not installed; pip install matplotlib, then rerun this command to add it.)"
+    write_text_atomic(args.out / "comparison.md", markdown(args, res, commands, note))
+    print(markdown(args, res, commands, note))
+    print(f"[compare] {'wrote' if made else 'no figure: matplotlib is not installed;'} {args.out / 'comparison.png'}")
+    print(f"[compare] wrote {args.out / 'comparison.md'} and comparison.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,207 @@
+"""experiments/compare.py (issue 14): the comparison command end to end on a micro configuration (tiny model,
+2 objectives x 2 seeds, 2 training steps, 3 held-out samples, stage 04 on one task under emulation, both
+modes): interrupted after 9 stage calls (--stop-after), continued (finished runs and steps skipped), and
+called once more with everything done (it only re-aggregates); the table checked against numbers
+recomputed here from the profiles and stage 04's rows; refusals of misaligned profiles and bad options."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import ROOT, load_script
+from cuset_common import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE, UserError, run_main
+
+compare = load_script("experiments/compare.py")
+OBJECTIVES, SEEDS = ("sft", "cuset"), 2
+RUNS = [f"{o}-seed{s}" for o in OBJECTIVES for s in range(SEEDS)]
+MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS), "--max-length", "512",
+         "--regions-args", "--permutations 10 --html-samples 1",
+         "--train-args", "--max-steps 2 --batch-size 4 --micro-batch-size 4",
+         "--eval-args", "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2"]
+
+
+def artifact_mtimes(out: Path, runs: list[str]) -> dict[str, float]:
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for r in runs for p in (out / r).rglob("*")
+            if p.is_file() and p.name not in ("log.txt", "timings.json")}
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    """The command run three times into one folder: stopped after 9 stage calls, continued, called again."""
+    tmp = tmp_path_factory.mktemp("compare")
+    train, held = tmp / "train8.jsonl", tmp / "eval3.jsonl"
+    train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
+    held.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:3]))
+    out = tmp / "out"
+    argv = [sys.executable, str(ROOT / "experiments" / "compare.py"), *MICRO, "--data", str(train),
+            "--eval-data", str(held), "--out", str(out)]
+
+    def call(*extra: str) -> str:
+        r = subprocess.run([*argv, *extra], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r.stdout
+
+    first = call("--stop-after", "9")  # base (4 calls), sft-seed0 (4), sft-seed1's stage 03
+    after_first, md_after_first = artifact_mtimes(out, ["base", *RUNS]), (out / "comparison.md").exists()
+    second = call()
+    after_second = artifact_mtimes(out, ["base", *RUNS])
+    md_mtime = (out / "comparison.md").stat().st_mtime_ns
+    third = call()
+    return {"out": out, "train": train, "held": held, "logs": (first, second, third),
+            "mtimes": (after_first, after_second, artifact_mtimes(out, ["base", *RUNS])), "md_mtime": md_mtime,
+            "md_after_first": md_after_first,
+            "json": json.loads((out / "comparison.json").read_text()), "md": (out / "comparison.md").read_text()}
+
+
+def stage_calls(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("[compare]   python ")]
+
+
+def test_an_interrupted_comparison_continues_and_skips_what_is_finished(micro):
+    first, second, _ = micro["logs"]
+    assert len(stage_calls(first)) == 9 and "stopped after 9 stage calls" in first
+    assert not micro["md_after_first"]  # a stopped comparison aggregates nothing
+    before, after = micro["mtimes"][:2]
+    assert "sft-seed1/ckpt/meta.json" in before and not any(k.startswith("sft-seed1/profile-heldout") for k in before)
+    # the second call: base and sft-seed0 skipped whole, sft-seed1 continued after its stage 03
+    assert "base stages 01+02: finished, skipped" in second and "run 1/4 sft-seed0: finished, skipped" in second
+    assert "03_train_cuset.py -> ckpt: finished, skipped" in second
+    assert len(stage_calls(second)) == 20 - 9 and "ETA" in second
+    assert all(after[k] == v for k, v in before.items()), "a finished artifact was rewritten"
+
+
+def test_a_call_with_everything_finished_only_reaggregates(micro):
+    third = micro["logs"][2]
+    assert stage_calls(third) == [] and "0 stage calls" in third
+    assert all(f"run {i}/4 {r}: finished, skipped" in third for i, r in enumerate(RUNS, start=1))
+    assert micro["mtimes"][2] == micro["mtimes"][1]
+    assert (micro["out"] / "comparison.md").stat().st_mtime_ns > micro["md_mtime"]
+
+
+def profile(path: Path) -> tuple[dict, dict]:
+    return load_file(str(path / "tensors.safetensors")), json.loads((path / "meta.json").read_text())
+
+
+def test_the_table_matches_numbers_recomputed_from_the_profiles(micro):
+    """NLL and accuracy per group, mean and std over seeds, and the paired difference to sft (its point
+    estimate), recomputed here from the base model's and each checkpoint's held-out profile."""
+    out, res = micro["out"], micro["json"]
+    base, _ = profile(out / "base" / "profile-heldout")
+    tau = load_file(str(out / "base" / "regions-heldout" / "tensors.safetensors"))["tau"]
+    region = load_file(str(out / "base" / "regions-heldout" / "tensors.safetensors"))["region_id"] >= 0
+    off = base["sample_offsets"]
+    sample = np.repeat(np.arange(len(off) - 1), np.diff(off))
+    hard = base["confidence"] < tau[sample]
+    groups = {"all": np.ones(len(sample), bool), "sensitive": base["sensitive"] > 0, "base_hard": hard,
+              "base_region": region, "cat.indexing": base["sensitive"] == 2}
+    assert 0 < hard.sum() < len(hard) and region.any() and (base["sensitive"] > 0).any()
+    values, per_sample = {}, {}
+    for o in OBJECTIVES:
+        for s in range(SEEDS):
+            t, _ = profile(out / f"{o}-seed{s}" / "profile-heldout")
+            assert np.array_equal(t["token_ids"], base["token_ids"])
+            nll, acc = -np.log(t["confidence"].astype(np.float64)), t["argmax_correct"].astype(np.float64)
+            for g, mask in groups.items():
+                values.setdefault((o, f"{g}.nll"), []).append(nll[mask].mean())
+                values.setdefault((o, f"{g}.acc"), []).append(acc[mask].mean())
+            per_sample.setdefault(o, []).append([nll[sample == i].mean() for i in range(len(off) - 1)])
+    token_table = micro["md"].split("## Held-out token metrics")[1].split("\n## ")[0]
+    md_rows = {line.split(" | ")[0][2:]: line for line in token_table.splitlines() if line.startswith("| ")}
+    for (o, metric), v in values.items():
+        got = res["table"][o][metric]
+        assert got["n"] == SEEDS and math.isclose(got["mean"], np.mean(v), rel_tol=1e-9), (o, metric)
+        assert math.isclose(got["std"], np.std(v, ddof=1), rel_tol=1e-6, abs_tol=1e-12), (o, metric)
+        if not metric.startswith("cat."):
+            assert f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" in md_rows[o], (o, metric)
+    diff = np.mean(np.mean(per_sample["cuset"], 0) - np.mean(per_sample["sft"], 0))
+    paired = res["paired"]["cuset"]["all.nll"]
+    assert math.isclose(paired["diff"], diff, rel_tol=1e-9) and paired["units"] == len(off) - 1
+    assert paired["ci95"][0] <= paired["ci95"][1]
+    paired_table = micro["md"].split("## Paired differences to sft")[1].split("\n## ")[0]
+    assert f"| cuset | {diff:+.3f} [{paired['ci95'][0]:+.3f}, {paired['ci95'][1]:+.3f}] |" in paired_table
+
+
+def test_kernel_verdicts_match_stage_04_rows(micro):
+    """compile rate and pass@1 per objective: recomputed from each run's results.jsonl, averaged over seeds;
+    the backend is labelled."""
+    out, res = micro["out"], micro["json"]
+    for o in OBJECTIVES:
+        for mode in ("kernel", "standalone"):
+            compiled, passed = [], []
+            for s in range(SEEDS):
+                rows = [json.loads(x) for x in (out / f"{o}-seed{s}" / f"eval-{mode}" / "results.jsonl").read_text()
+                        .splitlines()]
+                assert len(rows) == 1 and rows[0]["backend"] == "emulated"
+                compiled.append(np.mean([r["outcome"] not in ("missing", "no_code", "compile_error") for r in rows]))
+                passed.append(np.mean([r["outcome"] == "pass" for r in rows]))
+            assert math.isclose(res["table"][o][f"{mode}.compile_rate"]["mean"], np.mean(compiled))
+            assert math.isclose(res["table"][o][f"{mode}.pass@1"]["mean"], np.mean(passed))
+    assert res["backends"] == ["emulated"] and "**emulated**" in micro["md"]
+    assert "python 03_train_cuset.py" in micro["md"] and len(res["commands"]) == 4 + 4 * len(RUNS)
+
+
+def test_misaligned_profiles_are_refused(micro, tmp_path):
+    base = compare.read_profile(micro["out"] / "base" / "profile-heldout")
+    for field, value in (("tokenizer_fingerprint", "0" * 64), ("data", {"path": "x", "sha256": "1" * 64})):
+        copy = tmp_path / field
+        shutil.copytree(micro["out"] / "sft-seed0" / "profile-heldout", copy)
+        meta = json.loads((copy / "meta.json").read_text()) | {field: value}
+        (copy / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(UserError, match="another (tokenizer|data)"):
+            compare.read_profile(copy, base)
+
+
+@pytest.mark.parametrize("argv,msg", [(["--objectives", "sft,bogus"], "unknown objective"),
+                                      (["--objectives", "cuset"], "must include sft"),
+                                      (["--data", "nowhere.jsonl"], "pass --eval-data")])
+def test_bad_options_exit_2_with_one_line(argv, msg, capsys):
+    assert run_main(compare.main, argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
+    """What a step killed mid-stage gets: stage 01 --resume when <out>.partial/ holds the same run (another run's
+    partial folder is removed), stage 03 --resume when <ckpt>/resume/ holds the same run (--force when it holds
+    another one), stage 04 --force when its folder holds another run (the same run resumes by itself)."""
+    from cuset_common import args_to_json
+
+    args = compare.parse_args([*MICRO, "--out", str(tmp_path)])
+    base_steps, runs = compare.plan(args)
+    train, held, ev = runs[0]["steps"][0], runs[0]["steps"][1], runs[0]["steps"][2]
+    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04", "04"] and compare.continuation(train, print) == ()
+
+    def saved(step: dict, **change) -> dict:
+        return args_to_json(compare.stage_module(step["stage"]).parse_args(step["argv"])) | change
+
+    state = compare.stage_module("01").partial_dir(held["out"]) / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"args": saved(held, log_every=1.0)}))
+    assert compare.continuation(held, print) == ("--resume",)
+    state.write_text(json.dumps({"args": saved(held, chunk_rows=7)}))
+    assert compare.continuation(held, print) == () and not state.parent.exists()
+
+    (train["out"] / "resume").mkdir(parents=True)
+    (train["out"] / "resume" / "args.json").write_text(json.dumps(saved(train, save_every=3)))
+    assert compare.continuation(train, print) == ("--resume",)
+    (train["out"] / "resume" / "args.json").write_text(json.dumps(saved(train, lr=1.0)))
+    assert compare.continuation(train, print) == ("--force",)
+
+    ev["out"].mkdir(parents=True)
+    (ev["out"] / "fingerprint.json").write_text(json.dumps({"model": "another"}))
+    assert compare.continuation(ev, print) == ("--force",) and not compare.finished(ev)
+
+
+def test_bootstrap_is_deterministic_and_brackets_the_mean():
+    d = np.random.default_rng(1).normal(0.3, 1.0, 50)
+    lo, hi = compare.bootstrap(d, 2000)
+    assert (lo, hi) == compare.bootstrap(d, 2000) and lo < d.mean() < hi
+    assert compare.bootstrap(np.full(7, 0.5), 100) == (0.5, 0.5)
