@@ -57,18 +57,23 @@ HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_FILE: EVAL_SFT_FILE}  # t
 PRESETS = {  # per stage: arguments appended to its command line (--profile-args etc. replace them)
     "full": {"objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
              "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
-             "eval": ["--levels", "1,2,3", "--num-samples", "5", "--temperature", "0.8"]},
+             "eval": ["--levels", "1,2,3", "--num-samples", "5", "--temperature", "0.8"], "standalone": []},
     "cpu-quick": {"objectives": ("sft", "profit", "cuset"), "seeds": 2, "profile": [], "regions": [],
-                  "train": ["--max-steps", "100"],
-                  "eval": ["--levels", "1", "--backend", "emulate", "--max-new-tokens", "512"]},
+                  "train": ["--max-steps", "100"], "eval": ["--levels", "1", "--backend", "emulate"],
+                  "standalone": ["--max-new-tokens", "512"]},
 }
-PRESET_HELP = """full (default): all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
---lr 1e-5 --epochs 3; stage 04 levels 1-3, 5 samples at temperature 0.8 (pass@1 and pass@5), backend auto.
-For a real model on a GPU (README, "Reproduce the comparison", gives the estimated GPU time).
-cpu-quick: the bundled tiny model on 2 CPU cores in under 60 minutes (estimate, from the per-stage times
-of a micro run: base stages about 2 min; per run stage 03's 100 steps of 8 samples about 4 min, stage
-01 on the held-out data 0.3 min, stage 04 kernel and standalone mode, level 1 of the 40 eval tasks under
-the emulate backend, about 3 min): sft, profit and cuset x 2 seeds = 6 runs, about 45 min."""
+PRESET_NOTES = {"full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
+--lr 1e-5 --epochs 3; stage 04 levels 1-3 of the 40 eval tasks, 5 samples at temperature 0.8 (pass@1 and
+pass@5), backend auto. For a real model on a GPU: README, "Reproduce the comparison", estimates its time.""",
+                "cpu-quick": """the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
+--max-steps 100 (800 of the 1,020 training samples, batches of 8); stage 04 level 1 of the 40 eval tasks
+under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are
+longer: on the tiny model standalone mode only exercises the path). Estimate for 2 idle cores, from the
+README's stage times and this command's micro runs: base stages 1.5 min; per run stage 03 about 3.5 min
+(2 s per step), stage 01 on the held-out data 0.2 min, stage 04 kernel mode 0.6 min and standalone mode
+1.2 min: about 5.5 min per run, 35 min in all. Not yet measured end to end; on cores shared with
+another job the stages ran 2.5-4x slower here (e.g. 8 s per training step)."""}
+PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
 UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll", "all.acc")  # token metrics with a paired bootstrap
 COLUMNS = {
@@ -97,9 +102,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
     a("--modes", default=",".join(MODES), help="stage 04 modes (default: %(default)s)")
     a("--max-length", type=int, default=2048, help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
-    for stage in ("profile", "regions", "train", "eval"):
+    for stage in ("profile", "regions", "train", "eval", "standalone"):
         a(f"--{stage}-args", default=None, help=f"extra arguments of the {stage} stage, one string "
-                                                 f"(default: the preset's)")
+                                                 f"(default: the preset's)" if stage != "standalone" else
+          "extra arguments of stage 04 in standalone mode only, after --eval-args (default: the preset's)")
     a("--bootstrap", type=int, default=2000, help="bootstrap resamples of the paired differences (default: %(default)s)")
     a("--stop-after", type=int, default=None, help="stop after N stage calls in this invocation (time slices; "
                                                    "tests use it to interrupt a comparison deterministically)")
@@ -108,7 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
     args.modes = args.modes.split(",")
-    for stage in ("profile", "regions", "train", "eval"):
+    for stage in ("profile", "regions", "train", "eval", "standalone"):
         given = getattr(args, f"{stage}_args")
         setattr(args, f"{stage}_args", shlex.split(given) if given is not None else list(preset[stage]))
     if bad := [o for o in args.objectives if o not in OBJECTIVES] + [m for m in args.modes if m not in MODES]:
@@ -167,7 +173,8 @@ def plan(args) -> tuple[list[dict], list[dict]]:
                              *args.profile_args]}]
             run += [{"stage": "04", "out": d / f"eval-{mode}", "inputs": [ckpt / "meta.json"],
                      "argv": ["--model", str(ckpt), "--mode", mode, "--split", "eval", "--out", str(d / f"eval-{mode}"),
-                              *args.eval_args]} for mode in args.modes]
+                              *args.eval_args, *(args.standalone_args if mode == "standalone" else [])]}
+                    for mode in args.modes]
             runs.append({"name": d.name, "objective": objective, "seed": seed, "dir": d, "steps": run})
     return steps, runs
 
@@ -442,6 +449,8 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
              f"{res['token_counts']['base_region']} in base regions). Stage 04 backend: "
              f"**{', '.join(res['backends']) or 'none'}**" + (" (CPU emulation: functional verdicts only)"
                                                               if "emulated" in res["backends"] else "") + ".",
+             "", f"Preset {args.preset} (options on the command line override it; the commands below are what ran): "
+             + " ".join(PRESET_NOTES[args.preset].split()),
              "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model (token metrics only).",
              "", "## Held-out token metrics (stage 01 on the held-out data)", "",
              *table(token_cols, objs, lambda o, c: cell(t[o][c])), "",

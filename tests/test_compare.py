@@ -23,6 +23,7 @@ compare = load_script("experiments/compare.py")
 OBJECTIVES, SEEDS = ("sft", "cuset"), 2
 RUNS = [f"{o}-seed{s}" for o in OBJECTIVES for s in range(SEEDS)]
 MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS), "--max-length", "512",
+         "--standalone-args", "",
          "--regions-args", "--permutations 10 --html-samples 1",
          "--train-args", "--max-steps 2 --batch-size 4 --micro-batch-size 4",
          "--eval-args", "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2"]
