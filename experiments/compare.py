@@ -22,8 +22,9 @@ retrained checkpoint makes its profile and evaluations stale). Finished steps ar
 steps are all finished is skipped. A step that was interrupted continues: stage 01 with --resume when
 <out>.partial/ holds the same run (else that folder is removed and it starts over), stage 03 with
 --resume when <ckpt>/resume/ holds the same run (else --force: it starts over), stage 04 in the same
---out (it keeps finished rows; --force when the folder holds another run). With everything finished
-a call only re-aggregates.
+--out (it keeps finished rows; --force when the folder holds another run). A stage gets SIGTERM when this
+command dies (Linux), so a rerun never races one left running. With everything finished a call only
+re-aggregates.
 
 Metrics (comparison.md says what each column means). Token metrics come from stage 01's profile of the
 checkpoint on the held-out data, aligned token by token with the base model's (same tokenizer and data,
@@ -33,11 +34,13 @@ objective's value minus sft's, each averaged over seeds; 95% percentile bootstra
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -120,8 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad := [o for o in args.objectives if o not in OBJECTIVES] + [m for m in args.modes if m not in MODES]:
         raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}; "
                         f"modes: {', '.join(MODES)}")
-    if "sft" not in args.objectives or args.seeds < 1 or args.bootstrap < 1:
-        raise UserError("--objectives must include sft (the differences are to sft); --seeds and --bootstrap >= 1")
+    if "sft" not in args.objectives or len(set(args.objectives)) < len(args.objectives) or min(args.seeds, args.bootstrap) < 1:
+        raise UserError("--objectives must include sft (the differences are to sft), each objective once; --seeds and "
+                        "--bootstrap must be >= 1")
     if args.eval_data is None:
         args.eval_data = HELD_OUT.get(args.data.resolve())
         if args.eval_data is None:
@@ -193,6 +197,12 @@ def same_args(saved: dict, now, ignore: set[str]) -> bool:
     return all(saved.get(k) == now.get(k) for k in set(saved) | set(now) if k not in ignore)
 
 
+@functools.lru_cache(maxsize=None)
+def data_sha256(path: str, mtime_ns: int) -> str:
+    """sha256 of a data file, once per version of it (finished() asks for every step)."""
+    return sha256_file(Path(path))
+
+
 def read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -218,7 +228,7 @@ def finished(step: dict) -> bool:
     weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
     if stage == "03" and not (meta.get("final_step") and any((out / w).exists() for w in weights)):
         return False
-    return stage == "02" or meta.get("data", {}).get("sha256") == sha256_file(now.data)
+    return stage == "02" or meta.get("data", {}).get("sha256") == data_sha256(str(now.data), now.data.stat().st_mtime_ns)
 
 
 def continuation(step: dict, log) -> tuple[str, ...]:
@@ -237,6 +247,16 @@ def continuation(step: dict, log) -> tuple[str, ...]:
     if stage == "04" and read_json(out / "fingerprint.json") not in (None, fingerprint(step)):
         return ("--force",)
     return ()
+
+
+def die_with_parent() -> None:
+    """In the stage's process before it starts (Linux): SIGTERM when this command dies, even by SIGKILL, so that
+    a rerun never races a stage left running (the stages write atomically; a rerun continues what it left)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: a killed comparison leaves its current stage running to the end
 
 
 def hms(seconds: float) -> str:
@@ -277,7 +297,7 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
                 print(f"[compare]   {shown(cmd)}   (log: {folder / 'log.txt'})", flush=True)
                 print(f"\n$ {shown(cmd)}", file=log, flush=True)
                 t = time.time()
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent).returncode
             calls += 1
             timings[key] = round(time.time() - t, 1)
             write_text_atomic(timings_path, json.dumps(timings, indent=2) + "\n")
@@ -382,7 +402,9 @@ def aggregate(args, runs: list[dict]) -> dict:
         table[o] = {k: {"mean": float(np.mean([x[k] for x in rows])), "n": len(rows),
                         "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
                     for k in rows[0]}
-    return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends),
+    ks = sorted({json.loads((r["dir"] / f"eval-{m}" / "summary.json").read_text())["num_samples"]
+                 for r in runs for m in args.modes})
+    return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends), "k": ks,
             "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n}
 
 
@@ -431,11 +453,17 @@ def cell(s: dict) -> str:
 def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
     t, objs = res["table"], ["base", *args.objectives]
     token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
-    kernel_cols = [f"{mode}.{m}" for mode in args.modes for m in ("compile_rate", "pass@1", "pass@k")]
+    kernel_cols = [f"{mode}.{m}" for mode in args.modes for m in ("compile_rate", "pass@1", "pass@k")
+                   if m != "pass@k" or res["k"] != [1]]  # one sample per prompt: pass@k is pass@1
     cats = [k for k in t["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(t["sft"][k]["mean"])]
 
+    k = "/".join(map(str, res["k"]))  # pass@k: k = stage 04's --num-samples
+
     def table(cols: list[str], rows: list[str], fmt) -> list[str]:
-        return ["| objective | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|",
+        if not cols or not rows:
+            return ["(none: the comparison has only sft)"]
+        return ["| objective | " + " | ".join(c.replace("pass@k", f"pass@{k}") for c in cols) + " |",
+                "|---" * (len(cols) + 1) + "|",
                 *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows]]
 
     def diff(o: str, c: str) -> str:
@@ -454,7 +482,7 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
              "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model (token metrics only).",
              "", "## Held-out token metrics (stage 01 on the held-out data)", "",
              *table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
-             "## Kernel verdicts (stage 04, eval split)", "",
+             f"## Kernel verdicts (stage 04, eval split; {k} sample(s) per prompt)", "",
              *table(kernel_cols, args.objectives, lambda o, c: cell(t[o][c])), "",
              "## Paired differences to sft (95% bootstrap interval)", "",
              f"Per held-out sample (token metrics: the sample's mean over its tokens of that kind) or per prompt "
