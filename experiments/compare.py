@@ -20,8 +20,8 @@ and matches what would be run now: the arguments the stage records equal those i
 04: its fingerprint.json), the data sha256 is the data's, and it is newer than the artifacts it reads (a
 retrained checkpoint makes its profile and evaluations stale). Finished steps are skipped; a run whose
 steps are all finished is skipped. A step that was interrupted continues: stage 01 with --resume when
-<out>.partial/ holds the same run (else that folder is removed and it starts over), stage 03 with
---resume when <ckpt>/resume/ holds the same run (else --force: it starts over), stage 04 in the same
+<out>.partial/ holds the same run, newer than what it reads (else that folder is removed and it starts
+over), stage 03 with --resume when <ckpt>/resume/ does (else --force: it starts over), stage 04 in the same
 --out (it keeps finished rows; --force when the folder holds another run). A stage gets SIGTERM when this
 command dies (Linux), so a rerun never races one left running. With everything finished a call only
 re-aggregates.
@@ -232,16 +232,21 @@ def finished(step: dict) -> bool:
 
 
 def continuation(step: dict, log) -> tuple[str, ...]:
-    """Arguments that continue an interrupted step, or start it over where it cannot continue."""
+    """Arguments that continue an interrupted step, or start it over where it cannot continue: another run's
+    state, or one older than what the step reads (a checkpoint or regions made again since), is not resumed."""
     mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
-    if stage == "01" and (state := read_json(mod.partial_dir(out) / "state.json")) is not None:
-        if same_args(state["args"], mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE):
+
+    def resumable(state: Path) -> bool:
+        saved = read_json(state)
+        return saved is not None and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime for p in step["inputs"]) and \
+            same_args(saved.get("args", saved), mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE)
+    if stage == "01" and (mod.partial_dir(out) / "state.json").exists():
+        if resumable(mod.partial_dir(out) / "state.json"):
             return ("--resume",)
-        log(f"removing {mod.partial_dir(out)}: partial results of other arguments")
+        log(f"removing {mod.partial_dir(out)}: partial results of another run")
         shutil.rmtree(mod.partial_dir(out))
     if stage == "03":
-        saved = read_json(mod.resume_dir(out) / "args.json")
-        if saved is not None and same_args(saved, mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE):
+        if resumable(mod.resume_dir(out) / "args.json"):
             return ("--resume",)
         return ("--force",) if out.exists() and any(out.iterdir()) else ()
     if stage == "04" and read_json(out / "fingerprint.json") not in (None, fingerprint(step)):
@@ -271,15 +276,17 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     pending = [g for g in groups if not all(finished(s) for s in g[1])]
     print(f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
           f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}", flush=True)
-    calls, t0, done_now = 0, time.time(), 0
+    calls, t0, done_now, run_seconds = 0, time.time(), 0, []
     for i, (name, steps, folder) in enumerate(groups):
         label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
         if all(finished(s) for s in steps):
             print(f"[compare] {label}: finished, skipped", flush=True)
             continue
-        el = time.time() - t0
-        eta = f"ETA {hms(el / done_now * (len(pending) - done_now))}" if done_now else "ETA after the first run"
-        print(f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed {hms(el)} | {eta}", flush=True)
+        runs_left = sum(g[0] != "base" for g in pending[done_now:])  # this one included
+        eta = f"ETA {hms(np.mean(run_seconds) * runs_left)}" if run_seconds else "ETA after the first run"
+        print(f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed {hms(time.time() - t0)} | {eta}",
+              flush=True)
+        t_group = time.time()
         folder.mkdir(parents=True, exist_ok=True)
         timings_path = folder / "timings.json"
         timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
@@ -305,6 +312,7 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
                 tail = "".join((folder / "log.txt").read_text().splitlines(keepends=True)[-15:])
                 raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of {folder / 'log.txt'}:\n{tail}")
         done_now += 1
+        run_seconds += [time.time() - t_group] if name != "base" else []
     print(f"[compare] {calls} stage calls in {hms(time.time() - t0)}", flush=True)
     return base_steps, runs, calls, False
 

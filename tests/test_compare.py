@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,13 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     assert compare.continuation(held, print) == ("--resume",)
     state.write_text(json.dumps({"args": saved(held, chunk_rows=7)}))
     assert compare.continuation(held, print) == () and not state.parent.exists()
+    state.parent.mkdir()
+    state.write_text(json.dumps({"args": saved(held)}))
+    (train["out"] / "meta.json").parent.mkdir(parents=True)
+    (train["out"] / "meta.json").write_text("{}")
+    os.utime(train["out"] / "meta.json", (state.stat().st_mtime + 10,) * 2)  # the checkpoint was trained again
+    assert compare.continuation(held, print) == () and not state.parent.exists()
+    (train["out"] / "meta.json").unlink()
 
     (train["out"] / "resume").mkdir(parents=True)
     (train["out"] / "resume" / "args.json").write_text(json.dumps(saved(train, save_every=3)))
