@@ -502,7 +502,12 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
              *table([c[4:-4] for c in cats], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])), "", figure_note, "",
              "## Columns", "", *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],
              "- `.nll`/`.acc` of a group: over all its tokens of all held-out samples (token-weighted)", "",
-             "## Commands", "", "```bash", shlex.join(["python", *sys.argv]), *commands, "```", ""]
+             "## Stage times (seconds, the last execution of each step)", "",
+             *[f"- {name}: " + ", ".join(f"{k} {v:g}" for k, v in steps.items()) + f"; total {sum(steps.values()):g}"
+               for name, steps in res["timings"].items()], "",
+             "## Commands", "", "A step continued after an interruption ran with its stage's --resume (or --force) "
+             "added; `<run>/log.txt` holds every invocation and its output.", "",
+             "```bash", res["command"], *commands, "```", ""]
     return "\n".join(lines)
 
 
