@@ -1,16 +1,19 @@
 """experiments/compare.py (issue 14): the comparison command end to end on a micro configuration (tiny model,
 2 objectives x 2 seeds, 2 training steps, 3 held-out samples, stage 04 on one task under emulation, both
-modes): interrupted after 9 stage calls (--stop-after), continued (finished runs and steps skipped), and
-called once more with everything done (it only re-aggregates); the table checked against numbers
-recomputed here from the profiles and stage 04's rows; refusals of misaligned profiles and bad options."""
+modes): stopped after 8 stage calls (--stop-after), killed (SIGKILL) in the middle of a training, continued
+(finished runs and steps skipped, the training resumed), and called once more with everything done (it only
+re-aggregates); the table checked against numbers recomputed here from the profiles and stage 04's rows;
+how an interrupted stage is continued; refusals of misaligned profiles and bad options."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ RUNS = [f"{o}-seed{s}" for o in OBJECTIVES for s in range(SEEDS)]
 MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS), "--max-length", "512",
          "--standalone-args", "",
          "--regions-args", "--permutations 10 --html-samples 1",
-         "--train-args", "--max-steps 2 --batch-size 4 --micro-batch-size 4",
+         "--train-args", "--max-steps 2 --batch-size 4 --micro-batch-size 4 --save-every 1",
          "--eval-args", "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2"]
 
 
@@ -37,7 +40,8 @@ def artifact_mtimes(out: Path, runs: list[str]) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-    """The command run three times into one folder: stopped after 9 stage calls, continued, called again."""
+    """The command run four times into one folder: stopped after 8 stage calls (base and sft-seed0), killed during
+    sft-seed1's training (after its first resume checkpoint), continued, called again."""
     tmp = tmp_path_factory.mktemp("compare")
     train, held = tmp / "train8.jsonl", tmp / "eval3.jsonl"
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
@@ -51,15 +55,25 @@ def micro(tmp_path_factory):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         return r.stdout
 
-    first = call("--stop-after", "9")  # base (4 calls), sft-seed0 (4), sft-seed1's stage 03
+    first = call("--stop-after", "8")  # base (4 calls) and sft-seed0 (4)
     after_first, md_after_first = artifact_mtimes(out, ["base", *RUNS]), (out / "comparison.md").exists()
+    resume = out / "sft-seed1" / "ckpt" / "resume" / "state.pt"  # stage 03's checkpoint after step 1 of 2
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not resume.exists():
+        assert proc.poll() is None and time.time() < deadline, "stage 03 of sft-seed1 wrote no resume checkpoint"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)  # the running stage gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    killed_mid_training = not (out / "sft-seed1" / "ckpt" / "meta.json").exists()
     second = call()
     after_second = artifact_mtimes(out, ["base", *RUNS])
     md_mtime = (out / "comparison.md").stat().st_mtime_ns
     third = call()
     return {"out": out, "train": train, "held": held, "logs": (first, second, third),
             "mtimes": (after_first, after_second, artifact_mtimes(out, ["base", *RUNS])), "md_mtime": md_mtime,
-            "md_after_first": md_after_first,
+            "md_after_first": md_after_first, "killed_mid_training": killed_mid_training,
             "json": json.loads((out / "comparison.json").read_text()), "md": (out / "comparison.md").read_text()}
 
 
@@ -69,15 +83,18 @@ def stage_calls(log: str) -> list[str]:
 
 def test_an_interrupted_comparison_continues_and_skips_what_is_finished(micro):
     first, second, _ = micro["logs"]
-    assert len(stage_calls(first)) == 9 and "stopped after 9 stage calls" in first
+    assert len(stage_calls(first)) == 8 and "stopped after 8 stage calls" in first
     assert not micro["md_after_first"]  # a stopped comparison aggregates nothing
     before, after = micro["mtimes"][:2]
-    assert "sft-seed1/ckpt/meta.json" in before and not any(k.startswith("sft-seed1/profile-heldout") for k in before)
-    # the second call: base and sft-seed0 skipped whole, sft-seed1 continued after its stage 03
+    assert "sft-seed0/eval-standalone/summary.json" in before and not any(k.startswith("sft-seed1") for k in before)
+    assert micro["killed_mid_training"]
+    # after the kill: base and sft-seed0 skipped whole, sft-seed1's training continued from its checkpoint
     assert "base stages 01+02: finished, skipped" in second and "run 1/4 sft-seed0: finished, skipped" in second
-    assert "03_train_cuset.py -> ckpt: finished, skipped" in second
-    assert len(stage_calls(second)) == 20 - 9 and "ETA" in second
-    assert all(after[k] == v for k, v in before.items()), "a finished artifact was rewritten"
+    calls = stage_calls(second)
+    assert len(calls) == 20 - 8 and "03_train_cuset.py" in calls[0] and " --resume " in calls[0]
+    assert "resumed at step 1" in (micro["out"] / "sft-seed1" / "log.txt").read_text()
+    assert json.loads((micro["out"] / "sft-seed1" / "ckpt" / "meta.json").read_text())["final_step"] == 2
+    assert "ETA" in second and all(after[k] == v for k, v in before.items()), "a finished artifact was rewritten"
 
 
 def test_a_call_with_everything_finished_only_reaggregates(micro):
