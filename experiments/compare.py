@@ -24,7 +24,7 @@ steps are all finished is skipped. A step that was interrupted continues: stage 
 over), stage 03 with --resume when <ckpt>/resume/ does (else --force: it starts over), stage 04 in the same
 --out (it keeps finished rows; --force when the folder holds another run). A stage gets SIGTERM when this
 command dies (Linux), so a rerun never races one left running. With everything finished a call only
-re-aggregates.
+re-aggregates. A finished training's resume state (<ckpt>/resume/) is deleted: the checkpoint stays.
 
 Metrics (comparison.md says what each column means). Token metrics come from stage 01's profile of the
 checkpoint on the held-out data, aligned token by token with the base model's (same tokenizer and data,
@@ -311,6 +311,9 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
             if rc != 0:
                 tail = "".join((folder / "log.txt").read_text().splitlines(keepends=True)[-15:])
                 raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of {folder / 'log.txt'}:\n{tail}")
+            if step["stage"] == "03" and finished(step):  # its resume state (weights + AdamW: 18 GB for 1.5B) is
+                for old in ("resume", ".resume.old"):     # of no use once the checkpoint is written
+                    shutil.rmtree(step["out"] / old, ignore_errors=True)
         done_now += 1
         run_seconds += [time.time() - t_group] if name != "base" else []
     print(f"[compare] {calls} stage calls in {hms(time.time() - t0)}", flush=True)

@@ -102,6 +102,7 @@ def test_a_call_with_everything_finished_only_reaggregates(micro):
     assert stage_calls(third) == [] and "0 stage calls" in third
     assert all(f"run {i}/4 {r}: finished, skipped" in third for i, r in enumerate(RUNS, start=1))
     assert micro["mtimes"][2] == micro["mtimes"][1]
+    assert not any((micro["out"] / r / "ckpt" / "resume").exists() for r in RUNS)  # deleted once trained
     assert (micro["out"] / "comparison.md").stat().st_mtime_ns > micro["md_mtime"]
 
 
