@@ -13,7 +13,8 @@ file only decides what to run and aggregates the artifacts: the method lives in 
 
 Outputs in --out: comparison.md (tables, what each column means, the commands), comparison.json (every
 number), comparison.png (held-out NLL per CUDA-sensitivity category; only with matplotlib installed), and
-base/ and <objective>-seed<k>/ with the stages' artifacts and log.txt.
+base/ and <objective>-seed<k>/ with the stages' artifacts, log.txt (every stage call and its output) and
+timings.json (seconds per step).
 
 Resume. A step (one stage call) is finished when its artifact exists (meta.json; stage 04: summary.json)
 and matches what would be run now: the arguments the stage records equal those it would be given (stage
@@ -276,6 +277,9 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     pending = [g for g in groups if not all(finished(s) for s in g[1])]
     print(f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
           f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}", flush=True)
+    if pending and args.preset == "full" and stage_module("04").gpu_name() is None:
+        print("[compare] note: the full preset is sized for a real model on a GPU and none is listed here; "
+              "--preset cpu-quick is the CPU one", flush=True)
     calls, t0, done_now, run_seconds = 0, time.time(), 0, []
     for i, (name, steps, folder) in enumerate(groups):
         label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
@@ -560,7 +564,10 @@ def main(argv: list[str] | None = None) -> int:
         "(No figure: matplotlib is not installed; pip install matplotlib, then rerun this command to add it.)"
     write_text_atomic(args.out / "comparison.md", markdown(args, res, commands, note))
     print(markdown(args, res, commands, note))
-    print(f"[compare] {'wrote' if made else 'no figure: matplotlib is not installed;'} {args.out / 'comparison.png'}")
+    if not made:  # a figure from an earlier call would show other numbers
+        (args.out / "comparison.png").unlink(missing_ok=True)
+    print(f"[compare] wrote {args.out / 'comparison.png'}" if made else
+          "[compare] no figure: matplotlib is not installed (pip install matplotlib for comparison.png)")
     print(f"[compare] wrote {args.out / 'comparison.md'} and comparison.json")
     return 0
 
