@@ -72,11 +72,9 @@ pass@5), backend auto. For a real model on a GPU: README, "Reproduce the compari
                 "cpu-quick": """the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
 --max-steps 100 (800 of the 1,020 training samples, batches of 8); stage 04 level 1 of the 40 eval tasks
 under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are
-longer: on the tiny model standalone mode only exercises the path). Estimate for 2 idle cores, from the
-README's stage times and this command's micro runs: base stages 1.5 min; per run stage 03 about 3.5 min
-(2 s per step), stage 01 on the held-out data 0.2 min, stage 04 kernel mode 0.6 min and standalone mode
-1.2 min: about 5.5 min per run, 35 min in all. Not yet measured end to end; on cores shared with
-another job the stages ran 2.5-4x slower here (e.g. 8 s per training step)."""}
+longer: on the tiny model standalone mode only exercises the path). Measured end to end on 2 idle cores
+(2026-11-30): 30 min 22 s (base stages 78 s; per run 244-341 s: stage 03 176-203 s, stage 01 on the
+held-out data 7-11 s, stage 04 28-80 s per mode)."""}
 PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
 UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll", "all.acc")  # token metrics with a paired bootstrap
