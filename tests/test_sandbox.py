@@ -361,8 +361,12 @@ def test_the_compilers_work_in_the_whitelist(sandbox, compiler, source):
 
 
 def test_trusted_scripts_see_our_files_but_no_network_and_no_host_processes(sandbox, listeners):
-    results = sandbox.attack(f"read:{ROOT / 'README.md'}", f"tcp:{listeners['tcp']}", "pids", untrusted=False)
-    assert results[f"read:{ROOT / 'README.md'}"] == "ok"
+    # The task's file beside the run folder: hidden from the program (test above), there for gen.py and
+    # compare.py. (Not the project's own files: as `nobody` those are readable only if the checkout is.)
+    cwd = sandbox.folder()
+    task_file = cwd.parent / "task" / "secret.txt"
+    results = sandbox.attack(f"read:{task_file}", f"tcp:{listeners['tcp']}", "pids", untrusted=False, cwd=cwd)
+    assert results[f"read:{task_file}"] == "ok"
     assert results[f"tcp:{listeners['tcp']}"] != "ok"
     assert len(results["pids"].split()) <= 3
 
