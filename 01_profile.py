@@ -2,7 +2,8 @@
 
 For every response token of every sample: the probability of the gold token under teacher
 forcing (its "confidence"), the entropy of the predicted distribution, whether the model's most
-likely token is the gold one (its argmax: token accuracy), and the token's CUDA-sensitivity category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02
+likely token is the gold one (its argmax: token accuracy), and the token's CUDA-sensitivity
+category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02
 turns these into low-confidence CUDA-sensitive regions and sample weights.
 
 Inputs -> outputs
@@ -13,8 +14,9 @@ Inputs -> outputs
      tensors.safetensors  flat over the response tokens of all samples, in data order:
                           token_ids int32 [T], confidence float32 [T], entropy float16 [T] (nats),
                           argmax_correct uint8 [T] (1: the argmax of the logits is the gold token;
-                          ties go to the lowest id, as torch.argmax), sensitive uint8 [T], char_start/char_end int32 [T] (span in the response
-                          text), line_index int32 [T] (0-based line of char_start), sample_offsets int64 [S+1]
+                          ties go to the lowest id, as torch.argmax), sensitive uint8 [T],
+                          char_start/char_end int32 [T] (span in the response text), line_index
+                          int32 [T] (0-based line of char_start), sample_offsets int64 [S+1]
      samples.jsonl        per sample: index, id, line, response_text, n_prompt_tokens,
                           n_response_tokens, truncated
      meta.json            stage, args, model, tokenizer_fingerprint, data {path, sha256}, max_length, counts
@@ -39,8 +41,8 @@ serves as context (assumption: nothing predicts it; n_prompt_tokens = 1).
 
 Efficiency: the model body runs once per batch (bf16 autocast on a GPU) and lm_head is applied to
 the response positions only, --chunk-rows at a time, with log-softmax of the gold token, the
-entropy and the argmax per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real vocabularies
-exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8 samples (longest
+entropy and the argmax per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real
+vocabularies exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8 samples (longest
 first: little padding) and chunks of 1024 rows; on a CPU one sample per batch and 128 rows per chunk
 (bench/profile.py measures both against the per-sample loop a user writes first).
 

@@ -93,11 +93,6 @@ def build_split(tasks: list[dict], split: str, k: int) -> tuple[list[dict], list
     return standalone, kernel
 
 
-def build(tasks: list[dict], k: int) -> tuple[list[dict], list[dict]]:
-    """The training data: train split, k renamed copies per task in kernel mode."""
-    return build_split(tasks, "train", k)
-
-
 def as_text(records: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
@@ -121,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     tasks = load_tasks(args.tasks)
-    standalone, kernel = build(tasks, args.variants)
+    standalone, kernel = build_split(tasks, "train", args.variants)
     eval_standalone, eval_kernel = build_split(tasks, "eval", 0)  # held out: never renamed copies
     for split, recs in (("train", standalone), ("eval", eval_standalone)):
         if not recs:

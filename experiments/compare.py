@@ -366,8 +366,8 @@ def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarr
     return metrics, units
 
 
-def kernel_metrics(folder: Path, mode: str) -> tuple[dict, dict, str]:
-    """Stage 04's overall compile rate, pass@1 and pass@k, per-prompt pass@1 (unit: task x level), backend."""
+def kernel_metrics(folder: Path, mode: str) -> tuple[dict, dict, str, int]:
+    """Stage 04's overall compile rate, pass@1 and pass@k, per-prompt pass@1 (unit: task x level), backend, k."""
     summary = json.loads((folder / "summary.json").read_text())
     k = summary["num_samples"]
     over = summary["overall"]
@@ -378,7 +378,7 @@ def kernel_metrics(folder: Path, mode: str) -> tuple[dict, dict, str]:
         if r["outcome"] not in ("unsupported", "task_error"):
             judged.setdefault(f"{r['task_id']}/L{r['level']}", []).append(r["outcome"] == "pass")
     units = {f"{mode}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
-    return metrics, units, summary["backend"]
+    return metrics, units, summary["backend"], k
 
 
 def bootstrap(d: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float]:
@@ -402,12 +402,12 @@ def aggregate(args, runs: list[dict]) -> dict:
     groups = {"all": np.ones(len(sample_of), bool), "sensitive": bt["sensitive"] > 0,
               "base_hard": bt["confidence"] < reg["tau"][sample_of], "base_region": reg["region_id"] >= 0}
     groups |= {f"cat.{name}": bt["sensitive"] == code for code, name in names.items()}
-    per_run, backends = {"base": {"objective": "base", "metrics": token_metrics(bt, groups, sample_of, n)[0]}}, set()
+    per_run, backends, ks = {"base": {"objective": "base", "metrics": token_metrics(bt, groups, sample_of, n)[0]}}, set(), set()
     for r in runs:
         metrics, units = token_metrics(read_profile(r["dir"] / "profile-heldout", base)[0], groups, sample_of, n)
         for mode in args.modes:
-            km, ku, backend = kernel_metrics(r["dir"] / f"eval-{mode}", mode)
-            metrics, units, backends = metrics | km, units | ku, backends | {backend}
+            km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{mode}", mode)
+            metrics, units, backends, ks = metrics | km, units | ku, backends | {backend}, ks | {k}
         per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics, "units": units}
     table = {}
     for o in ["base", *args.objectives]:
@@ -415,9 +415,7 @@ def aggregate(args, runs: list[dict]) -> dict:
         table[o] = {k: {"mean": float(np.mean([x[k] for x in rows])), "n": len(rows),
                         "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
                     for k in rows[0]}
-    ks = sorted({json.loads((r["dir"] / f"eval-{m}" / "summary.json").read_text())["num_samples"]
-                 for r in runs for m in args.modes})
-    return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends), "k": ks,
+    return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends), "k": sorted(ks),
             "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n}
 
 
@@ -459,6 +457,11 @@ def json_safe(x):
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
+def category_columns(table: dict) -> list[str]:
+    """The `cat.<name>.nll` metrics that have tokens in the held-out data (sft's row has every metric)."""
+    return [k for k in table["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(table["sft"][k]["mean"])]
+
+
 def cell(s: dict) -> str:
     return "n/a" if math.isnan(s["mean"]) else f"{s['mean']:.3f}" + ("" if math.isnan(s["std"]) else f" ± {s['std']:.3f}")
 
@@ -468,7 +471,7 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
     token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
     kernel_cols = [f"{mode}.{m}" for mode in args.modes for m in ("compile_rate", "pass@1", "pass@k")
                    if m != "pass@k" or res["k"] != [1]]  # one sample per prompt: pass@k is pass@1
-    cats = [k for k in t["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(t["sft"][k]["mean"])]
+    cats = category_columns(t)
 
     k = "/".join(map(str, res["k"]))  # pass@k: k = stage 04's --num-samples
 
@@ -525,7 +528,7 @@ def figure(path: Path, res: dict, args) -> bool:
     except ImportError:
         return False
     objs, t = ["base", *args.objectives], res["table"]
-    cats = [k for k in t["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(t["sft"][k]["mean"])]
+    cats = category_columns(t)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 1.1 * len(objs)), 4))
     width = 0.8 / max(len(cats), 1)
     for j, c in enumerate(cats):
@@ -560,8 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     made = figure(args.out / "comparison.png", res, args)
     note = "![held-out NLL per category](comparison.png)" if made else \
         "(No figure: matplotlib is not installed; pip install matplotlib, then rerun this command to add it.)"
-    write_text_atomic(args.out / "comparison.md", markdown(args, res, commands, note))
-    print(markdown(args, res, commands, note))
+    text = markdown(args, res, commands, note)
+    write_text_atomic(args.out / "comparison.md", text)
+    print(text)
     if not made:  # a figure from an earlier call would show other numbers
         (args.out / "comparison.png").unlink(missing_ok=True)
     print(f"[compare] wrote {args.out / 'comparison.png'}" if made else
