@@ -3,8 +3,8 @@
 For every response token of every sample: the probability of the gold token under teacher
 forcing (its "confidence"), the entropy of the predicted distribution, whether the model's most
 likely token is the gold one (its argmax: token accuracy), and the token's CUDA-sensitivity
-category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02
-turns these into low-confidence CUDA-sensitive regions and sample weights.
+category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02 turns these into
+low-confidence CUDA-sensitive regions and sample weights.
 
 Inputs -> outputs
   --model  hub id or local folder (default: bundled data/models/tiny-cuda-lm); needs a fast tokenizer
@@ -42,9 +42,9 @@ serves as context (assumption: nothing predicts it; n_prompt_tokens = 1).
 Efficiency: the model body runs once per batch (bf16 autocast on a GPU) and lm_head is applied to
 the response positions only, --chunk-rows at a time, with log-softmax of the gold token, the
 entropy and the argmax per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real
-vocabularies exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8 samples (longest
-first: little padding) and chunks of 1024 rows; on a CPU one sample per batch and 128 rows per chunk
-(bench/profile.py measures both against the per-sample loop a user writes first).
+vocabularies exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8
+samples (longest first: little padding) and chunks of 1024 rows; on a CPU one sample per batch and
+128 rows per chunk (bench/profile.py measures both against the per-sample loop a user writes first).
 
 Resume: finished batches are saved every --save-every seconds to <out>.partial/ (state.json: what
 the result depends on; batches-B0-B1.safetensors: the results of batches [B0, B1)), each file written
