@@ -181,13 +181,12 @@ def main(argv: list[str] | None = None) -> int:
               "random_repeat": {"trials": args.trials, "span": args.span, "gap": args.gap, "seed": args.seed},
               **summarize(rows)}
 
-    s = result
-    print(f"random-repeat accuracy: {s['random_repeat_accuracy']:.3f} ({args.trials} x {args.span} tokens repeated "
-          f"after {args.gap}; chance ~ 1/{len(tokenizer)})")
-    print(f"prompt names in the answers ({s['records']} records): {s['name_tokens']} tokens, mean p(gold) "
-          f"{fmt(s['mean_name_p'])}, argmax right {fmt(s['mean_name_hit'])}; other tokens: mean p(gold) "
-          f"{fmt(s['mean_other_p'])}, argmax right {fmt(s['mean_other_hit'])}")
-    print(f"whole signatures right under argmax: {s['signatures_right']}/{s['signatures']}"
+    print(f"random-repeat accuracy: {result['random_repeat_accuracy']:.3f} ({args.trials} x {args.span} tokens "
+          f"repeated after {args.gap}; chance ~ 1/{len(tokenizer)})")
+    print(f"prompt names in the answers ({result['records']} records): {result['name_tokens']} tokens, mean p(gold) "
+          f"{fmt(result['mean_name_p'])}, argmax right {fmt(result['mean_name_hit'])}; other tokens: mean p(gold) "
+          f"{fmt(result['mean_other_p'])}, argmax right {fmt(result['mean_other_hit'])}")
+    print(f"whole signatures right under argmax: {result['signatures_right']}/{result['signatures']}"
           + (f"; {len(skipped)} records without a signature skipped" if skipped else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
