@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -180,6 +181,24 @@ def build_messages(task: dict, level: int, mode: str) -> list[dict[str, Any]]:
     """System and user turns, ready for tokenizer.apply_chat_template."""
     return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": build_prompt(task, level, mode)}]
+
+
+KERNEL_SIGNATURE = re.compile(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+
+
+def signature_parts(signature: str) -> tuple[str, list[str], list[str]]:
+    """The first `__global__ void k(const float* __restrict__ x, int n)` in the text -> ("k",
+    ["const float* __restrict__", "int"], ["x", "n"]): the kernel's name, its parameters' types (spacing
+    normalised) and names ("" for a parameter without one, as in `(int, float* a)`)."""
+    m = KERNEL_SIGNATURE.search(signature)
+    if not m:
+        raise UserError(f"not a `__global__ void name(params)` signature: {signature!r}")
+    types, names = [], []
+    for param in filter(None, (p.strip() for p in m.group(2).split(","))):
+        named = re.fullmatch(r"(.*?\W)\s*(\w+)", param)  # a type, then the name
+        types.append(" ".join((named.group(1) if named else param).split()))
+        names.append(named.group(2) if named else "")
+    return m.group(1), types, names
 
 
 def fence(code: str) -> str:

@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (EVAL_SFT_KERNEL_FILE, TINY_MODEL, UserError, encode_sample, load_causal_lm,  # noqa: E402
-                          load_sft, load_tokenizer, pick_device, run_main, write_text_atomic)
-
-SIGNATURE = re.compile(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
+from cuset_common import (EVAL_SFT_KERNEL_FILE, KERNEL_SIGNATURE, TINY_MODEL, UserError, encode_sample,  # noqa: E402
+                          load_causal_lm, load_sft, load_tokenizer, pick_device, run_main, signature_parts,
+                          write_text_atomic)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,9 +62,9 @@ def prompt_text(record: dict) -> str:
 def prompt_names(text: str) -> set[str]:
     """Kernel and parameter names of every `__global__ void name(params)` the prompt text gives."""
     names = set()
-    for kernel, params in SIGNATURE.findall(text):
-        names.add(kernel)
-        names.update(m.group(1) for p in params.split(",") if (m := re.search(r"(\w+)\s*$", p.strip())))
+    for m in KERNEL_SIGNATURE.finditer(text):
+        kernel, _, params = signature_parts(m.group(0))
+        names.update([kernel, *filter(None, params)])
     return names
 
 
@@ -82,7 +81,7 @@ def name_and_signature_spans(response: str, names: set[str], kernels: list[str]
     """Character spans, in the response, of whole-word occurrences of the names, and of the signatures
     of the prompt's kernels (from the kernel name to the closing parenthesis)."""
     words = [m.span() for m in re.finditer(r"\w+", response) if m.group() in names]
-    sigs = [(m.start(1), m.end()) for m in SIGNATURE.finditer(response) if m.group(1) in kernels]
+    sigs = [(m.start(1), m.end()) for m in KERNEL_SIGNATURE.finditer(response) if m.group(1) in kernels]
     return words, sigs
 
 
@@ -103,7 +102,7 @@ def score_record(model, tokenizer, record: dict, max_length: int, device: str) -
     gold = ids[0, start:]
     p = torch.softmax(logits, -1).gather(1, gold[:, None])[:, 0].tolist()
     hit = (logits.argmax(-1) == gold).tolist()
-    words, sigs = name_and_signature_spans(enc["response_text"], names, [k for k, _ in SIGNATURE.findall(text)])
+    words, sigs = name_and_signature_spans(enc["response_text"], names, [k for k, _ in KERNEL_SIGNATURE.findall(text)])
     in_name = char_mask(enc["response_text"], words)
     out = {"name_p": [], "name_hit": [], "other_p": [], "other_hit": [], "signatures": len(sigs), "signatures_right": 0}
     for (a, b), pi, hi in zip(enc["spans"], p, hit):

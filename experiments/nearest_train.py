@@ -24,10 +24,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (DATA, LEVELS, TASKS_FILE, UserError, fence, load_tasks, run_main,  # noqa: E402
-                          write_jsonl_atomic)
+from cuset_common import (DATA, KERNEL_SIGNATURE, LEVELS, TASKS_FILE, UserError, fence, load_tasks,  # noqa: E402
+                          run_main, signature_parts, write_jsonl_atomic)
 
-SIGNATURE = re.compile(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)")
 # An identifier that is not a member (`threadIdx.x` keeps its `x` when a parameter `x` is renamed).
 IDENTIFIER = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
 
@@ -39,20 +38,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "nearest_train.jsonl",
                     help="solutions JSONL to write, for stage 04 --solutions (default: %(default)s)")
     return ap.parse_args(argv)
-
-
-def signature_parts(signature: str) -> tuple[str, list[str], list[str]]:
-    """`__global__ void k(const float* __restrict__ x, int n)` -> ("k", ["const float* __restrict__", "int"],
-    ["x", "n"]): the kernel's name, its parameter types (spacing normalised) and names."""
-    m = SIGNATURE.search(signature)
-    if not m:
-        raise UserError(f"not a `__global__ void name(...)` signature: {signature!r}")
-    types, names = [], []
-    for param in m.group(2).split(","):
-        head, name = re.fullmatch(r"(.*?)(\w+)", param.strip()).groups()
-        types.append(" ".join(head.split()))
-        names.append(name)
-    return m.group(1), types, names
 
 
 def shape(task: dict) -> tuple:
@@ -73,7 +58,7 @@ def renamed_kernels(source: dict, task: dict) -> str:
     for theirs, ours in zip(source["kernel_mode"]["signatures"], task["kernel_mode"]["signatures"]):
         (k_src, _, p_src), (k_dst, _, p_dst) = signature_parts(theirs), signature_parts(ours)
         names[k_src] = k_dst
-        names.update(zip(p_src, p_dst))
+        names.update((a, b) for a, b in zip(p_src, p_dst) if a and b)  # "": a parameter without a name
     return IDENTIFIER.sub(lambda m: names.get(m.group(0), m.group(0)), source["kernel_mode"]["reference_kernels"])
 
 
@@ -83,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     train = [t for t in tasks if t.get("split") == "train"]
     wanted = [t for t in tasks if t.get("split") == args.split]
     for task in tasks:
-        bad = [s for s in task["kernel_mode"]["signatures"] if not SIGNATURE.search(s)]
+        bad = [s for s in task["kernel_mode"]["signatures"] if not KERNEL_SIGNATURE.search(s)]
         if bad:
             raise UserError(f"--tasks {args.tasks}: task {task['id']}: kernel_mode signature {bad[0]!r} is not "
                             f"`__global__ void name(params)`; fix the task file")

@@ -9,7 +9,7 @@ import pytest
 
 from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_resume_args, close_turn, encode_sample,
                           end_of_turn_ids, load_causal_lm, load_tokenizer, read_appended_jsonl, read_artifact,
-                          write_artifact)
+                          signature_parts, write_artifact)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +133,19 @@ def test_a_folder_with_a_tokenizer_but_no_model_names_config_json(tmp_path, toke
     assert load_tokenizer(str(tmp_path / "m")).vocab_size == tokenizer.vocab_size
     with pytest.raises(UserError, match="holds no model.*config.json"):
         load_causal_lm(str(tmp_path / "m"), None)
+
+
+@pytest.mark.parametrize("signature,parts", [
+    ("__global__ void k(const float* __restrict__ x, float *y,const int  n)",
+     ("k", ["const float* __restrict__", "float *", "const int"], ["x", "y", "n"])),
+    ("prose, then __global__  void\nscan_k(unsigned int* counts) and more", ("scan_k", ["unsigned int*"], ["counts"])),
+    ("__global__ void k()", ("k", [], [])),
+    ("__global__ void k(int, float* a)", ("k", ["int", "float*"], ["", "a"])),
+])
+def test_signature_parts_split_types_from_names(signature, parts):
+    assert signature_parts(signature) == parts
+
+
+def test_text_without_a_kernel_signature_is_a_user_error():
+    with pytest.raises(UserError, match="not a `__global__ void name"):
+        signature_parts("void k(float* x)")

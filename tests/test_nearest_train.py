@@ -12,15 +12,10 @@ from collections import Counter
 import pytest
 
 from conftest import load_script
-from cuset_common import TASKS_FILE, load_tasks
+from cuset_common import KERNEL_SIGNATURE, TASKS_FILE, load_tasks, signature_parts
 
 nt = load_script("experiments/nearest_train.py")
 ev = load_script("04_eval_kernels.py")
-
-
-def test_signature_parts_split_types_from_names():
-    assert nt.signature_parts("__global__ void k(const float* __restrict__ x, float *y,const int  n)") == (
-        "k", ["const float* __restrict__", "float *", "const int"], ["x", "y", "n"])
 
 
 def test_renaming_touches_names_not_members_or_other_words():
@@ -45,8 +40,8 @@ def test_answers_carry_the_eval_signatures_compile_and_none_passes(tmp_path):
     assert answered and all(tasks[t]["split"] == "eval" for t in answered)
     for r in rows:
         assert tasks[r["source"]]["split"] == "train"
-        want = [nt.signature_parts(s) for s in tasks[r["task_id"]]["kernel_mode"]["signatures"]]
-        got = [nt.signature_parts(m.group(0)) for m in nt.SIGNATURE.finditer(r["completion"])]
+        want = [signature_parts(s) for s in tasks[r["task_id"]]["kernel_mode"]["signatures"]]
+        got = [signature_parts(m.group(0)) for m in KERNEL_SIGNATURE.finditer(r["completion"])]
         assert got == want, r["task_id"]
 
     assert ev.main(["--solutions", str(sols), "--mode", "kernel", "--levels", "1", "--split", "eval",
