@@ -1,0 +1,102 @@
+"""Stage 04's machinery for running generated code, apart from the protocol in 04_eval_kernels.py:
+a Runner that puts every compile and run through the sandbox (harness/sandbox.py) and retries while
+the sandbox uid's process limit is held, and the emulation backend's build step (translate with
+harness/emulate.py, then g++ against the runtime header in harness/emu/).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuset_common import UserError
+from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
+from harness.sandbox import SandboxError, prepare_folder, run_sandboxed
+
+LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How this run executes code: the sandbox on or off (--no-sandbox), the backend label."""
+    sandbox: bool
+    backend: str  # "gpu" | "emulated"
+
+    def untrusted(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
+        """nvcc/g++ on generated source, or the generated program: whitelist sandbox, sandbox uid."""
+        self.hand_over(folder)
+        return self._run(cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, **kw)
+
+    def hand_over(self, folder: Path) -> None:
+        """Make `folder` the sandbox uid's (as root); without a sandbox the program runs as we do."""
+        if self.sandbox:
+            prepare_folder(folder)
+
+    def task_script(self, script: str, folder: Path, timeout: float) -> tuple[int | None, str]:
+        """The task author's gen.py/compare.py: our file system view, no network, generous limits."""
+        return self._run([sys.executable, script], folder, timeout, untrusted=False,
+                         cpu_s=int(timeout * (os.cpu_count() or 1)) + 5, file_mb=1 << 20, nproc=4096)
+
+    def _run(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
+        """run_sandboxed, retried while the sandbox cannot start for want of processes: all sandboxes
+        share the sandbox uid's process limit, which a concurrent program (a fork bomb) may hold until
+        its timeout. A sandbox that cannot start for another reason stops the run: its program gets
+        no verdict rather than one it did not earn (never a compile_error)."""
+        give_up = time.monotonic() + timeout + 60
+        while True:
+            try:
+                return run_sandboxed(cmd, folder, timeout, isolate=self.sandbox, log_keep=LOG_KEEP // 2, **kw)
+            except SandboxError as e:
+                if "Resource temporarily unavailable" not in str(e) or time.monotonic() > give_up:
+                    raise UserError(f"the sandbox could not start {cmd[0]} in {folder}: {e}") from None
+                time.sleep(1.0)
+
+
+def built_file(folder: Path, name: str) -> bool:
+    """True when the sandboxed compiler (dead by now) left `name` as a regular file, not a link."""
+    try:
+        return stat.S_ISREG(os.lstat(folder / name).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+@dataclass(frozen=True)
+class Emulator:
+    """The emulation backend of one run: a copy of harness/emu with the header precompiled for the
+    run's g++ flags (plain or AddressSanitizer)."""
+    include: Path
+    checks: bool
+
+
+def prepare_emulator(work: Path, checks: bool) -> Emulator:
+    include = work / "emu"
+    shutil.copytree(EMU_INCLUDE, include)
+    r = subprocess.run(pch_command(str(include), checks), capture_output=True, text=True)
+    if r.returncode != 0:  # our own header: a failure here is a bug or a broken g++, not the candidate's
+        raise UserError(f"g++ cannot build the emulator's runtime header:\n{r.stderr[-2000:]}")
+    return Emulator(include, checks)
+
+
+def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulator,
+                   runner: Runner) -> tuple[Path | None, str]:
+    """Rebuild a program nvcc accepted for the CPU emulator: translate, then g++ against the runtime
+    header, linked into the build folder (the sandbox sees nothing else). Returns
+    (executable, "") or (None, why the emulator cannot run it)."""
+    try:
+        translated = translate(source)
+    except Unsupported as e:
+        return None, f"emulator: {e}"
+    (workdir / "prog_emu.cpp").write_text(translated)
+    runner.hand_over(workdir)  # before the links: the header files stay ours, read-only to the sandbox uid
+    shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
+    code, log = runner.untrusted(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
+                                 nproc=512)
+    if code == 0 and built_file(workdir, "prog_emu"):
+        return workdir / "prog_emu", ""
+    why = "timeout" if code is None else log
+    return None, f"emulator: g++ cannot build the translated program (nvcc could):\n{why}"
