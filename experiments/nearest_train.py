@@ -19,16 +19,14 @@ round: a train answer that computes an eval task's op would mean the op leaked.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # the taskgen package lives in data/
 from cuset_common import (DATA, KERNEL_SIGNATURE, LEVELS, TASKS_FILE, UserError, fence, load_tasks,  # noqa: E402
                           run_main, signature_parts, write_jsonl_atomic)
-
-# An identifier that is not a member (`threadIdx.x` keeps its `x` when a parameter `x` is renamed).
-IDENTIFIER = re.compile(r"(?<![.\w])[A-Za-z_]\w*")
+from taskgen.variants import rename_code  # noqa: E402  (the SFT copies' renaming: members keep their names)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,7 +45,8 @@ def shape(task: dict) -> tuple:
 
 def pick_source(task: dict, train: list[dict]) -> dict | None:
     """The first train task of the same signature shape, one of the task's category first."""
-    fits = [t for t in train if shape(t) == shape(task)]
+    target = shape(task)
+    fits = [t for t in train if shape(t) == target]
     same_category = [t for t in fits if t.get("category") == task.get("category")]
     return (same_category or fits or [None])[0]
 
@@ -59,7 +58,7 @@ def renamed_kernels(source: dict, task: dict) -> str:
         (k_src, _, p_src), (k_dst, _, p_dst) = signature_parts(theirs), signature_parts(ours)
         names[k_src] = k_dst
         names.update((a, b) for a, b in zip(p_src, p_dst) if a and b)  # "": a parameter without a name
-    return IDENTIFIER.sub(lambda m: names.get(m.group(0), m.group(0)), source["kernel_mode"]["reference_kernels"])
+    return rename_code(source["kernel_mode"]["reference_kernels"], names)
 
 
 def main(argv: list[str] | None = None) -> int:
