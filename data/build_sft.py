@@ -34,13 +34,12 @@ import json
 import sys
 from pathlib import Path
 
-from taskgen import FAMILIES
-from taskgen.core import OpSpec, render_task
-from taskgen.variants import held_out_words, variant
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common (taskgen.variants uses it too)
 from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
                           TASKS_FILE, UserError, build_messages, fence, load_tasks, run_main, write_jsonl_atomic)
+from taskgen import FAMILIES  # noqa: E402
+from taskgen.core import OpSpec, render_task  # noqa: E402
+from taskgen.variants import held_out_words, variant  # noqa: E402
 
 # Renamed copies per train task in the bundled kernel-mode file. With the originals that is
 # 102 x (1 + 9) = 1,020 records: about 5 minutes for one stage-03 epoch on 2 CPU cores.

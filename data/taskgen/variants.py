@@ -29,6 +29,7 @@ import dataclasses
 import random
 import re
 
+from cuset_common import signature_parts
 from taskgen import FAMILIES
 from taskgen.core import OpSpec, render_task
 
@@ -87,18 +88,15 @@ def find_roles(spec: OpSpec) -> Roles:
     buffers = {b.name: role for role, bs in (("input", spec.inputs), ("output", spec.outputs),
                                               ("scratch", spec.scratch)) for b in bs}
     for sig in spec.signatures:
-        m = re.fullmatch(rf"__global__ void ({_IDENT})\((.*)\)", sig)
-        if not m:
-            raise ValueError(f"{spec.task_id}: cannot read signature {sig!r}")
-        kernels.append(m.group(1))
-        for param in m.group(2).split(","):
-            name = re.findall(r"\w+", param)[-1]
+        kernel, types, names = signature_parts(sig)
+        kernels.append(kernel)
+        for ctype, name in zip(types, names):
             if name in buffers:
                 params.setdefault(name, buffers[name])
-            elif "*" in param:  # a pointer named apart from the buffer the launch passes
-                params.setdefault(name, "input" if re.match(r"\s*const\b", param) else "output")
+            elif "*" in ctype:  # a pointer named apart from the buffer the launch passes
+                params.setdefault(name, "input" if ctype.startswith("const ") else "output")
             else:
-                params.setdefault(name, "float" if re.search(r"\b(float|double)\b", param) else "int")
+                params.setdefault(name, "float" if re.search(r"\b(float|double)\b", ctype) else "int")
     code = spec.kernels
     helpers = re.findall(rf"^\s*__device__[\w\s]*?\b(?:void|bool|int|float|unsigned|double)\s+({_IDENT})\s*\(",
                          code, flags=re.M)
