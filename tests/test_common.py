@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_resume_args, close_turn, encode_sample,
-                          end_of_turn_ids, load_causal_lm, load_tokenizer, read_appended_jsonl, read_artifact,
-                          signature_parts, write_artifact)
+from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_head_is_plain, check_resume_args, close_turn,
+                          encode_sample, end_of_turn_ids, load_causal_lm, load_tokenizer, read_appended_jsonl,
+                          read_artifact, signature_parts, write_artifact)
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +149,35 @@ def test_signature_parts_split_types_from_names(signature, parts):
 def test_text_without_a_kernel_signature_is_a_user_error():
     with pytest.raises(UserError, match="not a `__global__ void name"):
         signature_parts("void k(float* x)")
+
+
+
+def test_the_head_check_reads_one_pass_and_refuses_soft_capped_logits():
+    """check_head_is_plain compares the logits with the hidden state of the same forward pass: passes that
+    disagree slightly (on CPU the first pass of a process can take other kernels, 1e-3 in the logits) are no
+    reason to refuse a plain model. Gemma-2-style soft-capping, 30 tanh(z / 30), is refused."""
+    import torch
+
+    model = load_causal_lm(str(TINY_MODEL), torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (1, 80), generator=torch.Generator().manual_seed(0))
+    calls, base_forward = [], model.base_model.forward
+
+    def drifting(*args, **kwargs):  # each call's hidden state 1e-3 x (call number) off
+        out = base_forward(*args, **kwargs)
+        calls.append(1)
+        out.last_hidden_state = out.last_hidden_state + 1e-3 * len(calls)
+        return out
+
+    model.base_model.forward = drifting
+    check_head_is_plain(model, ids, "stage 0x")
+    assert len(calls) == 1  # one pass
+    forward = model.forward
+
+    def soft_capped(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = 30 * torch.tanh(out.logits / 30)
+        return out
+
+    model.forward = soft_capped
+    with pytest.raises(UserError, match=r"'llama'.*soft-capping.*stage 0x"):
+        check_head_is_plain(model, ids, "stage 0x")
