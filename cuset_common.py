@@ -611,11 +611,11 @@ def check_head_is_plain(model, input_ids, stage: str) -> None:
         d, u = hidden.shape[-1], 2.0 ** -24
         gamma = (d + 1) * u / (1 - (d + 1) * u)
         allowed = 2 * gamma * (hidden.abs() @ w.abs().t() + b.abs()) + torch.finfo(theirs.dtype).eps * theirs.abs()
-        err = (ours - theirs.float()).abs()
-        worst = torch.argmax(err - allowed)
-        excess, diff, room = ((err - allowed).flatten()[worst].item(), err.flatten()[worst].item(),
-                              allowed.flatten()[worst].item())
-    if excess > 0:
+        err = (ours - theirs.float()).abs().flatten()
+        allowed = allowed.flatten()
+        worst = torch.argmax(err - allowed)  # the logit furthest past what rounding allows
+        diff, room = err[worst].item(), allowed[worst].item()
+    if diff > room:
         raise UserError(f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are not "
                         f"last_hidden_state @ lm_head.weight.T (+ bias): they differ by up to {diff:.2g}, where "
                         f"rounding allows {room:.2g} (logit scaling or soft-capping?); {stage} applies the output "

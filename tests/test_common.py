@@ -151,7 +151,6 @@ def test_text_without_a_kernel_signature_is_a_user_error():
         signature_parts("void k(float* x)")
 
 
-
 def test_the_head_check_reads_one_pass_and_refuses_soft_capped_logits():
     """check_head_is_plain compares the logits with the hidden state of the same forward pass: passes that
     disagree slightly (on CPU the first pass of a process can take other kernels, 1e-3 in the logits) are no
