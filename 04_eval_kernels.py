@@ -5,7 +5,8 @@ Inputs:  a model (--model: hub id, local folder or stage-03 checkpoint) or compl
          CUDABench-format task file (--tasks; the real CUDABench JSONL works unchanged).
 Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, summary.md,
          completions.jsonl (what the model wrote), fingerprint.json (what defines the run).
-         Rows and completions are appended as they finish; rerunning the same run resumes it.
+         Rows and completions are appended as they finish; rerunning the same run resumes it
+         (harness/run_folder.py).
 
     python 04_eval_kernels.py                                   # tiny model, bundled eval split
     python 04_eval_kernels.py --model data/artifacts/ckpt-cuset --num-samples 5 --temperature 0.8
@@ -38,14 +39,12 @@ without following links (harness/program_files.py). Kernel-mode timings carry a 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -56,22 +55,18 @@ from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
                           UserError, append_jsonl, build_messages, check_model_source, end_of_turn_ids, fence,
-                          load_causal_lm, load_tasks, load_tokenizer, pick_device, read_appended_jsonl, read_jsonl,
-                          render_prompt_and_response, run_main, sha256_file, write_jsonl_atomic, write_text_atomic)
+                          load_causal_lm, load_tasks, load_tokenizer, pick_device, render_prompt_and_response, run_main,
+                          write_jsonl_atomic, write_text_atomic)
 from harness.program_files import copy_written_files
-from harness.programs import LOG_KEEP, Emulator, Runner, build_emulated, built_file, prepare_emulator
-from harness.sandbox import probe_isolation
+from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
+                              output_limit_mb, parse_timing, prepare_emulator)
+from harness.run_folder import load_solutions, open_run, run_fingerprint
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
 TASK_ERROR = "task_error"  # the task's own gen.py/compare.py failed here: no verdict, kept out of pass@k
 APART = (UNSUPPORTED, TASK_ERROR)
 FAST_P = (0.0, 1.0, 1.5)
-# The candidate's per-file size limit: 1.5x the task's largest declared buffer, and at least this
-# (a task may write files it does not declare; CUDABench buffers run from KB to several GB).
-MIN_OUTPUT_MB = 512
-FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
-                 "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -189,13 +184,6 @@ def program_source(task: dict, code: str, mode: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def gpu_name() -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
-
-
 def compile_program(source: str, workdir: Path, arch: list[str], timeout: float,
                     runner: Runner) -> tuple[Path | None, str]:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -247,21 +235,6 @@ def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) 
     return None
 
 
-def output_limit_mb(task: dict) -> int:
-    """The candidate's per-file size limit: 1.5x the largest declared buffer, at least MIN_OUTPUT_MB."""
-    import numpy as np
-
-    largest = 0
-    for buf in [*task.get("inputs", []), *task.get("outputs", [])]:
-        dims = re.findall(r"\d+", str(buf.get("shape", "")))
-        try:
-            itemsize = np.dtype(str(buf.get("dtype"))).itemsize
-        except TypeError:
-            itemsize = 8
-        largest = max(largest, math.prod(int(d) for d in dims) * itemsize if dims else 0)
-    return max(MIN_OUTPUT_MB, math.ceil(1.5 * largest / (1 << 20)))
-
-
 def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, runner: Runner,
             env: dict[str, str] | None = None, timed: bool = False, compare_timeout: float = 900.0
             ) -> tuple[str, str, dict]:
@@ -296,30 +269,6 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
     return ("pass" if passed else "wrong_output"), log, timing
 
 
-TIMING_LINE = re.compile(r"CUSET_TIMING nonce=(\w*) candidate_ms=([\d.eE+-]+) reference_ms=([\d.eE+-]+)")
-
-
-def parse_timing(log: str, nonce: str) -> dict:
-    """The harness's timing, only if it is the log's one CUSET_TIMING line and carries `nonce`
-    (written to the program's stdin, read by the harness's main). A forged line (a static
-    constructor's, a kernel printf's) or a nonce taken before main voids the timing."""
-    found = log.count("CUSET_TIMING")
-    m = TIMING_LINE.search(log)
-    if found == 0:
-        return {}
-    if found > 1 or m is None or m.group(1) != nonce:
-        return {"timing_void": f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"}
-    cand, ref = float(m.group(2)), float(m.group(3))
-    return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
-
-
-def clip(text: str) -> str:
-    if len(text) <= LOG_KEEP:
-        return text
-    half = LOG_KEEP // 2
-    return text[:half] + f"\n[... {len(text) - 2 * half} characters cut ...]\n" + text[-half:]
-
-
 # ---------------------------------------------------------------------------------------
 # Completions: from a model, from a file, or the references
 # ---------------------------------------------------------------------------------------
@@ -327,36 +276,6 @@ def clip(text: str) -> str:
 
 def reference_completion(task: dict, mode: str) -> str:
     return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
-
-
-def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
-    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. The same job
-    twice is refused (which answer counts?); answers for jobs outside this run are ignored with a
-    warning that counts them (a typo in task ids shows up there)."""
-    found: dict[tuple, str] = {}
-    first_line: dict[tuple, int] = {}
-    outside = []
-    for lineno, obj in read_jsonl(path):
-        try:
-            key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
-            text = obj["completion"]
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{path}:{lineno}: each line needs task_id, level, sample (int) and completion") from None
-        if not isinstance(text, str):
-            raise UserError(f"{path}:{lineno}: completion must be a string")
-        if key in first_line:
-            raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already answered "
-                            f"on line {first_line[key]}; keep one answer per task, level and sample")
-        first_line[key] = lineno
-        if key in wanted:
-            found[key] = text
-        else:
-            outside.append((lineno, key))
-    if outside:
-        lineno, key = outside[0]
-        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (task id, level or sample not "
-              f"selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored", file=sys.stderr)
-    return found
 
 
 def stop_after_code_block(tok, prompt_len: int, mode: str):
@@ -544,76 +463,6 @@ def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list
     return row, exe, workdir
 
 
-def choose_runner(args, backend: str) -> Runner:
-    """Isolation is required for untrusted code: say what is used, or why none is possible and refuse
-    unless --no-sandbox."""
-    isolation = probe_isolation()
-    if isolation.available and not args.no_sandbox:
-        print(f"sandbox: {isolation.how}")
-        return Runner(True, backend)
-    if not args.no_sandbox:
-        raise UserError(f"cannot isolate generated code here: {isolation.how}. Stage 04 runs untrusted programs "
-                        f"and refuses to do so unisolated; fix that, or pass --no-sandbox (only for code you trust)")
-    print(f"WARNING: --no-sandbox: generated code runs with your rights and sees your files "
-          f"(isolation {'available but ' if isolation.available else ''}off: {isolation.how})", file=sys.stderr)
-    return Runner(False, backend)
-
-
-def model_fingerprint(name: str) -> dict:
-    """What identifies a --model: a hub id as given; for a local folder, its config, tokenizer and
-    the size, head and tail (1 MiB each) of every weight file: cheap for GBs, changed by training."""
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        return {"model": name}
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.iterdir() if p.is_file()):
-        with open(f, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(1 << 20)
-            fh.seek(max(size - (1 << 20), 0))
-            h.update(f"{f.name}:{size}:".encode() + head + fh.read())
-    return {"model": str(path.resolve()), "model_files": h.hexdigest()}
-
-
-def run_fingerprint(args, backend: str) -> dict:
-    """What defines a run's rows: a rerun into the same --out resumes only when all of it is equal."""
-    source = ({"source": "reference"} if args.reference else
-              {"source": "solutions", "solutions_sha256": sha256_file(args.solutions)} if args.solutions else
-              {"source": "model"} | model_fingerprint(args.model))
-    values = vars(args) | {"tasks": sha256_file(args.tasks), "backend": backend,
-                           "emulate_checks": backend == "emulated" and args.emulate_checks}
-    return source | {k: values[k] for k in FINGERPRINTED}
-
-
-def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict]:
-    """Resume the run in `out` if it is the same run (rows and completions so far), start it if the
-    folder is new or --force; refuse another run's folder. Returns (rows, completions) by job."""
-    fp_path = out / "fingerprint.json"
-    ours = [out / n for n in ("results.jsonl", "completions.jsonl", "summary.json", "summary.md", fp_path.name)]
-    saved = None
-    if fp_path.exists():
-        try:
-            saved = json.loads(fp_path.read_text())
-        except json.JSONDecodeError:
-            saved = {"fingerprint.json": "unreadable"}
-    elif any(f.exists() for f in ours):
-        saved = {"fingerprint.json": "absent (written by an older version)"}
-    if saved is not None and (force or saved != fingerprint):
-        if not force:
-            differ = [k for k in sorted(set(saved) | set(fingerprint)) if saved.get(k) != fingerprint.get(k)]
-            raise UserError(f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force to "
-                            f"start over there, or name another --out")
-        for f in ours:
-            f.unlink(missing_ok=True)
-        saved = None
-    out.mkdir(parents=True, exist_ok=True)
-    if saved is None:
-        write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
-    key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
-    return ({key(r): r for r in read_appended_jsonl(out / "results.jsonl")},
-            {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")})
-
-
 def gather_completions(args, by_id: dict, need: list[tuple], completions: dict, comp_path: Path,
                        solutions: dict | None) -> None:
     """Completions for the jobs in `need` (from `solutions` when given), appended to completions.jsonl
@@ -653,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
           f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
           f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
-    runner = choose_runner(args, backend)
+    runner = choose_runner(args.no_sandbox, backend)
     solutions = load_solutions(args.solutions, set(jobs)) if args.solutions else None  # bad lines: before any output
 
     # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     sources = [t["bench.cu"] for t in load_tasks(TASKS_FILE)[:n]]
     print(f"# bench/eval.py{' --quick' if args.quick else ''}: {n} reference programs, nvcc {' '.join(arch)}")
     print(f"machine: {cpus_available()} CPUs available, GPU: {gpu or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC')}")
-    runner = ev.choose_runner(argparse.Namespace(no_sandbox=False), ev.resolve_backend("auto", gpu))
+    runner = ev.choose_runner(False, ev.resolve_backend("auto", gpu))
     with tempfile.TemporaryDirectory(prefix="cuset-bench-eval-") as tmp:
         tmp_path = Path(tmp)
         tmp_path.chmod(0o711)

@@ -1,11 +1,16 @@
 """Stage 04's machinery for running generated code, apart from the protocol in 04_eval_kernels.py:
 a Runner that puts every compile and run through the sandbox (harness/sandbox.py) and retries while
-the sandbox uid's process limit is held, and the emulation backend's build step (translate with
-harness/emulate.py, then g++ against the runtime header in harness/emu/).
+the sandbox uid's process limit is held; the emulation backend's build step (translate with
+harness/emulate.py, then g++ against the runtime header in harness/emu/); finding the GPU and
+choosing the sandbox (refusing to run unisolated unless asked); the limit on what a
+program may write; reading the kernel-mode harness's timing line without trusting the program;
+and clipping logs for the results.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -16,7 +21,7 @@ from pathlib import Path
 
 from cuset_common import UserError
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
-from harness.sandbox import SandboxError, prepare_folder, run_sandboxed
+from harness.sandbox import SandboxError, prepare_folder, probe_isolation, run_sandboxed
 
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
 
@@ -55,6 +60,29 @@ class Runner:
                 if "Resource temporarily unavailable" not in str(e) or time.monotonic() > give_up:
                     raise UserError(f"the sandbox could not start {cmd[0]} in {folder}: {e}") from None
                 time.sleep(1.0)
+
+
+def choose_runner(no_sandbox: bool, backend: str) -> Runner:
+    """Isolation is required for untrusted code: say what is used, or why none is possible and refuse
+    unless --no-sandbox."""
+    isolation = probe_isolation()
+    if isolation.available and not no_sandbox:
+        print(f"sandbox: {isolation.how}")
+        return Runner(True, backend)
+    if not no_sandbox:
+        raise UserError(f"cannot isolate generated code here: {isolation.how}. Stage 04 runs untrusted programs "
+                        f"and refuses to do so unisolated; fix that, or pass --no-sandbox (only for code you trust)")
+    print(f"WARNING: --no-sandbox: generated code runs with your rights and sees your files "
+          f"(isolation {'available but ' if isolation.available else ''}off: {isolation.how})", file=sys.stderr)
+    return Runner(False, backend)
+
+
+def gpu_name() -> str | None:
+    """The first GPU nvidia-smi lists, or None (no driver, no GPU)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
 def built_file(folder: Path, name: str) -> bool:
@@ -100,3 +128,48 @@ def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulato
         return workdir / "prog_emu", ""
     why = "timeout" if code is None else log
     return None, f"emulator: g++ cannot build the translated program (nvcc could):\n{why}"
+
+
+# The candidate's per-file size limit: 1.5x the task's largest declared buffer, and at least this
+# (a task may write files it does not declare; CUDABench buffers run from KB to several GB).
+MIN_OUTPUT_MB = 512
+
+
+def output_limit_mb(task: dict) -> int:
+    """The candidate's per-file size limit: 1.5x the largest declared buffer, at least MIN_OUTPUT_MB."""
+    import numpy as np
+
+    largest = 0
+    for buf in [*task.get("inputs", []), *task.get("outputs", [])]:
+        dims = re.findall(r"\d+", str(buf.get("shape", "")))
+        try:
+            itemsize = np.dtype(str(buf.get("dtype"))).itemsize
+        except TypeError:
+            itemsize = 8
+        largest = max(largest, math.prod(int(d) for d in dims) * itemsize if dims else 0)
+    return max(MIN_OUTPUT_MB, math.ceil(1.5 * largest / (1 << 20)))
+
+
+TIMING_LINE = re.compile(r"CUSET_TIMING nonce=(\w*) candidate_ms=([\d.eE+-]+) reference_ms=([\d.eE+-]+)")
+
+
+def parse_timing(log: str, nonce: str) -> dict:
+    """The harness's timing, only if it is the log's one CUSET_TIMING line and carries `nonce`
+    (written to the program's stdin, read by the harness's main). A forged line (a static
+    constructor's, a kernel printf's) or a nonce taken before main voids the timing."""
+    found = log.count("CUSET_TIMING")
+    m = TIMING_LINE.search(log)
+    if found == 0:
+        return {}
+    if found > 1 or m is None or m.group(1) != nonce:
+        return {"timing_void": f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"}
+    cand, ref = float(m.group(2)), float(m.group(3))
+    return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
+
+
+def clip(text: str) -> str:
+    """A log as kept in results: whole, or its head and tail, LOG_KEEP characters in all."""
+    if len(text) <= LOG_KEEP:
+        return text
+    half = LOG_KEEP // 2
+    return text[:half] + f"\n[... {len(text) - 2 * half} characters cut ...]\n" + text[-half:]

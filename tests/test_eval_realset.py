@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_script, program_runner
-from cuset_common import TASKS_FILE, load_tasks
+from cuset_common import TASKS_FILE, load_tasks, sha256_file
 
 ev = load_script("04_eval_kernels.py")
 BACKEND = ev.resolve_backend("auto", ev.gpu_name())
@@ -265,7 +265,7 @@ def test_another_source_into_the_same_out_is_refused_and_force_starts_over(tmp_p
     assert (out / "results.jsonl").read_text() == before  # nothing lost
     assert ev.run_main(ev.main, [*base, "--solutions", str(a), "--mode", "kernel"]) == 2  # settings count too
     assert ev.main([*base, "--solutions", str(b), "--force"]) == 0
-    assert json.loads((out / "fingerprint.json").read_text())["solutions_sha256"] == ev.sha256_file(b)
+    assert json.loads((out / "fingerprint.json").read_text())["solutions_sha256"] == sha256_file(b)
 
 
 def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):

@@ -1,0 +1,102 @@
+"""Stage 04's run folder (--out), apart from the protocol in 04_eval_kernels.py: what defines a
+run (its fingerprint), resuming the same run or refusing another's folder, and reading answers
+made elsewhere (--solutions). Rows and completions are appended as they finish, so a killed run
+resumes where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from cuset_common import UserError, read_appended_jsonl, read_jsonl, sha256_file, write_text_atomic
+
+FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
+                 "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout")
+
+
+def model_fingerprint(name: str) -> dict:
+    """What identifies a --model: a hub id as given; for a local folder, its config, tokenizer and
+    the size, head and tail (1 MiB each) of every weight file: cheap for GBs, changed by training."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return {"model": name}
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(1 << 20)
+            fh.seek(max(size - (1 << 20), 0))
+            h.update(f"{f.name}:{size}:".encode() + head + fh.read())
+    return {"model": str(path.resolve()), "model_files": h.hexdigest()}
+
+
+def run_fingerprint(args, backend: str) -> dict:
+    """What defines a run's rows: a rerun into the same --out resumes only when all of it is equal."""
+    source = ({"source": "reference"} if args.reference else
+              {"source": "solutions", "solutions_sha256": sha256_file(args.solutions)} if args.solutions else
+              {"source": "model"} | model_fingerprint(args.model))
+    values = vars(args) | {"tasks": sha256_file(args.tasks), "backend": backend,
+                           "emulate_checks": backend == "emulated" and args.emulate_checks}
+    return source | {k: values[k] for k in FINGERPRINTED}
+
+
+def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict]:
+    """Resume the run in `out` if it is the same run (rows and completions so far), start it if the
+    folder is new or --force; refuse another run's folder. Returns (rows, completions) by job."""
+    fp_path = out / "fingerprint.json"
+    ours = [out / n for n in ("results.jsonl", "completions.jsonl", "summary.json", "summary.md", fp_path.name)]
+    saved = None
+    if fp_path.exists():
+        try:
+            saved = json.loads(fp_path.read_text())
+        except json.JSONDecodeError:
+            saved = {"fingerprint.json": "unreadable"}
+    elif any(f.exists() for f in ours):
+        saved = {"fingerprint.json": "absent (written by an older version)"}
+    if saved is not None and (force or saved != fingerprint):
+        if not force:
+            differ = [k for k in sorted(set(saved) | set(fingerprint)) if saved.get(k) != fingerprint.get(k)]
+            raise UserError(f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force to "
+                            f"start over there, or name another --out")
+        for f in ours:
+            f.unlink(missing_ok=True)
+        saved = None
+    out.mkdir(parents=True, exist_ok=True)
+    if saved is None:
+        write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
+    key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
+    return ({key(r): r for r in read_appended_jsonl(out / "results.jsonl")},
+            {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")})
+
+
+def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
+    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. The same job
+    twice is refused (which answer counts?); answers for jobs outside this run are ignored with a
+    warning that counts them (a typo in task ids shows up there)."""
+    found: dict[tuple, str] = {}
+    first_line: dict[tuple, int] = {}
+    outside = []
+    for lineno, obj in read_jsonl(path):
+        try:
+            key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
+            text = obj["completion"]
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{path}:{lineno}: each line needs task_id, level, sample (int) and completion") from None
+        if not isinstance(text, str):
+            raise UserError(f"{path}:{lineno}: completion must be a string")
+        if key in first_line:
+            raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already answered "
+                            f"on line {first_line[key]}; keep one answer per task, level and sample")
+        first_line[key] = lineno
+        if key in wanted:
+            found[key] = text
+        else:
+            outside.append((lineno, key))
+    if outside:
+        lineno, key = outside[0]
+        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (task id, level or sample not "
+              f"selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored", file=sys.stderr)
+    return found
