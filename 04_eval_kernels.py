@@ -270,7 +270,7 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
 
 
 # ---------------------------------------------------------------------------------------
-# Completions: from a model, from a file, or the references
+# Completions: from a model or the references (from a file: harness/run_folder.py)
 # ---------------------------------------------------------------------------------------
 
 
