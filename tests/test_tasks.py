@@ -261,10 +261,10 @@ def check_gen_and_compare(task: dict, workdir: Path) -> list[str]:
         return problems
     first = task["outputs"][0]
     out_path = data / f"{first['name']}.bin"
+    # The other outputs right, so that only the first decides. That compare.py says T to the reference
+    # outputs themselves is stage 04's self-check of every task (test_every_standalone_reference_...).
     for buf in task["outputs"]:
         shutil.copy(data / f"{buf['name']}_ref.bin", data / f"{buf['name']}.bin")
-    if (got := compare(task, workdir)) != "T":
-        problems.append(f"reference output judged {got!r}")
     ref = np.fromfile(data / f"{first['name']}_ref.bin", dtype=first["dtype"])
     for label, bad in [("zeros", np.zeros_like(ref)), ("perturbed", perturb(ref))]:
         bad.tofile(out_path)
