@@ -59,7 +59,7 @@ from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATI
                           write_jsonl_atomic, write_text_atomic)
 from harness.program_files import copy_written_files
 from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
-                              output_limit_mb, parse_timing, prepare_emulator)
+                              make_work_dir, output_limit_mb, parse_timing, prepare_emulator)
 from harness.run_folder import load_solutions, open_run, run_fingerprint
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
@@ -523,8 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[job] = row
             append_jsonl(results_path, [row])
 
-    work = Path(tempfile.mkdtemp(prefix="cuset-eval-"))
-    os.chmod(work, 0o711)  # the sandbox uid may pass through to its own folders; it can list nothing
+    work = make_work_dir()
     try:
         evaluate(args, by_id, unique, completions, arch, runner, work, record)
     finally:

@@ -4,7 +4,8 @@ the sandbox uid's process limit is held; the emulation backend's build step (tra
 harness/emulate.py, then g++ against the runtime header in harness/emu/); finding the GPU and
 choosing the sandbox (refusing to run unisolated unless asked); the limit on what a
 program may write; reading the kernel-mode harness's timing line without trusting the program;
-and clipping logs for the results.
+clipping logs for the results; and the run's work folder, which a killed run leaves behind for the
+next run to remove.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +85,34 @@ def gpu_name() -> str | None:
         return None
     r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
+WORK_PREFIX = "cuset-eval-"  # + <pid>-<random>: a folder of the run whose process has that id
+
+
+def make_work_dir() -> Path:
+    """A fresh folder under the system temp dir for this run's builds, task data and runs (the sandbox
+    uid passes through it to its own folders and lists nothing), after removing the folders that
+    killed runs left behind: a SIGKILL skips stage 04's clean-up, and a task's data may take GBs.
+    A folder is stale when it is ours and the process its name carries no longer exists."""
+    for old in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*-*"):
+        pid = old.name[len(WORK_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and old.is_dir() and not old.is_symlink() and old.lstat().st_uid == os.geteuid() \
+                and not process_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-"))
+    os.chmod(work, 0o711)
+    return work
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
 
 
 def built_file(folder: Path, name: str) -> bool:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -284,8 +286,15 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
     assert 2 <= len(kept) < 6, "the run must be killed part way (make --limit larger if it finished)"
     with results.open("a") as f:
         f.write('{"task_id": "torn')  # a row cut by the kill
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
+    left = list(Path(tempfile.gettempdir()).glob(f"cuset-eval-{proc.pid}-*"))
+    assert len(left) == 1 and any(left[0].iterdir())  # the kill skipped the clean-up: builds, task data
+    live = Path(tempfile.mkdtemp(prefix=f"cuset-eval-{os.getpid()}-"))  # a running process's folder
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
+        assert not left[0].exists() and live.is_dir()  # the next run removed the dead run's folder only
+    finally:
+        shutil.rmtree(live)
     assert f"{len(kept)} rows already done" in r.stdout
     final = [json.loads(x) for x in results.read_text().splitlines()]
     assert len(final) == 6 and all(row["outcome"] == "pass" for row in final)
