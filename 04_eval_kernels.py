@@ -4,7 +4,8 @@ Inputs:  a model (--model: hub id, local folder or stage-03 checkpoint) or compl
          elsewhere (--solutions), or the tasks' own references (--reference); a
          CUDABench-format task file (--tasks; the real CUDABench JSONL works unchanged).
 Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, summary.md,
-         completions.jsonl (what the model wrote), fingerprint.json (what defines the run).
+         completions.jsonl (what the model wrote), task_checks.jsonl (each task's reference, run
+         here), fingerprint.json (what defines the run).
          Rows and completions are appended as they finish; rerunning the same run resumes it
          (harness/run_folder.py).
 
@@ -15,12 +16,18 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py --backend emulate --emulate-checks # CPU emulation with AddressSanitizer
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
 
-Protocol (DESIGN.md, Evaluation): extract the code block -> nvcc (fixed flags, parallel,
-timeout) -> gen.py once per task in its own folder (and compare.py once on gen.py's reference
-outputs: a task whose own scripts fail here is a `task_error`, not a verdict) -> the binary in
-a fresh sandbox folder that holds only the inputs -> compare.py on the files it wrote under
-data/. Outcomes: missing, no_code, compile_error, runtime_error, timeout, wrong_output, pass;
-`unsupported` (the emulator cannot run it) and `task_error` are counted apart, outside pass@k.
+Protocol (README, "Evaluation protocol and sandbox"): extract the code block -> nvcc (fixed flags,
+parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh sandbox folder
+that holds only the inputs -> compare.py on the files it wrote under data/. Outcomes: missing,
+no_code, compile_error, runtime_error, timeout, wrong_output, pass; `unsupported` (the emulator
+cannot run it) and `task_error` are counted apart, outside pass@k.
+
+Task check: the task's scripts are known to accept one program, the task's own reference. Before
+a task's candidates are judged, its reference goes through the same path (one extra compile and
+run per task that has a candidate to judge; the verdict is kept in --out/task_checks.jsonl, so a
+resumed run does not pay it again). `task_error`: gen.py failed, or the reference ran and
+compare.py judged it F. A reference that cannot run here (unsupported, timeout, ...) leaves its
+task unchecked: its rows are judged and counted apart as `unchecked`. --no-task-check skips it.
 
 Backends (--backend, default auto = the GPU when nvidia-smi lists one, else emulate):
 gpu runs nvcc's binary on the GPU, one program at a time, and times kernel mode. emulate
@@ -64,7 +71,7 @@ from harness.run_folder import load_solutions, open_run, run_fingerprint
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
-TASK_ERROR = "task_error"  # the task's own gen.py/compare.py failed here: no verdict, kept out of pass@k
+TASK_ERROR = "task_error"  # gen.py failed, or compare.py rejects the task's own reference: no verdict
 APART = (UNSUPPORTED, TASK_ERROR)
 FAST_P = (0.0, 1.0, 1.5)
 
@@ -99,6 +106,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
       help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present")
     a("--emulate-checks", action="store_true",
       help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error")
+    a("--no-task-check", action="store_true",
+      help="do not run each task's own reference program before judging its candidates (saves one compile "
+           "and run per task; a task whose compare.py rejects everything then reads as wrong_output)")
     a("--no-sandbox", action="store_true",
       help="run generated code WITHOUT isolation where none is possible (only for code you trust)")
     args = ap.parse_args(argv)
@@ -208,31 +218,18 @@ def build(source: str, workdir: Path, arch: list[str], timeout: float, emulator:
 
 
 def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) -> str | None:
-    """gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates).
-    Then compare.py once on gen.py's own reference outputs given as the program's (data/X_ref.bin
-    copied to data/X.bin, CUDABench's naming): it must say T, or the task's scripts cannot judge
-    anything here. Returns None when the task is ready, else the log of what failed (task_error)."""
+    """gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates),
+    under whatever names its author chose. Returns None when it ran, else what failed (task_error)."""
     folder.mkdir(parents=True)
     (folder / "data").mkdir()
     (folder / "gen.py").write_text(task["gen.py"])
     code, log = runner.task_script("gen.py", folder, timeout)
     os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
-    if code != 0:
-        return f"gen.py failed ({'timeout' if code is None else f'exit status {code}'}):\n{log}"
-    check = folder / "self-check"
-    shutil.copytree(folder / "data", check / "data", copy_function=os.link)  # links: GBs cost nothing
-    for ref in (check / "data").glob("*_ref.bin"):
-        as_output = ref.with_name(ref.name[: -len("_ref.bin")] + ".bin")
-        as_output.unlink(missing_ok=True)  # an in-place task's output has its input's name
-        os.link(ref, as_output)
-    (check / "compare.py").write_text(task["compare.py"])
-    code, verdict = runner.task_script("compare.py", check, timeout)
-    shutil.rmtree(check)
-    lines = verdict.strip().splitlines()
-    if code != 0 or not lines or lines[-1].strip() != "T":
-        status = "timeout" if code is None else f"exit status {code}"
-        return f"compare.py does not accept gen.py's own reference outputs ({status}):\n{verdict}"
-    return None
+    if code == 0:
+        return None
+    missing = re.search(r"No module named '([\w.]+)'", log)
+    hint = f" (it imports {missing.group(1)}: install it where stage 04 runs)" if missing else ""
+    return f"gen.py failed{hint} ({'timeout' if code is None else f'exit status {code}'}):\n{log}"
 
 
 def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, runner: Runner,
@@ -339,8 +336,9 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress, on_batch) -> 
 
 def summarize(rows: list[dict], k: int, backend: str) -> dict:
     """Per level and per category: compile rate (rows whose task could judge), pass@1, pass@k (over
-    rows with a verdict: `unsupported` and `task_error` ones are counted apart), speedups and fast_p
-    (GPU rows only carry timings)."""
+    rows with a verdict: `unsupported` and `task_error` ones are counted apart), `unchecked` (rows
+    with a verdict whose task's reference could not run here), speedups and fast_p (GPU rows only
+    carry timings)."""
     def group(key):
         g = defaultdict(list)
         for r in rows:
@@ -357,6 +355,7 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
         compiled = sum(r["outcome"] not in ("missing", "no_code", "compile_error") for r in usable)
         out = {"rows": len(rs), "compile_rate": compiled / max(len(usable), 1)}
         out |= {o: sum(r["outcome"] == o for r in rs) for o in APART}
+        out["unchecked"] = sum(r.get("task_check", "pass") != "pass" for r in judged)
         out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
         if k > 1:
             out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
@@ -388,7 +387,12 @@ def summary_markdown(summary: dict, header: str) -> str:
     lines += ["", "Outcomes: " + ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())]
     if summary["outcomes"][TASK_ERROR]:
         lines += ["", f"{summary['outcomes'][TASK_ERROR]} rows are `task_error`: the task's own gen.py or compare.py "
-                      "failed here (see their logs in results.jsonl); they are outside pass@k and the compile rate."]
+                      "failed here, or compare.py judged the task's own reference F (their cause and log are in "
+                      "results.jsonl); they are outside pass@k and the compile rate."]
+    if summary["overall"]["unchecked"]:
+        lines += ["", f"{summary['overall']['unchecked']} rows with a verdict are `unchecked`: their task's own "
+                      "reference could not run here (task_checks.jsonl says why), so nothing showed that its "
+                      "scripts accept a right program; they are inside pass@k."]
     if summary["backend"] == "emulated":
         lines += ["", "**backend: emulated.** Programs ran under CPU emulation: verdicts on functional correctness "
                       "of well-synchronised code; no timings. `unsupported` rows are outside pass@k."]
@@ -507,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.
     results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
-    rows, completions = open_run(args.out, run_fingerprint(args, backend), args.force)
+    rows, completions, checks = open_run(args.out, run_fingerprint(args, backend), args.force)
     todo = [j for j in jobs if j not in rows]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
     gather_completions(args, by_id, [j for j in todo if j not in completions], completions, comp_path, solutions)
@@ -523,9 +527,14 @@ def main(argv: list[str] | None = None) -> int:
             rows[job] = row
             append_jsonl(results_path, [row])
 
+    def record_check(task_id: str, check: dict) -> None:
+        with lock:
+            checks[task_id] = check
+            append_jsonl(args.out / "task_checks.jsonl", [{"task_id": task_id} | check])
+
     work = make_work_dir()
     try:
-        evaluate(args, by_id, unique, completions, arch, runner, work, record)
+        evaluate(args, by_id, unique, completions, arch, runner, work, record, checks, record_check)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for j in todo:
@@ -549,47 +558,87 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list[str], runner: Runner, work: Path,
-             record) -> None:
-    """Build every job's program (--jobs in parallel), then per task: gen.py once, its programs, compare;
-    record(job, row) as each row is final."""
+             record, checks: dict, record_check) -> None:
+    """Build every job's program (--jobs in parallel) and the task check's references, then per task:
+    gen.py once, the check, its programs, compare; record(job, row) as each row is final and
+    record_check(task_id, check) as each check is (`checks`: those kept from before)."""
     emulator = prepare_emulator(work, args.emulate_checks) if runner.backend == "emulated" and jobs else None
     task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in jobs}))}
     for d in task_dirs.values():
         d.mkdir(mode=0o711)
-    compiling = Progress("compile", len(jobs))
 
-    def build_one(job):
-        out = compile_job(by_id[job[0]], job, completions[job], args, arch, runner, emulator, task_dirs[job[0]])
-        compiling()
-        return job, out
+    def build_all(what: str, builds: list[tuple]) -> list[tuple]:
+        """compile_job over (job, completion) pairs, --jobs at a time, with progress."""
+        compiling = Progress(what, len(builds))
+
+        def build_one(build):
+            out = compile_job(by_id[build[0][0]], *build, args, arch, runner, emulator, task_dirs[build[0][0]])
+            compiling()
+            return out
+        with ThreadPoolExecutor(args.jobs) as pool:
+            return list(pool.map(build_one, builds))
 
     by_task = defaultdict(list)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for job, (row, exe, workdir) in pool.map(build_one, jobs):
-            if exe is None:
-                record(job, row)
-            else:
-                by_task[job[0]].append((job, row, exe, workdir))
-    running = Progress("run", sum(len(v) for v in by_task.values()))
+    for job, (row, exe, workdir) in zip(jobs, build_all("compile", [(j, completions[j]) for j in jobs])):
+        if exe is None:
+            record(job, row)
+        else:
+            by_task[job[0]].append((job, row, exe, workdir))
+    # The task check (docstring): the reference of each task that has a program to judge, built as one.
+    to_check = [] if args.reference or args.no_task_check else [t for t in sorted(by_task) if t not in checks]
+    references = {}
+    built = build_all("compile (task check)", [((t, 0, "check"), reference_completion(by_id[t], args.mode))
+                                               for t in to_check])
+    for tid, (row, exe, workdir) in zip(to_check, built):
+        if exe is None:
+            record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
+        else:
+            references[tid] = exe, workdir
+    running = Progress("run", sum(len(v) for v in by_task.values()) + len(references))
     # Emulated programs run --jobs at a time and share the cores out (this also keeps the sandbox
     # uid's threads under its process limit).
     run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
     timed = runner.backend == "gpu" and args.mode == "kernel"
 
+    def run(tid: str, exe: Path, gen_dir: Path, workdir: Path) -> tuple[str, str, dict]:
+        out = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, runner, run_env, timed, args.task_timeout)
+        shutil.rmtree(workdir, ignore_errors=True)
+        running()
+        return out
+
+    def task_check(tid: str, gen_dir: Path) -> dict | None:
+        """The task check's verdict for `tid` (None with --reference: its rows are the check)."""
+        if args.reference:
+            return None
+        if args.no_task_check:
+            return {"outcome": "skipped"}
+        if tid not in checks:
+            exe, workdir = references[tid]
+            outcome, log, _ = run(tid, exe, gen_dir, workdir)
+            record_check(tid, {"outcome": outcome, "log": clip(log)})
+        return checks[tid]
+
     def run_task(tid: str) -> None:
-        """gen.py once, then the task's programs; its data is removed when they are done."""
+        """gen.py once, the task check, then the task's programs; its data is removed when they are done."""
         gen_dir = task_dirs[tid] / "gen"
-        task_error = prepare_task_data(by_id[tid], gen_dir, args.task_timeout, runner)
+        failed = prepare_task_data(by_id[tid], gen_dir, args.task_timeout, runner)
+        check = None if failed else task_check(tid, gen_dir)
+        if failed and tid in references:
+            running()  # the reference the check built is not run
+        if check and check["outcome"] == "wrong_output":
+            failed = ("the task's own reference program ran here and compare.py judged it F, so its scripts "
+                      "cannot judge a candidate:\n" + check["log"])
         for job, row, exe, workdir in by_task[tid]:
-            if task_error:
-                row = row | {"outcome": TASK_ERROR, "log": clip(task_error)}
+            if failed:
+                cause = "gen.py failed" if check is None else "reference judged F"
+                row = row | {"outcome": TASK_ERROR, "cause": cause, "log": clip(failed)}
+                shutil.rmtree(workdir, ignore_errors=True)
+                running()
             else:
-                outcome, log, timing = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, runner, run_env,
-                                               timed, args.task_timeout)
+                outcome, log, timing = run(tid, exe, gen_dir, workdir)
                 row = row | {"outcome": outcome, "log": clip(log)} | timing
-            shutil.rmtree(workdir, ignore_errors=True)
+                row |= {"task_check": check["outcome"]} if check else {}
             record(job, row)
-            running()
         shutil.rmtree(task_dirs[tid], ignore_errors=True)
 
     # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.

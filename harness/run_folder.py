@@ -14,7 +14,7 @@ from pathlib import Path
 from cuset_common import UserError, read_appended_jsonl, read_jsonl, sha256_file, write_text_atomic
 
 FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
-                 "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout")
+                 "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout", "no_task_check")
 
 
 def model_fingerprint(name: str) -> dict:
@@ -43,11 +43,13 @@ def run_fingerprint(args, backend: str) -> dict:
     return source | {k: values[k] for k in FINGERPRINTED}
 
 
-def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict]:
-    """Resume the run in `out` if it is the same run (rows and completions so far), start it if the
-    folder is new or --force; refuse another run's folder. Returns (rows, completions) by job."""
+def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict, dict]:
+    """Resume the run in `out` if it is the same run (rows, completions and task checks so far), start
+    it if the folder is new or --force; refuse another run's folder. Returns (rows, completions) by job
+    and the task checks by task id."""
     fp_path = out / "fingerprint.json"
-    ours = [out / n for n in ("results.jsonl", "completions.jsonl", "summary.json", "summary.md", fp_path.name)]
+    ours = [out / n for n in ("results.jsonl", "completions.jsonl", "task_checks.jsonl", "summary.json",
+                              "summary.md", fp_path.name)]
     saved = None
     if fp_path.exists():
         try:
@@ -69,7 +71,8 @@ def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict]:
         write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
     key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
     return ({key(r): r for r in read_appended_jsonl(out / "results.jsonl")},
-            {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")})
+            {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")},
+            {r.pop("task_id"): r for r in read_appended_jsonl(out / "task_checks.jsonl")})
 
 
 def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:

@@ -1,7 +1,8 @@
-"""Stage 04 on real-CUDABench-shaped tasks (issue 11): task-level errors, large and undeclared
-outputs, integer outputs, programs that plant links, forged kernel timings, resume of the same
-run only, and bad input. The programs are host-only C++ (run the same way on the GPU backend and
-under emulation), except the timing tests, which use a real kernel-mode harness."""
+"""Stage 04 on real-CUDABench-shaped tasks (issues 11, 28): the task check on each way the real
+set names its reference files, task-level errors, large and undeclared outputs, integer outputs,
+programs that plant links, forged kernel timings, resume of the same run only, and bad input. The
+programs are host-only C++ (run the same way on the GPU backend and under emulation), except the
+timing tests, which use a real kernel-mode harness."""
 from __future__ import annotations
 
 import json
@@ -36,12 +37,14 @@ template <typename T> static void save(const char* p, const T* v, size_t n) {
 """
 
 
-def task(tid: str, gen: str, compare: str, inputs=(), outputs=()) -> dict:
-    """A task in the CUDABench schema (the fields stage 04 reads; prompts are never shown here)."""
+def task(tid: str, gen: str, compare: str, inputs=(), outputs=(), reference: str = "") -> dict:
+    """A task in the CUDABench schema (the fields stage 04 reads; prompts are never shown here), with
+    `reference` (a main() body, see program()) as its own reference program."""
     buf = lambda name, dtype, shape: {"name": name, "dtype": dtype, "shape": shape}  # noqa: E731
     return {"id": tid, "task_name": tid, "task_description": tid, "level1_prompt": tid, "level2_prompt": tid,
-            "level3_prompt": tid, "bench.cu": "", "inputs": [buf(*b) for b in inputs],
-            "outputs": [buf(*b) for b in outputs], "gen.py": gen, "compare.py": compare}
+            "level3_prompt": tid, "bench.cu": FILE_IO + UNUSED_KERNEL + reference,
+            "inputs": [buf(*b) for b in inputs], "outputs": [buf(*b) for b in outputs], "gen.py": gen,
+            "compare.py": compare}
 
 
 GEN_X = "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n" \
@@ -51,6 +54,18 @@ COMPARE_FILES = ("import os, sys\nimport numpy as np\n"
                  "    p = f'data/{name}.bin'\n"
                  "    return os.path.isfile(p) and np.array_equal(np.fromfile(p, dtype), "
                  "np.fromfile(f'data/{name}_ref.bin', dtype))\n")
+
+PROGRAMS = {
+    "needs_module": "int main() { return 0; }\n",
+    "big_output": "int main() { FILE* f = fopen(\"data/big.bin\", \"wb\"); if (!f) return 1;\n"
+                  f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
+    "undeclared": "int main() { int32_t x[1024]; load(\"data/x.bin\", x, 1024);\n"
+                  "  for (int i = 0; i < 1024; ++i) x[i] *= 2; save(\"data/out.bin\", x, 1024); return 0; }\n",
+    "int_types": "int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; load(\"data/x.bin\", x, 1024);\n"
+                 "  for (int i = 0; i < 1024; ++i) { w[i] = (int64_t)x[i] << 33; u[i] = (uint32_t)x[i] * 3000000u; }\n"
+                 "  save(\"data/wide.bin\", w, 1024); save(\"data/u.bin\", u, 1024); return 0; }\n",
+    "broken_compare": "int main() { return 0; }\n",
+}
 
 TASKS = {
     # gen.py needs a package that is not installed (real CUDABench tasks import torch, scipy, PIL)
@@ -73,23 +88,55 @@ TASKS = {
                 "(x.astype(np.uint32) * 3000000).tofile('data/u_ref.bin')\n",
         COMPARE_FILES + "print('T' if same('wide', np.int64) and same('u', np.uint32) else 'F')\n",
         [("x", "int32", "(1024,)")], [("wide", "int64", "(1024,)"), ("u", "uint32", "(1024,)")]),
-    # compare.py cannot judge even gen.py's own reference outputs here
+    # compare.py cannot judge even the task's own reference program here
     "broken_compare": task("broken_compare", GEN_X + "x.tofile('data/y_ref.bin')\n",
                            "import cuset_no_such_package\n", [("x", "int32", "(1024,)")],
                            [("y", "int32", "(1024,)")]),
 }
+for tid, body in PROGRAMS.items():
+    TASKS[tid]["bench.cu"] += body
 
-PROGRAMS = {
-    "needs_module": "int main() { return 0; }\n",
-    "big_output": "int main() { FILE* f = fopen(\"data/big.bin\", \"wb\"); if (!f) return 1;\n"
-                  f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
-    "undeclared": "int main() { int32_t x[1024]; load(\"data/x.bin\", x, 1024);\n"
-                  "  for (int i = 0; i < 1024; ++i) x[i] *= 2; save(\"data/out.bin\", x, 1024); return 0; }\n",
-    "int_types": "int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; load(\"data/x.bin\", x, 1024);\n"
-                 "  for (int i = 0; i < 1024; ++i) { w[i] = (int64_t)x[i] << 33; u[i] = (uint32_t)x[i] * 3000000u; }\n"
-                 "  save(\"data/wide.bin\", w, 1024); save(\"data/u.bin\", u, 1024); return 0; }\n",
-    "broken_compare": "int main() { return 0; }\n",
+
+# The ways real CUDABench gen.py scripts name their reference files (counted over its 500 tasks:
+# data/reference.bin in 150, other names holding `ref` in about 290, data/<output>_ref.bin in 30,
+# data/expected_*.bin in about 45; 10 tasks have two outputs). compare.py reads the program's output
+# as data/<output>.bin. Each entry: outputs as (name, C++ type, numpy dtype, C++ expression of x[i],
+# numpy expression of x, the reference file gen.py writes), all computed from x = 1..1024 (float32).
+NAMINGS = {
+    "single_reference": [("y", "float", "float32", "2 * x[i] + 1", "2 * x + 1", "reference")],
+    "ref_prefix": [("img_out", "float", "float32", "x[i] / 4", "x / 4", "ref_img")],
+    "expected_prefix": [("idx", "int32_t", "int32", "(int32_t)x[i] * 3 % 7", "x.astype(np.int32) * 3 % 7",
+                         "expected_sampled_indices")],
+    "output_ref": [("c", "float", "float32", "x[i] * x[i]", "x * x", "c_ref")],
+    "two_outputs": [("lo", "float", "float32", "x[i] - 1", "x - 1", "golden_first"),
+                    ("hi", "int32_t", "int32", "(int32_t)x[i] + 1", "x.astype(np.int32) + 1", "answer_b")],
+    # the output has the input's name: the program writes data/x.bin over its input
+    "in_place": [("x", "float", "float32", "x[i] * 0.5f", "x * np.float32(0.5)", "x_after")],
 }
+
+
+def naming_task(tid: str, outputs: list[tuple]) -> dict:
+    gen = ("import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n"
+           "x = np.arange(1, 1025, dtype=np.float32)\nx.tofile('data/x.bin')\n")
+    gen += "".join(f"np.asarray({py}, dtype=np.{dt}).tofile('data/{ref}.bin')\n" for _, _, dt, _, py, ref in outputs)
+    compare = "import os\nimport numpy as np\ndef ok(out, ref, dtype):\n" \
+              "    return os.path.isfile(out) and np.array_equal(np.fromfile(out, dtype), np.fromfile(ref, dtype))\n"
+    compare += "print('T' if all([" + ", ".join(f"ok('data/{name}.bin', 'data/{ref}.bin', np.{dt})"
+                                             for name, _, dt, _, _, ref in outputs) + "]) else 'F')\n"
+    outs = [(name, dt, "(1024,)") for name, _, dt, *_ in outputs]
+    return task(tid, gen, compare, [("x", "float32", "(1024,)")], outs, naming_program(outputs))
+
+
+def naming_program(outputs: list[tuple], wrong: bool = False) -> str:
+    """main(): read x, write each output; `wrong` spoils one element of each."""
+    body = "int main() { float x[1024]; load(\"data/x.bin\", x, 1024);\n"
+    for name, ctype, _, expr, _, _ in outputs:
+        body += (f"  {{ static {ctype} o[1024]; for (int i = 0; i < 1024; ++i) o[i] = ({ctype})({expr});\n"
+                 f"    {'o[517] += 1; ' if wrong else ''}save(\"data/{name}.bin\", o, 1024); }}\n")
+    return body + "  return 0; }\n"
+
+
+TASKS |= {tid: naming_task(tid, outputs) for tid, outputs in NAMINGS.items()}
 
 
 def program(body: str) -> str:
@@ -107,13 +154,16 @@ def solution(tid: str, completion: str, level: int = 1, sample: int = 0) -> dict
 
 @pytest.fixture(scope="module")
 def realset(tmp_path_factory):
-    """One stage-04 run over the CUDABench-shaped tasks above, levels 1 and 2."""
+    """One stage-04 run over the CUDABench-shaped tasks above, levels 1 and 2, with the task check."""
     d = tmp_path_factory.mktemp("realset")
     tasks = write_jsonl(d / "tasks.jsonl", list(TASKS.values()))
     sols = [solution(tid, program(body)) for tid, body in PROGRAMS.items()]
     # level 2: a wrong answer for int_types (uint32 wraps differently), and no answer for `undeclared`
     sols.append(solution("int_types", program(PROGRAMS["int_types"].replace("3000000u", "3000001u")), level=2))
-    sols += [solution(tid, "no code at all", level=2) for tid in TASKS if tid not in ("int_types", "undeclared")]
+    sols += [solution(tid, "no code at all", level=2) for tid in PROGRAMS if tid not in ("int_types", "undeclared")]
+    # the naming patterns: a right program at level 1, a wrong one at level 2
+    sols += [solution(tid, program(naming_program(outputs, wrong)), level=1 + wrong)
+             for tid, outputs in NAMINGS.items() for wrong in (False, True)]
     sols.append(solution("no_such_task", program("int main() { return 0; }\n")))
     out = d / "ev"
     r = subprocess.run([sys.executable, str(ROOT / "04_eval_kernels.py"), "--tasks", str(tasks), "--split", "all",
@@ -121,24 +171,43 @@ def realset(tmp_path_factory):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {(row["task_id"], row["level"]): row for row in map(json.loads, (out / "results.jsonl").open())}
-    return r, rows, json.loads((out / "summary.json").read_text())
+    checks = [json.loads(line) for line in (out / "task_checks.jsonl").open()]
+    return r, rows, json.loads((out / "summary.json").read_text()), checks
+
+
+@pytest.mark.parametrize("tid", NAMINGS)
+def test_every_reference_naming_is_judged_both_ways(realset, tid):
+    rows = realset[1]
+    assert rows[(tid, 1)]["outcome"] == "pass" and rows[(tid, 1)]["task_check"] == "pass", rows[(tid, 1)]["log"]
+    assert rows[(tid, 2)]["outcome"] == "wrong_output", rows[(tid, 2)]["log"]
+
+
+def test_each_task_is_checked_once_and_only_where_a_program_is_judged(realset):
+    r, rows, summary, checks = realset
+    checked = [c["task_id"] for c in checks]
+    assert sorted(checked) == sorted(set(checked))  # once per task, though two of its programs ran
+    # needs_module's gen.py fails first; every other task has a program that built
+    assert set(checked) == set(TASKS) - {"needs_module"}
+    assert summary["overall"]["unchecked"] == 0
 
 
 def test_a_failing_gen_py_is_a_task_error_and_the_run_goes_on(realset):
-    r, rows, summary = realset
+    r, rows, summary, _ = realset
     assert r.returncode == 0, r.stderr
     row = rows[("needs_module", 1)]
     assert row["outcome"] == "task_error" and "cuset_no_such_package" in row["log"], row
     assert rows[("undeclared", 1)]["outcome"] == "pass"  # the tasks after it were judged
 
 
-def test_a_compare_py_that_rejects_its_own_references_is_a_task_error(realset):
+def test_a_compare_py_that_rejects_the_tasks_own_reference_is_a_task_error(realset):
     row = realset[1][("broken_compare", 1)]
-    assert row["outcome"] == "task_error" and "own reference outputs" in row["log"], row
+    assert row["outcome"] == "task_error" and row["cause"] == "reference judged F", row
+    assert "own reference program ran here and compare.py judged it F" in row["log"], row
+    assert realset[1][("needs_module", 1)]["cause"] == "gen.py failed"
 
 
 def test_task_errors_are_outside_pass_at_k_and_counted(realset):
-    _, rows, summary = realset
+    _, rows, summary, _ = realset
     judged = [r for r in rows.values() if r["outcome"] not in ("task_error", "unsupported")]
     prompts = {(r["task_id"], r["level"]) for r in judged}
     passed = {(r["task_id"], r["level"]) for r in judged if r["outcome"] == "pass"}
@@ -161,11 +230,50 @@ def test_int64_and_uint32_outputs_are_judged_both_ways(realset):
 
 
 def test_a_missing_answer_is_missing_not_no_code_and_unknown_ids_are_counted(realset):
-    r, rows, summary = realset
+    r, rows, summary, _ = realset
     assert rows[("undeclared", 2)]["outcome"] == "missing"
     assert rows[("big_output", 2)]["outcome"] == "no_code"
     assert summary["outcomes"]["missing"] == 1
     assert "1 answer(s) name no job of this run" in r.stderr and "no_such_task" in r.stderr
+
+
+def run_tasks(d: Path, tasks: list[dict], sols: list[dict], *extra: str) -> tuple[dict, Path]:
+    """main() on these tasks and answers, level 1; the rows by task id and the --out folder."""
+    d.mkdir(exist_ok=True)
+    out = d / "ev"
+    assert ev.main(["--tasks", str(write_jsonl(d / "tasks.jsonl", tasks)), "--split", "all", "--levels", "1",
+                    "--solutions", str(write_jsonl(d / "sols.jsonl", sols)), "--out", str(out), *extra]) == 0
+    return {row["task_id"]: row for row in map(json.loads, (out / "results.jsonl").open())}, out
+
+
+def test_a_reference_that_cannot_finish_here_leaves_its_task_unchecked_not_removed(tmp_path):
+    outputs = NAMINGS["single_reference"]
+    slow = naming_task("slow_reference", outputs)
+    slow["bench.cu"] = slow["bench.cu"].replace("int main() {", "int main() { sleep(600);")
+    rows, out = run_tasks(tmp_path, [slow], [solution("slow_reference", program(naming_program(outputs)))],
+                          "--run-timeout", "5")
+    assert rows["slow_reference"]["outcome"] == "pass" and rows["slow_reference"]["task_check"] == "timeout"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["unchecked"] == 1 and summary["overall"]["pass@1"] == 1.0
+    assert "`unchecked`" in (out / "summary.md").read_text()
+
+
+def test_a_resumed_run_keeps_its_task_checks_and_no_task_check_skips_them(tmp_path):
+    tasks = [naming_task(tid, NAMINGS[tid]) for tid in ("ref_prefix", "two_outputs")]
+    sols = [solution(t["id"], program(naming_program(NAMINGS[t["id"]]))) for t in tasks]
+    rows, out = run_tasks(tmp_path, tasks, sols)
+    checks = (out / "task_checks.jsonl").read_text()
+    assert checks.count("\n") == 2 and all(r["outcome"] == "pass" for r in rows.values())
+    (out / "results.jsonl").write_text("")  # as if killed after both checks, before any row was kept
+    rows, _ = run_tasks(tmp_path, tasks, sols)
+    assert (out / "task_checks.jsonl").read_text() == checks  # not paid again
+    assert all(r["outcome"] == "pass" and r["task_check"] == "pass" for r in rows.values())
+    # without the check, a compare.py that rejects everything reads as the candidate's fault
+    broken = TASKS["broken_compare"]
+    rows, out = run_tasks(tmp_path / "skip", [broken], [solution(broken["id"], program(PROGRAMS[broken["id"]]))],
+                          "--no-task-check")
+    assert rows[broken["id"]]["outcome"] == "wrong_output" and rows[broken["id"]]["task_check"] == "skipped"
+    assert not (out / "task_checks.jsonl").exists()
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,7 +405,8 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
         shutil.rmtree(live)
     assert f"{len(kept)} rows already done" in r.stdout
     final = [json.loads(x) for x in results.read_text().splitlines()]
-    assert len(final) == 6 and all(row["outcome"] == "pass" for row in final)
+    assert len(final) == 6 and all(row["outcome"] == "pass" and "task_check" not in row for row in final)
+    assert not (out / "task_checks.jsonl").exists()  # with --reference the rows are the check
     assert json.loads(kept[0]) in final  # the rows made before the kill were kept as they were
 
 

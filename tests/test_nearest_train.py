@@ -44,8 +44,9 @@ def test_answers_carry_the_eval_signatures_compile_and_none_passes(tmp_path):
         got = [signature_parts(m.group(0)) for m in KERNEL_SIGNATURE.finditer(r["completion"])]
         assert got == want, r["task_id"]
 
+    # no task check: tests/test_tasks.py shows every bundled kernel-mode reference passing
     assert ev.main(["--solutions", str(sols), "--mode", "kernel", "--levels", "1", "--split", "eval",
-                    "--backend", "emulate", "--out", str(out)]) == 0
+                    "--backend", "emulate", "--no-task-check", "--out", str(out)]) == 0
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     by_outcome = Counter(r["outcome"] for r in results)
     eval_tasks = sum(t["split"] == "eval" for t in tasks.values())
