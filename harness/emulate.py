@@ -12,8 +12,8 @@ what C++ cannot spell is rewritten here:
 
 Comments and string literals are masked before searching, so `<<<` in them is left alone.
 Features the emulator does not model (library calls, half precision, inline PTX, tensor
-cores, textures, most of cooperative groups) are refused with a reason: stage 04 records
-them as `unsupported`, never as a verdict.
+cores, 3D and layered textures and surfaces, most of cooperative groups) are refused with a
+reason: stage 04 records them as `unsupported`, never as a verdict.
 
     python harness/emulate.py prog.cu > prog_emu.cpp     # look at a translation
 """
@@ -38,9 +38,12 @@ UNSUPPORTED = [
     (r"#\s*include\s*[<\"](cuda_fp16|cuda_bf16|cuda_fp8)\.h", "half precision ({0}.h)"),
     (r"#\s*include\s*[<\"](mma)\.h", "tensor cores ({0}.h)"),
     (r"\b(asm|__asm__)\s*(volatile\s*|__volatile__\s*)?\(", "inline PTX ({0})"),
-    (r"\b(__half2?|__nv_bfloat162?|half2?)\b(?!-)", "half precision ({0})"),
+    # `half` alone is a common variable name; as a type it needs one of the headers above
+    (r"\b(__half2?|__nv_bfloat162?)\b", "half precision ({0})"),
     (r"\b(wmma|nvcuda)::", "tensor cores ({0})"),
-    (r"\b(tex1Dfetch|tex1D|tex2D|tex3D|surf2Dwrite|surf2Dread|cudaTextureObject_t|cudaSurfaceObject_t)\b", "textures ({0})"),
+    # texture objects over 1D and 2D arrays and memory run (harness/emu/textures.h); these do not
+    (r"\b(tex3D|tex\w*Layered|texCubemap\w*|tex2DGather|tex\w+Lod|tex\w+Grad|surf\w+|cudaSurfaceObject_t|"
+     r"cudaMalloc3DArray|cudaMallocMipmappedArray)\b", "textures beyond 1D and 2D texture objects ({0})"),
     (r"\b(grid_group|this_grid|tiled_partition|thread_block_tile|coalesced_threads|coalesced_group|"
      r"labeled_partition|memcpy_async|cudaLaunchCooperativeKernel)\b", "cooperative groups beyond the thread block ({0})"),
     (r"\b(__cluster_dims__|cluster_group|this_cluster|cudaLaunchKernelEx)\b", "thread block clusters ({0})"),

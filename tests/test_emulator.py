@@ -1,7 +1,8 @@
 """The CPU emulation backend (issue 10) on tiny programs: the translator (harness/emulate.py) on
 launch syntax, templates, shared memory, macros, comments and strings; the runtime
 (harness/emu/cuda_runtime.h) on barriers, warp intrinsics, atomics, events, launch limits,
-poisoned memory and the race-revealing schedule. Every program is really built with g++ and run."""
+poisoned memory, the race-revealing schedule and texture reads (harness/emu/textures.h). Every
+program is really built with g++ and run; the texture program also with nvcc on a GPU, where one is."""
 from __future__ import annotations
 
 import re
@@ -137,15 +138,16 @@ def test_static_dynamic_and_file_scope_shared_memory(tmp_path):
     ('#include "cuda_fp16.h"\n', "half precision"),
     ("__device__ void f() { asm volatile(\"trap;\"); }\n", "inline PTX"),
     ("#include <mma.h>\nusing namespace nvcuda;\n", "tensor cores"),
-    ("__global__ void k(cudaTextureObject_t t) {}\n", "textures"),
+    ("__global__ void k(cudaSurfaceObject_t s) {}\n", "textures beyond 1D and 2D texture objects"),
+    ("__global__ void k(cudaTextureObject_t t, float* y) { y[0] = tex3D<float>(t, 0, 0, 0); }\n", "tex3D"),
 ])
 def test_unsupported_features_are_refused_with_a_reason(snippet, reason):
     with pytest.raises(Unsupported, match=re.escape(reason)):
         translate(snippet + "int main() { return 0; }\n")
 
 
-def test_comments_about_half_warps_are_not_half_precision():
-    translate("// a half-warp reads one address\n/* half */ int main() { return 0; }\n")
+def test_comments_about_half_warps_and_variables_named_half_are_not_half_precision():
+    translate("// a half-warp reads one address\n/* half */ int main() { int half = 8 >> 1; return half; }\n")
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,3 +376,83 @@ int main() {
 @pytest.mark.parametrize("threads", [1, 3])
 def test_blocks_run_on_as_many_os_threads_as_stage_04_allows(tmp_path, threads):
     assert output(tmp_path, THREADS, env={"CUSET_EMU_THREADS": str(threads)}).split() == ["2048", str(threads)]
+
+
+# Each line: what the CUDA programming guide's texture fetching appendix gives for these reads.
+TEXTURES = r"""
+#include <cstring>
+cudaTextureObject_t make(cudaResourceDesc res, cudaTextureFilterMode filter, cudaTextureAddressMode mode,
+                         cudaTextureReadMode read, int normalized) {
+    cudaTextureDesc how; memset(&how, 0, sizeof how);
+    how.addressMode[0] = how.addressMode[1] = mode;
+    how.filterMode = filter; how.readMode = read; how.normalizedCoords = normalized;
+    cudaTextureObject_t t = 0; cudaCreateTextureObject(&t, &res, &how, NULL);
+    return t;
+}
+cudaResourceDesc array_resource(cudaArray_t a) {
+    cudaResourceDesc res; memset(&res, 0, sizeof res);
+    res.resType = cudaResourceTypeArray; res.res.array.array = a;
+    return res;
+}
+__global__ void reads(cudaTextureObject_t px, cudaTextureObject_t px_border, cudaTextureObject_t px_unit,
+                      cudaTextureObject_t lin, cudaTextureObject_t wrap, cudaTextureObject_t ints, float* out) {
+    uchar4 a = tex2D<uchar4>(px, -2.5f, 1.2f), b = tex2D<uchar4>(px, 7.9f, 5.0f);
+    uchar4 c = tex2D<uchar4>(px_border, -1.0f, 0.5f);
+    float4 d = tex2D<float4>(px_unit, 3.5f, 2.5f);
+    float v[] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c.x, c.w, d.x, d.y, d.z, d.w,
+                 tex2D<float>(lin, 1.0f, 0.5f), tex2D<float>(lin, 2.5f, 0.5f), tex2D<float>(lin, 0.25f, 0.5f),
+                 tex2D<float>(lin, 3.9f, 0.5f), tex2D<float>(wrap, 1.1f, 0.5f), tex2D<float>(wrap, -0.3f, 0.5f),
+                 (float)tex1Dfetch<int>(ints, 5), (float)tex1Dfetch<int>(ints, 100)};
+    for (int i = 0; i < 22; ++i) out[i] = v[i];
+}
+int main() {
+    uchar4 pixels[3][4];
+    for (int j = 0; j < 3; ++j)
+        for (int i = 0; i < 4; ++i) pixels[j][i] = make_uchar4(i, j, i + j, 51 * (i + j));
+    cudaChannelFormatDesc px_desc = cudaCreateChannelDesc<uchar4>();
+    cudaArray_t px; cudaMallocArray(&px, &px_desc, 4, 3);
+    cudaMemcpy2DToArray(px, 0, 0, pixels, 4 * sizeof(uchar4), 4 * sizeof(uchar4), 3, cudaMemcpyHostToDevice);
+    float row[4] = {0, 10, 20, 30};
+    cudaChannelFormatDesc f_desc = cudaCreateChannelDesc<float>();
+    cudaArray_t fa; cudaMallocArray(&fa, &f_desc, 4, 1);
+    cudaMemcpy2DToArray(fa, 0, 0, row, sizeof row, sizeof row, 1, cudaMemcpyHostToDevice);
+    int* d_ints; int h_ints[16];
+    for (int i = 0; i < 16; ++i) h_ints[i] = 3 * i;
+    cudaMalloc(&d_ints, sizeof h_ints); cudaMemcpy(d_ints, h_ints, sizeof h_ints, cudaMemcpyHostToDevice);
+    cudaResourceDesc linear; memset(&linear, 0, sizeof linear);
+    linear.resType = cudaResourceTypeLinear; linear.res.linear.devPtr = d_ints;
+    linear.res.linear.desc = cudaCreateChannelDesc<int>(); linear.res.linear.sizeInBytes = sizeof h_ints;
+    cudaTextureObject_t px_t = make(array_resource(px), cudaFilterModePoint, cudaAddressModeClamp,
+                                    cudaReadModeElementType, 0);
+    cudaTextureObject_t border = make(array_resource(px), cudaFilterModePoint, cudaAddressModeBorder,
+                                      cudaReadModeElementType, 0);
+    cudaTextureObject_t unit = make(array_resource(px), cudaFilterModePoint, cudaAddressModeClamp,
+                                    cudaReadModeNormalizedFloat, 0);
+    cudaTextureObject_t lin = make(array_resource(fa), cudaFilterModeLinear, cudaAddressModeClamp,
+                                   cudaReadModeElementType, 0);
+    cudaTextureObject_t wrap = make(array_resource(fa), cudaFilterModePoint, cudaAddressModeWrap,
+                                    cudaReadModeElementType, 1);
+    cudaTextureObject_t ints = make(linear, cudaFilterModePoint, cudaAddressModeClamp, cudaReadModeElementType, 0);
+    float* d_out; float out[22]; cudaMalloc(&d_out, sizeof out);
+    reads<<<1, 1>>>(px_t, border, unit, lin, wrap, ints, d_out);
+    cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 22; ++i) printf("%g ", out[i]);
+    printf("\n");
+    cudaDestroyTextureObject(px_t); cudaFreeArray(px); cudaFreeArray(fa);
+}
+"""
+# clamp (0, 1) and (3, 2); border: zeros; texel (3, 2) as unit floats (51 * 5 = 255); linear blends of
+# 0 10 20 30 around x - 0.5; wrapped normalized coordinates 1.1 -> texel 0, -0.3 -> texel 2; fetches 15, 0
+TEXTURE_READS = "0 1 1 51 3 2 5 255 0 0 0.0117647 0.00784314 0.0196078 1 5 20 0 30 0 20 15 0"
+
+
+def test_texture_objects_read_as_the_programming_guide_says(tmp_path):
+    assert output(tmp_path, TEXTURES).split() == TEXTURE_READS.split()
+
+
+@pytest.mark.gpu
+def test_texture_reads_match_the_gpu(tmp_path):
+    (tmp_path / "tex.cu").write_text(PRELUDE + TEXTURES)
+    subprocess.run(["nvcc", "-arch=native", "tex.cu", "-o", "tex"], cwd=tmp_path, check=True)
+    gpu = subprocess.run(["./tex"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+    assert [float(x) for x in gpu] == pytest.approx([float(x) for x in TEXTURE_READS.split()], abs=0.02)

@@ -1195,3 +1195,4 @@ inline cudaError_t cudaLaunchKernel(void (*f)(P...), dim3 grid, dim3 block, void
     return cuset_emu::launch_packed(f, cuset_emu::Config(grid, block, smem, stream), args,
                                     std::index_sequence_for<P...>());
 }
+#include "textures.h"  // texture objects and CUDA arrays
