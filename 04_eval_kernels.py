@@ -74,6 +74,11 @@ UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out 
 TASK_ERROR = "task_error"  # gen.py failed, or compare.py rejects the task's own reference: no verdict
 APART = (UNSUPPORTED, TASK_ERROR)
 FAST_P = (0.0, 1.0, 1.5)
+# Run budgets. Emulated, a task built for a GPU can take minutes: a reference (its task check, or
+# --reference) may run REFERENCE_ALLOWANCE x --run-timeout, once per task, and a candidate as long
+# as CANDIDATE_ALLOWANCE x its reference's run here when that is more than --run-timeout, so that
+# `timeout` means slow for the task on this backend, not slow for the backend.
+REFERENCE_ALLOWANCE, CANDIDATE_ALLOWANCE = 10, 4
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,7 +97,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
-    a("--run-timeout", type=float, default=30.0, help="seconds per program run")
+    a("--run-timeout", type=float, default=30.0,
+      help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
+           f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
+           f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)")
     a("--task-timeout", type=float, default=900.0,
       help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)")
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
@@ -245,12 +253,14 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
         shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
     nonce = secrets.token_hex(16)
     limit_mb = output_limit_mb(task)
+    started = time.monotonic()
     code, log = runner.untrusted(["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env,
                                  stdin=f"{nonce}\n".encode())
+    took = {"run_s": round(time.monotonic() - started, 2)}
     if code is None:
-        return "timeout", log, {}
+        return "timeout", f"no exit within {timeout:g} s\n{log}", took
     if code != 0:
-        return "runtime_error", f"exit status {code}\n{log}", {}
+        return "runtime_error", f"exit status {code}\n{log}", took
     # The reference outputs (links: ours and compare's only), never replaced by the program's files; the
     # inputs come from the program's folder, so what it wrote under an input's name (in place) is its output.
     given = {f"{buf['name']}.bin" for buf in task["inputs"]}
@@ -259,7 +269,7 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
                                max_bytes=limit_mb << 20)
     (cmp_dir / "compare.py").write_text(task["compare.py"])
     ccode, verdict = runner.task_script("compare.py", cmp_dir, compare_timeout)
-    timing = parse_timing(log, nonce) if timed else {}
+    timing = took | (parse_timing(log, nonce) if timed else {})
     lines = verdict.strip().splitlines()
     passed = ccode == 0 and bool(lines) and lines[-1].strip() == "T"
     log += "".join(f"\n[harness] {n}" for n in notes) + "\n[compare] " + verdict
@@ -600,8 +610,8 @@ def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list
     run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
     timed = runner.backend == "gpu" and args.mode == "kernel"
 
-    def run(tid: str, exe: Path, gen_dir: Path, workdir: Path) -> tuple[str, str, dict]:
-        out = execute(by_id[tid], exe, gen_dir, workdir, args.run_timeout, runner, run_env, timed, args.task_timeout)
+    def run(tid: str, exe: Path, gen_dir: Path, workdir: Path, timeout: float) -> tuple[str, str, dict]:
+        out = execute(by_id[tid], exe, gen_dir, workdir, timeout, runner, run_env, timed, args.task_timeout)
         shutil.rmtree(workdir, ignore_errors=True)
         running()
         return out
@@ -614,9 +624,16 @@ def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list
             return {"outcome": "skipped"}
         if tid not in checks:
             exe, workdir = references[tid]
-            outcome, log, _ = run(tid, exe, gen_dir, workdir)
-            record_check(tid, {"outcome": outcome, "log": clip(log)})
+            outcome, log, took = run(tid, exe, gen_dir, workdir, REFERENCE_ALLOWANCE * args.run_timeout)
+            record_check(tid, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
         return checks[tid]
+
+    def run_budget(check: dict | None) -> float:
+        """Seconds a program of a task may run, given its task check (None: the rows are references)."""
+        if check is None:
+            return REFERENCE_ALLOWANCE * args.run_timeout
+        reference_s = check.get("run_s", 0) if check["outcome"] == "pass" else 0
+        return max(args.run_timeout, CANDIDATE_ALLOWANCE * reference_s)
 
     def run_task(tid: str) -> None:
         """gen.py once, the task check, then the task's programs; its data is removed when they are done."""
@@ -635,7 +652,7 @@ def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list
                 shutil.rmtree(workdir, ignore_errors=True)
                 running()
             else:
-                outcome, log, timing = run(tid, exe, gen_dir, workdir)
+                outcome, log, timing = run(tid, exe, gen_dir, workdir, run_budget(check))
                 row = row | {"outcome": outcome, "log": clip(log)} | timing
                 row |= {"task_check": check["outcome"]} if check else {}
             record(job, row)
