@@ -93,7 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     a("--top-p", type=float, default=0.95)
     a("--max-new-tokens", type=int, default=1024)
-    a("--gen-batch-size", type=int, default=8, help="prompts per generate call")
+    a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
+    a("--threads", type=int, default=None,
+      help="torch threads for generation (default: the CPUs this process may use; 1 is faster beside other jobs)")
     a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
@@ -126,7 +128,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--levels must be comma-separated integers, got {args.levels!r}")
     if not set(args.levels) <= set(LEVELS):
         ap.error(f"--levels must be within {LEVELS}")
-    for name in ("num_samples", "max_new_tokens", "gen_batch_size", "jobs", "limit"):
+    for name in ("num_samples", "max_new_tokens", "gen_batch_size", "jobs", "limit", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -306,12 +308,32 @@ def stop_after_code_block(tok, prompt_len: int, mode: str):
     return StopAfterCodeBlock()
 
 
+def report_tokens(progress, prompt_len: int, batch: str):
+    """A generate() stopping criterion that never stops: it shows the batch's tokens so far and their
+    rate on the progress line, at most once a second (a batch of long answers takes minutes on a CPU)."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class ReportTokens(StoppingCriteria):
+        t0 = shown = time.time()
+
+        def __call__(self, input_ids, scores, **kwargs):
+            now = time.time()
+            if now - self.shown >= 1.0:
+                self.shown, new = now, input_ids.shape[1] - prompt_len
+                progress(0, f" (batch {batch}: {new} tokens each, {new * len(input_ids) / (now - self.t0):.1f} tok/s)")
+            return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+
+    return ReportTokens()
+
+
 def generate(args, tasks_by_id: dict, jobs: list[tuple], progress, on_batch) -> None:
     """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT
     data). on_batch({job: reply}) is called as each batch finishes, so a kill loses one batch."""
     import torch
 
     device = pick_device(args.device)
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     tok = load_tokenizer(args.model, need_offsets=False, padding_side="left")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -319,20 +341,23 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], progress, on_batch) -> 
     model = load_causal_lm(args.model, dtype).to(device).eval()
     wanted = set(jobs)
     prompts = sorted({(tid, level) for tid, level, _ in jobs})
+    batches = math.ceil(len(prompts) / args.gen_batch_size)
     for i in range(0, len(prompts), args.gen_batch_size):
         chunk = prompts[i:i + args.gen_batch_size]
         texts = [render_prompt_and_response(tok, {"prompt_messages": build_messages(tasks_by_id[t], lv, args.mode),
                                                   "response": ""})[0] for t, lv in chunk]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        prompt_len = enc["input_ids"].shape[1]
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 \
             else dict(do_sample=False)
+        # stop at the end of the turn or after the code block the mode asks for, not at max_new_tokens
+        stops = [stop_after_code_block(tok, prompt_len, args.mode),
+                 report_tokens(progress, prompt_len, f"{i // args.gen_batch_size + 1}/{batches}")]
         with torch.no_grad():
-            # stop at the end of the turn or after the code block the mode asks for, not at max_new_tokens
             gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_samples,
                                  pad_token_id=tok.pad_token_id, eos_token_id=end_of_turn_ids(tok),
-                                 stopping_criteria=[stop_after_code_block(tok, enc["input_ids"].shape[1], args.mode)],
-                                 **sampling)
-        replies = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                                 stopping_criteria=stops, **sampling)
+        replies = tok.batch_decode(gen[:, prompt_len:], skip_special_tokens=True)
         batch = {(tid, level, s): replies[j * args.num_samples + s]
                  for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
         on_batch({job: text for job, text in batch.items() if job in wanted})
@@ -420,12 +445,12 @@ class Progress:
     def __init__(self, what: str, total: int):
         self.what, self.total, self.done, self.t0 = what, total, 0, time.time()
 
-    def __call__(self, n: int = 1) -> None:
+    def __call__(self, n: int = 1, detail: str = "") -> None:
         self.done += n
         el = time.time() - self.t0
-        eta = el / self.done * (self.total - self.done) if self.done else 0
-        print(f"\r{self.what}: {self.done}/{self.total} | {el:,.0f}s | ETA {eta:,.0f}s", end="", file=sys.stderr,
-              flush=True)
+        eta = f"{el / self.done * (self.total - self.done):,.0f}s" if self.done else "?"
+        print(f"\r{self.what}: {self.done}/{self.total}{detail} | {el:,.0f}s | ETA {eta}   ", end="",
+              file=sys.stderr, flush=True)
         if self.done >= self.total:
             print(file=sys.stderr)
 

@@ -21,7 +21,7 @@ def run_quick(script: str) -> str:
     return r.stdout
 
 
-@pytest.mark.parametrize("script", ["profile.py", "train.py"])
+@pytest.mark.parametrize("script", ["profile.py", "train.py", "generate.py"])
 def test_help(script):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--quick" in r.stdout and "--threads" in r.stdout
@@ -52,3 +52,12 @@ def test_eval_bench_quick_prints_its_table():
     for variant in ("plain nvcc, one at a time (anchor)", "stage 04, sandboxed, one at a time"):
         assert f"| {variant} |" in out
     assert "sandbox cost per compile" in out and "s per row" in out
+
+
+def test_generate_bench_quick_prints_both_settings():
+    out = run_quick("generate.py")
+    assert out.startswith("# bench/generate.py --quick") and "machine: " in out
+    assert "| machine | variant | tokens | wall s | tokens per s | speed vs anchor |" in out
+    for setting in ("as it is", "beside a busy process"):
+        for variant in ("plain model.generate loop (anchor)", "stage 04 generate()"):
+            assert f"| {setting} | {variant} |" in out

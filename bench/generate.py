@@ -1,0 +1,132 @@
+"""Stage 04's generation against the loop a user would write (issue 30): tokens per second.
+
+The anchor: for each prompt, `model.generate(**inputs, max_new_tokens=...)`, one prompt at a time,
+torch's default thread count and OpenMP's default waiting. Stage 04: its own generate() (batches of
+--gen-batch-size prompts, its thread setting, passive OpenMP waiting from cuset_common). Both get the
+same chat prompts (stage 04's kernel-mode level-1 prompts of the eval split), greedy decoding and
+max_new_tokens; both count generated tokens the same way (their replies re-tokenized). Each variant
+runs in a fresh process (thread pools and OpenMP settings are per process), once on the machine as it
+is and once beside a busy process this bench starts (what a shared CI machine or a second job does).
+
+    python bench/generate.py                                        # SmolLM2 (data/build_smollm2.py)
+    python bench/generate.py --model data/models/tiny-cuda-lm --prompts 16
+    python bench/generate.py --quick                                # tiny model, 2 prompts: CI smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# the repo root instead of bench/, whose profile.py would shadow the standard library's (torch imports it)
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench.common import cpus_available, print_table  # noqa: E402
+from cuset_common import DATA, TASKS_FILE, TINY_MODEL, build_messages, load_script, load_tasks  # noqa: E402
+
+SMOLLM2 = DATA / "models" / "smollm2-135m-instruct"
+VARIANTS = {"plain": "plain model.generate loop (anchor)", "stage04": "stage 04 generate()"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model folder (default: SmolLM2 if built, else the tiny model)")
+    ap.add_argument("--prompts", type=int, default=8, help="eval-split prompts (default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="(default %(default)s)")
+    ap.add_argument("--threads", type=int, default=None, help="stage 04's --threads (default: its own default)")
+    ap.add_argument("--quick", action="store_true", help="tiny model, 2 prompts, 16 tokens: the figures mean little")
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in its own process
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.model, args.prompts, args.max_new_tokens = str(TINY_MODEL), 2, 16
+    args.model = args.model or str(SMOLLM2 if (SMOLLM2 / "config.json").is_file() else TINY_MODEL)
+    return args
+
+
+def prompts(n: int) -> list[tuple[dict, list[dict]]]:
+    tasks = [t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval" and "kernel_mode" in t][:n]
+    return [(t, build_messages(t, 1, "kernel")) for t in tasks]
+
+
+def plain_loop(args) -> list[str]:
+    """What a user writes: one prompt at a time, every default left as it is."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    replies = []
+    for _, messages in prompts(args.prompts):
+        inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
+                                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        replies.append(tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    return replies
+
+
+def stage04(args) -> list[str]:
+    ev = load_script("04_eval_kernels.py")
+    run = ev.parse_args(["--model", args.model, "--mode", "kernel", "--levels", "1",
+                         "--max-new-tokens", str(args.max_new_tokens),
+                         *(["--threads", str(args.threads)] if args.threads else [])])
+    tasks = {str(t["id"]): t for t, _ in prompts(args.prompts)}
+    replies: dict = {}
+    ev.generate(run, tasks, [(tid, 1, 0) for tid in tasks], lambda *a, **k: None, replies.update)
+    return [replies[(tid, 1, 0)] for tid in tasks]
+
+
+def child(args) -> int:
+    """Run one variant, print {"tokens", "seconds"} (load time excluded: the first token waits for it)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    t0 = time.perf_counter()
+    replies = (plain_loop if args.child == "plain" else stage04)(args)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(tok(r, add_special_tokens=False)["input_ids"]) for r in replies)
+    print(json.dumps({"tokens": tokens, "seconds": seconds}))
+    return 0
+
+
+def measure(args, variant: str) -> dict:
+    env = dict(os.environ)
+    if variant == "plain":
+        env.pop("OMP_WAIT_POLICY", None)  # the anchor keeps OpenMP's default (set by cuset_common here)
+    cmd = [sys.executable, __file__, "--child", variant, "--model", args.model, "--prompts", str(args.prompts),
+           "--max-new-tokens", str(args.max_new_tokens), *(["--threads", str(args.threads)] if args.threads else [])]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"{variant} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child(args)
+    print(f"# bench/generate.py{' --quick' if args.quick else ''}: {args.model}, {args.prompts} prompts, "
+          f"max_new_tokens {args.max_new_tokens}, greedy; stage 04 --threads {args.threads or 'default'}")
+    print(f"machine: {cpus_available()} CPUs available; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    rows = []
+    for setting in ("as it is", "beside a busy process"):
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if setting != "as it is" else None
+        try:
+            got = {v: measure(args, v) for v in VARIANTS}
+        finally:
+            if spinner:
+                spinner.kill()
+                spinner.wait()
+        rate = {v: g["tokens"] / g["seconds"] for v, g in got.items()}
+        for v, g in got.items():
+            rows.append([setting, VARIANTS[v], str(g["tokens"]), f"{g['seconds']:.1f}", f"{rate[v]:.1f}",
+                         f"{rate[v] / rate['plain']:.2f}x"])
+    print_table(["machine", "variant", "tokens", "wall s", "tokens per s", "speed vs anchor"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
