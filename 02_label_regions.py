@@ -92,8 +92,6 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     from other inputs."""
     hint = f"python 01_profile.py --model {args.model} --data {args.data} --out {args.profile}"
     tensors, meta = read_artifact(args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS)
-    if not args.data.exists():
-        raise UserError(f"{args.data}: data file not found")
     fingerprint = tokenizer_fingerprint(load_tokenizer(args.model))
     seen = {"model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
             "data_sha256": (meta.get("data") or {}).get("sha256"),

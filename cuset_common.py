@@ -106,22 +106,47 @@ def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-blank line; a bad line raises UserError with file:line."""
+    """Yield (line number, object) for each non-blank line; a bad line raises UserError with file:line.
+
+    Bad means: not UTF-8 (a UTF-16 or binary file), not JSON, or not an object. A UTF-8 byte-order mark
+    on the first line is accepted (editors on Windows write one)."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: file not found")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
-                                f"each line must be one JSON object") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+    with open_input(path) as f:
+        for lineno, raw in enumerate(f, start=1):
+            obj = parse_json_line(raw, path, lineno)
+            if obj is not None:
+                yield lineno, obj
+
+
+def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
+    """One line of a JSONL file as an object (None for a blank line); UserError with file:line otherwise."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                        f"{e.start + 1}); save the file as UTF-8 JSONL, one JSON object per line") from None
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+                        f"each line must be one JSON object") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def open_input(path: Path):
+    """An input file opened for reading in binary; a folder, a missing or unreadable file is a UserError."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, not a file; name the JSONL file inside it")
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -256,7 +281,7 @@ def sha256_file(path: Path) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(Path(path)) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -415,24 +440,29 @@ def normalize_record(obj: dict, where: str) -> dict:
         if not ok or msgs[-1]["role"] != "assistant":
             raise UserError(f"{where}: 'messages' must be a list of {{role, content}} turns ending with an "
                             f"assistant turn")
-        return {"id": rid, "prompt_messages": msgs[:-1], "response": msgs[-1]["content"]}
-    if "prompt" in obj and "completion" in obj:
-        fields = (obj["prompt"], obj["completion"])
-        prompt = [{"role": "user", "content": obj["prompt"]}]
-        response = obj["completion"]
+        prompt, response = msgs[:-1], msgs[-1]["content"]  # contents checked above
+    elif "prompt" in obj and "completion" in obj:
+        user, response = strings(where, obj["prompt"], obj["completion"])
+        prompt = [{"role": "user", "content": user}]
     elif "instruction" in obj and "output" in obj:
-        fields = (obj["instruction"], obj.get("input", ""), obj["output"])
-        user = obj["instruction"] + (f"\n\n{obj['input']}" if obj.get("input") else "")
-        prompt, response = [{"role": "user", "content": user}], obj["output"]
+        instruction, extra, response = strings(where, obj["instruction"], obj.get("input", ""), obj["output"])
+        prompt = [{"role": "user", "content": instruction + (f"\n\n{extra}" if extra else "")}]
     elif "text" in obj:
-        fields = (obj["text"],)
-        prompt, response = [], obj["text"]
+        prompt, (response,) = [], strings(where, obj["text"])
     else:
         raise UserError(f"{where}: unknown record form (keys: {', '.join(sorted(obj)) or 'none'}); expected "
                         f"'messages', 'prompt'+'completion', 'instruction'+'input'+'output', or 'text'")
+    if not response.strip():  # its tokens would be the end-of-turn token alone: nothing to profile or learn
+        raise UserError(f"{where}: the response (the answer to learn) is empty; write it, or remove the "
+                        f"record")
+    return {"id": rid, "prompt_messages": prompt, "response": response}
+
+
+def strings(where: str, *fields) -> tuple[str, ...]:
+    """The fields of a record, refused unless all are strings."""
     if not all(isinstance(f, str) for f in fields):
         raise UserError(f"{where}: fields must be strings")
-    return {"id": rid, "prompt_messages": prompt, "response": response}
+    return fields
 
 
 def load_sft(path: Path) -> list[dict]:
