@@ -517,8 +517,8 @@ def check_partial(partial: Path, run: dict, resume: bool) -> None:
     wrong = [f"{k}: the run has {saved.get(k)!r}, now {v!r}" for k, v in run.items()
              if k != "args" and saved.get(k) != v]
     if wrong:
-        raise UserError(f"{partial}: --resume on other inputs than the run's own:\n  " + "\n  ".join(wrong)
-                        + f"\nresume with the same inputs, or delete {partial} to start over")
+        raise UserError(f"{partial}: --resume on other inputs than the run's own ({'; '.join(wrong)}); "
+                        f"resume with the same inputs, or delete {partial} to start over")
 
 
 def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:

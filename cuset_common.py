@@ -405,16 +405,16 @@ def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path,
     diff = [f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
             for k in sorted(set(saved) | set(now)) if k not in may_change and saved.get(k) != now.get(k)]
     if diff:
-        raise UserError(f"{where}: --resume with arguments other than the run's own:\n  " + "\n  ".join(diff)
-                        + f"\nresume with the same arguments, or start a new run ({restart})")
+        raise UserError(f"{where}: --resume with arguments other than the run's own ({'; '.join(diff)}); "
+                        f"resume with the same arguments, or start a new run ({restart})")
 
 
 def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:
     """Refuse an artifact made from another model, tokenizer or data (unless --force)."""
     wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}" for k, v in expected.items() if meta.get(k) != v]
     if wrong and not force:
-        raise UserError(f"{art_dir} was made from different inputs:\n  " + "\n  ".join(wrong)
-                        + f"\nrerun {rerun_hint}, or pass --force to use it anyway")
+        raise UserError(f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
+                        f"rerun {rerun_hint}, or pass --force to use it anyway")
 
 
 # ---------------------------------------------------------------------------------------
