@@ -77,9 +77,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain, check_resume_args,
-                          encode_sample, load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
-                          sha256_file, tokenizer_fingerprint, write_artifact, write_text_atomic)
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_head_is_plain, check_ranges, check_resume_args, encode_sample, load_causal_lm,
+                          load_sft, load_tokenizer, output_head, pick_device, run_main, sha256_file,
+                          tokenizer_fingerprint, write_artifact, write_text_atomic)
 
 STAGE = "01_profile"
 CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: "synchronization",
@@ -374,7 +375,7 @@ def tag_tokens(text: str, spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
     ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL file (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
@@ -395,9 +396,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
     ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
     args = ap.parse_args(argv)
-    for name in ("max_length", "batch_tokens"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    check_ranges(ap, args, {"max_length": "[1, inf)", "batch_tokens": "[1, inf)", "log_every": "[0, inf)",
+                            "save_every": "[0, inf)"})
     return args
 
 

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_meta_matches, load_tokenizer,
-                          read_artifact, read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_meta_matches, check_ranges, load_tokenizer, read_artifact, read_jsonl, run_main,
+                          sha256_file, tokenizer_fingerprint, write_artifact)
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
         pass
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=Formatter)
     ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder")
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)")
@@ -70,10 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)")
     ap.add_argument("--force", action="store_true", help="use a profile made from other inputs anyway")
     args = ap.parse_args(argv)
-    if not (0.0 <= args.rho <= 1.0) or not (0.0 < args.tau_max <= 1.0):
-        raise UserError("--rho must lie in [0, 1] and --tau-max in (0, 1]")
-    if min(args.gap, args.alpha, args.permutations, args.html_samples) < 0 or args.w_max < 1.0:
-        raise UserError("--gap, --alpha, --permutations, --html-samples must be >= 0 and --w-max >= 1")
+    check_ranges(ap, args, {"rho": "[0, 1]", "tau_max": "(0, 1]", "gap": "[0, inf)", "alpha": "[0, inf)",
+                            "w_max": "[1, inf)", "permutations": "[0, inf)", "seed": "[0, inf)",
+                            "html_samples": "[0, inf)"})
     return args
 
 

@@ -52,18 +52,25 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
-                          check_meta_matches, check_resume_args, encode_sample, end_of_turn_ids, library_versions,
-                          load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, read_artifact, run_main,
-                          sha256_file, tokenizer_fingerprint, write_text_atomic)
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_head_is_plain, check_meta_matches, check_ranges, check_resume_args, encode_sample,
+                          end_of_turn_ids, library_versions, load_causal_lm, load_sft, load_tokenizer, output_head,
+                          pick_device, read_artifact, run_main, sha256_file, tokenizer_fingerprint,
+                          write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
 DEFAULT_REGIONS = DATA / "artifacts" / "regions"
+# Each numeric argument's allowed values (cuset_common.check_ranges).
+RANGES = {"max_length": "[1, inf)", "epochs": "(0, inf)", "max_steps": "[1, inf)", "batch_size": "[1, inf)",
+          "micro_batch_size": "[1, inf)", "lr": "(0, inf)", "min_lr_ratio": "[0, 1]",
+          "warmup_steps": "[0, inf)", "weight_decay": "[0, inf)", "grad_clip": "[0, inf)", "rho": "[0, 1]",
+          "tau_max": "(0, 1]", "profit_threshold": "[0, 1]", "chunk_size": "[1, inf)",
+          "save_every": "[1, inf)", "stop_after": "[1, inf)", "seed": "[0, inf)"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
     a("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL (default: %(default)s)")
@@ -103,8 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
-    if args.micro_batch_size < 1 or args.batch_size < 1:
-        ap.error("--batch-size and --micro-batch-size must be positive")
+    check_ranges(ap, args, RANGES)
     if (args.param_dtype == "bf16" or args.fsdp_keep_gathered) and not args.fsdp:
         ap.error("--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun --nproc_per_node 1)")
     return args

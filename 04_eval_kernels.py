@@ -61,8 +61,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
-                          UserError, append_jsonl, build_messages, check_model_source, end_of_turn_ids, fence,
-                          load_causal_lm, load_tasks, load_tokenizer, pick_device, render_prompt_and_response, run_main,
+                          ArgumentParser, UserError, append_jsonl, build_messages, check_model_source,
+                          check_ranges, end_of_turn_ids, fence, load_causal_lm, load_tasks, load_tokenizer,
+                          pick_device, render_prompt_and_response, run_main,
                           write_jsonl_atomic, write_text_atomic)
 from harness.program_files import copy_written_files
 from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
@@ -77,7 +78,7 @@ FAST_P = (0.0, 1.0, 1.5)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
     a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
@@ -118,15 +119,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--levels must be comma-separated integers, got {args.levels!r}")
     if not set(args.levels) <= set(LEVELS):
         ap.error(f"--levels must be within {LEVELS}")
-    for name in ("num_samples", "max_new_tokens", "gen_batch_size", "jobs", "limit"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    for name in ("compile_timeout", "run_timeout", "task_timeout"):
-        if not getattr(args, name) > 0:
-            ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
-    if not args.temperature >= 0 or not 0 < args.top_p <= 1:
-        ap.error("--temperature must be >= 0 and --top-p within (0, 1]")
+    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)",
+                            "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
+                            "compile_timeout": "(0, inf)", "run_timeout": "(0, inf)",
+                            "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})
     if args.out is None:
         name = "reference" if args.reference else (args.solutions.stem if args.solutions else Path(args.model).name)
         args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"

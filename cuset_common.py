@@ -7,6 +7,7 @@ evaluation (04_eval_kernels.py) must word prompts identically.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -237,7 +238,8 @@ def fence(code: str) -> str:
 
 
 def run_main(main_fn, argv: list[str] | None = None) -> int:
-    """Run a stage's main; a UserError prints `error: ...` to stderr and exits with status 2."""
+    """Run a stage's main; a UserError prints `error: ...` to stderr and exits with status 2 (as do
+    the argument parser's refusals, which exit through SystemExit)."""
     import sys
 
     try:
@@ -245,6 +247,44 @@ def run_main(main_fn, argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:
+        return e.code
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose refusals are one line in our form (`error: ...`, exit status 2): the usage block
+    argparse prints first would bury the line that says what is wrong."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see --help\n")
+
+
+def check_ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, ranges: dict[str, str]) -> None:
+    """Refuse each numeric argument outside its interval, before any work (ap.error: one line, exit 2).
+
+    ranges: {dest: interval as written in mathematics}, e.g. "[1, inf)", "(0, 1]". An unset argument
+    (None) passes. NaN lies in no interval, and no interval here holds infinity (it is open there).
+    """
+    for dest, interval in ranges.items():
+        value = getattr(args, dest)
+        if value is not None and not within(value, interval):
+            kind = "an integer" if isinstance(value, int) else "a finite number"
+            unset = ", or unset" if ap.get_default(dest) is None else ""
+            ap.error(f"--{dest.replace('_', '-')} {value:g}: must be {kind} {describe(interval)}{unset}")
+
+
+def within(value: float, interval: str) -> bool:
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    above = value > lo if interval[0] == "(" else value >= lo
+    return above and (value < hi if interval[-1] == ")" else value <= hi)
+
+
+def describe(interval: str) -> str:
+    """An interval in words: [1, inf) is ">= 1", (0, inf) is "> 0", [0, 1] is "in [0, 1]"."""
+    lo, hi = (x.strip() for x in interval[1:-1].split(","))
+    if hi == "inf":
+        return f"{'>' if interval[0] == '(' else '>='} {lo}"
+    return f"in {interval}"
 
 
 def load_script(relpath: str):
