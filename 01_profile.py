@@ -78,9 +78,9 @@ import torch
 import torch.nn.functional as F
 
 from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_head_is_plain, check_ranges, check_resume_args, encode_sample, load_causal_lm,
-                          load_sft, load_tokenizer, output_head, pick_device, run_main, sha256_file,
-                          tokenizer_fingerprint, write_artifact, write_text_atomic)
+                          check_head_is_plain, check_out_dir, check_ranges, check_resume_args, encode_sample,
+                          load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
+                          sha256_file, tokenizer_fingerprint, write_artifact, write_text_atomic)
 
 STAGE = "01_profile"
 CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: "synchronization",
@@ -431,6 +431,22 @@ def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
     return [encode_sample(tokenizer, rec, max_length) for rec in records]
 
 
+def check_response_tokens(encs: list[dict], args: argparse.Namespace) -> None:
+    """Refuse data none of whose samples keeps a response token: its profile would hold nothing."""
+    if not any(e["spans"] for e in encs):
+        raise UserError(f"{args.data}: none of its {len(encs)} samples keeps a response token within "
+                        f"--max-length {args.max_length} (the prompts fill it); raise --max-length")
+
+
+def room_needed(encs: list[dict]) -> int:
+    """Bytes of the artifact (TOKEN_DTYPES per token; samples.jsonl, the response texts with JSON escapes,
+    counted twice), plus the shards in <out>.partial (float32 confidence and entropy, uint8 argmax per
+    token), which stay until the artifact is in place."""
+    per_token = sum(np.dtype(d).itemsize for d in TOKEN_DTYPES.values()) + 4 + 4 + 1
+    return (sum(len(e["spans"]) for e in encs) * per_token
+            + 2 * sum(len(e["response_text"].encode()) for e in encs))
+
+
 def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[list[int]]:
     """Sample indices grouped longest first (little padding; an out-of-memory shows at once)."""
     order = sorted((i for i, e in enumerate(encs) if e["spans"]), key=lambda i: -len(encs[i]["input_ids"]))
@@ -651,6 +667,10 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     use_bf16 = args.precision == "bf16" or (args.precision == "auto" and device.startswith("cuda"))
     tokenizer = load_tokenizer(args.model)  # one-line UserError for a missing folder or one without a model
+    encs = encode_all(tokenizer, records, args.max_length)
+    check_response_tokens(encs, args)
+    check_out_dir(args.out, STAGE, {"--data": args.data, "--model": Path(args.model)}, None,
+                  room_needed(encs))
     # what must not change between a killed run and its --resume (the result depends on all of it)
     run = {"args": args_to_json(args), "data_sha256": data_sha, "device": device,
            "precision": "bf16-autocast" if use_bf16 else "fp32",
@@ -661,7 +681,6 @@ def main(argv: list[str] | None = None) -> int:
           f"({'bf16 autocast' if use_bf16 else 'fp32'}); chat template: {bool(tokenizer.chat_template)}",
           flush=True)
 
-    encs = encode_all(tokenizer, records, args.max_length)
     results, resumed_at = profile(model, tokenizer, encs, args, device, use_bf16, run)
     tensors, samples, counts = build_artifact(records, encs, results)
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_meta_matches, check_ranges, load_tokenizer, read_artifact, read_jsonl, run_main,
-                          sha256_file, tokenizer_fingerprint, write_artifact)
+                          check_meta_matches, check_out_dir, check_ranges, load_tokenizer, read_artifact,
+                          read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--permutations", type=int, default=200, help="draws of each permutation null")
     ap.add_argument("--seed", type=int, default=0, help="seed of the permutation nulls")
     ap.add_argument("--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)")
-    ap.add_argument("--force", action="store_true", help="use a profile made from other inputs anyway")
+    ap.add_argument("--force", action="store_true",
+                    help="use a profile made from other inputs anyway; replace another stage's artifact "
+                         "in --out")
     args = ap.parse_args(argv)
     check_ranges(ap, args, {"rho": "[0, 1]", "tau_max": "(0, 1]", "gap": "[0, inf)", "alpha": "[0, inf)",
                             "w_max": "[1, inf)", "permutations": "[0, inf)", "seed": "[0, inf)",
@@ -613,6 +615,9 @@ def render_html(sections: list[str], f: dict, args, names: dict[int, str]) -> st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t, meta, samples, names = load_profile(args)
+    # room: the profile's tensors are more than the regions artifact needs (24 bytes per token against 4)
+    inputs = {"--profile": args.profile, "--data": args.data, "--model": Path(args.model)}
+    check_out_dir(args.out, STAGE, inputs, args.force, (args.profile / "tensors.safetensors").stat().st_size)
     p = t["confidence"].astype(np.float64)  # [T]
     sensitive, line_index, off = t["sensitive"], t["line_index"].astype(np.int64), t["sample_offsets"]
     n_tok = np.diff(off)  # [S]

@@ -62,8 +62,8 @@ from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
                           ArgumentParser, UserError, append_jsonl, build_messages, check_model_source,
-                          check_ranges, end_of_turn_ids, fence, load_causal_lm, load_tasks, load_tokenizer,
-                          pick_device, render_prompt_and_response, run_main,
+                          check_ranges, end_of_turn_ids, fence, finishes_out, load_causal_lm, load_tasks,
+                          load_tokenizer, pick_device, render_prompt_and_response, run_main,
                           write_jsonl_atomic, write_text_atomic)
 from harness.program_files import copy_written_files
 from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
@@ -126,10 +126,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.out is None:
         name = "reference" if args.reference else (args.solutions.stem if args.solutions else Path(args.model).name)
         args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
-    if args.out.exists() and not args.out.is_dir():
-        ap.error(f"--out {args.out} is a file; name a folder (results.jsonl, summary.md, ... go inside)")
-    if args.solutions and not args.solutions.is_file():
-        ap.error(f"--solutions {args.solutions}: no such file")
     return args
 
 
@@ -482,6 +478,7 @@ def gather_completions(args, by_id: dict, need: list[tuple], completions: dict, 
         generate(args, by_id, need, Progress("generate (prompts)", len({j[:2] for j in need})), keep)
 
 
+@finishes_out
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tasks = select_tasks(args)
@@ -507,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.
     results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
-    rows, completions, checks = open_run(args.out, run_fingerprint(args, backend), args.force)
+    rows, completions, checks = open_run(args, run_fingerprint(args, backend), len(jobs))
     todo = [j for j in jobs if j not in rows]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
     gather_completions(args, by_id, [j for j in todo if j not in completions], completions, comp_path, solutions)

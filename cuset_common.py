@@ -8,6 +8,7 @@ evaluation (04_eval_kernels.py) must word prompts identically.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -455,6 +456,130 @@ def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, reru
     if wrong and not force:
         raise UserError(f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
                         f"rerun {rerun_hint}, or pass --force to use it anyway")
+
+
+# ---------------------------------------------------------------------------------------
+# Output folders (--out): one rule for every stage, checked before any work.
+# ---------------------------------------------------------------------------------------
+
+STAGES = ("01_profile", "02_label_regions", "03_train_cuset", "04_eval_kernels")
+# What a stage-04 run folder holds (harness/run_folder.py), and what marks a stage-03 folder that has no
+# meta.json yet (a run that is training, stopped or killed: its resume state, or one being written).
+EVAL_RUN_FILES = ("results.jsonl", "completions.jsonl", "task_checks.jsonl", "summary.json", "summary.md",
+                  "fingerprint.json")
+TRAIN_RUN_FILES = ("resume", ".resume.old", ".resume.tmp", ".final.tmp")
+# The --out folders this process writes into in place (open_out), each with whether it started over there.
+_OPENED: list[tuple[Path, bool]] = []
+
+
+def artifact_stage(folder: Path) -> str | None:
+    """The stage whose artifact (or run) the folder holds, or None: the stage its meta.json names, else
+    stage 04 or 03 by the files their runs write."""
+    try:
+        stage = json.loads((folder / "meta.json").read_text()).get("stage")
+    except (OSError, ValueError, AttributeError):
+        stage = None
+    if stage in STAGES:
+        return stage
+    for name, files in (("04_eval_kernels", EVAL_RUN_FILES), ("03_train_cuset", TRAIN_RUN_FILES)):
+        if any((folder / f).exists() for f in files):
+            return name
+    return None
+
+
+def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: bool | None,
+                  need_bytes: int = 0) -> None:
+    """Refuse an --out this stage must not replace, before any work (UserError, one line).
+
+    A stage replaces --out only if it is absent, empty, or an artifact of its own stage (of another stage
+    with --force); a file, a folder of anything else, or the folder of an input (inputs: {flag: path}) is
+    refused whatever --force says. force: None for a stage without --force. Then check_room(need_bytes).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; name a folder (the stage writes its files inside)")
+    for flag, path in inputs.items():
+        holder = Path(path).resolve() if path is not None and Path(path).exists() else None
+        if holder is not None and not holder.is_dir():
+            holder = holder.parent
+        if holder is not None and (holder == out.resolve() or out.resolve() in holder.parents):
+            raise UserError(f"--out {out} holds {flag} {path}: writing there would replace the input; "
+                            f"name another --out")
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    owner = artifact_stage(out) if entries else None
+    if entries and owner is None:
+        raise UserError(f"--out {out} holds files that are not an artifact of this project (e.g. "
+                        f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
+                        f"replace)")
+    if owner not in (None, stage) and not force:
+        hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
+        raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
+    check_room(out, need_bytes)
+
+
+def check_room(out: Path, need_bytes: int) -> None:
+    """Refuse an --out that cannot be written, or whose file system has less than need_bytes free, before the
+    work (the stage would fail only at its end). Found out by writing a temp file where --out is made or
+    replaced: in its parent (the nearest that exists), never in --out itself, which another process of the
+    same run (DDP) may be checking at the same time."""
+    out = Path(out)
+    base = next((p for p in out.absolute().parents if p.exists()), Path("/"))
+    if not base.is_dir():
+        raise UserError(f"--out {out}: {base} is a file, not a folder; name another --out")
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".cuset-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {base} ({e.strerror}); name a folder you can write to"
+                        ) from None
+    free = shutil.disk_usage(out if out.is_dir() else base).free
+    if free < need_bytes:
+        raise UserError(f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
+                        f"{free / 1e6:,.1f} MB free; free some space or name another --out")
+
+
+def aside_dir(out: Path) -> Path:
+    """Where a stage keeps the previous artifact of `out` while it writes the new one: a hidden sibling."""
+    out = Path(out).resolve()
+    return out.with_name(f".{out.name}.previous")
+
+
+def open_out(out: Path, start_over: bool) -> None:
+    """Make `out` ready for a stage that writes its artifact in place (03, 04): continue what is there, or
+    start over (--force) with the previous artifact moved to aside_dir(out), to be put back if the stage
+    fails and deleted only once it succeeds (finishes_out). A kill leaves it aside, and `out` holds the
+    killed run: a later success there deletes the aside; a later start-over discards the killed run."""
+    out, aside = Path(out), aside_dir(out)
+    if start_over and aside.exists():
+        shutil.rmtree(out, ignore_errors=True)  # the killed run's partial state; aside holds the artifact
+    elif start_over and out.is_dir() and any(out.iterdir()):
+        os.replace(out, aside)
+    out.mkdir(parents=True, exist_ok=True)
+    _OPENED.append((out, start_over))
+
+
+def finishes_out(main_fn):
+    """A stage's main that settles what open_out set aside: put back over the new, incomplete artifact if
+    main fails (an exception), deleted once main returns. An interrupt (Ctrl-C) keeps both: the new run can
+    be resumed, the previous artifact waits aside."""
+    @functools.wraps(main_fn)
+    def main(argv: list[str] | None = None) -> int:
+        try:
+            code = main_fn(argv)
+        except Exception:
+            for out, started_over in _OPENED:
+                if started_over and aside_dir(out).exists():
+                    shutil.rmtree(out, ignore_errors=True)
+                    os.replace(aside_dir(out), out)
+            raise
+        else:
+            for out, _ in _OPENED:
+                shutil.rmtree(aside_dir(out), ignore_errors=True)
+            return code
+        finally:
+            _OPENED.clear()
+    return main
 
 
 # ---------------------------------------------------------------------------------------

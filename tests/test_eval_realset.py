@@ -420,7 +420,7 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
     (["--limit", "0"], "--limit 0: must be an integer >= 1"),
     (["--limit", "-1"], "--limit -1: must be an integer >= 1"),
     (["--run-timeout", "0"], "--run-timeout 0: must be a finite number > 0"),
-    (["--solutions", "/nonexistent/sols.jsonl"], "no such file"),
+    (["--solutions", "/nonexistent/sols.jsonl"], "file not found"),
 ])
 def test_bad_numbers_and_paths_exit_2(tmp_path, capsys, argv, says):
     assert ev.run_main(ev.main, [*argv, "--out", str(tmp_path / "o")]) == 2
@@ -430,9 +430,8 @@ def test_bad_numbers_and_paths_exit_2(tmp_path, capsys, argv, says):
 
 def test_out_naming_a_file_is_refused_before_generation(tmp_path, capsys):
     (tmp_path / "o").write_text("keep me")
-    with pytest.raises(SystemExit) as e:
-        ev.main(["--limit", "1", "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and "is a file" in capsys.readouterr().err
+    assert ev.run_main(ev.main, ["--limit", "1", "--out", str(tmp_path / "o")]) == 2
+    assert "is a file" in capsys.readouterr().err
     assert (tmp_path / "o").read_text() == "keep me"
 
 
