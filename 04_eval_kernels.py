@@ -412,8 +412,10 @@ class Progress:
             print(file=sys.stderr)
 
 
-def select_tasks(args) -> list[dict]:
+def select_tasks(args) -> tuple[list[dict], set[str]]:
+    """The tasks of this run, and the ids of all tasks in --tasks (those --solutions may name)."""
     tasks = load_tasks(args.tasks)
+    ids = {str(t["id"]) for t in tasks}
     if args.split != "all":
         if any("split" in t for t in tasks):
             tasks = [t for t in tasks if t.get("split") == args.split]
@@ -426,7 +428,7 @@ def select_tasks(args) -> list[dict]:
     tasks = tasks[: args.limit] if args.limit else tasks
     if not tasks:
         raise UserError(f"{args.tasks}: no tasks in split {args.split!r}")
-    return tasks
+    return tasks, ids
 
 
 def resolve_backend(choice: str, gpu: str | None) -> str:
@@ -481,7 +483,7 @@ def gather_completions(args, by_id: dict, need: list[tuple], completions: dict, 
 @finishes_out
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tasks = select_tasks(args)
+    tasks, task_ids = select_tasks(args)
     by_id = {str(t["id"]): t for t in tasks}
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
     gpu = gpu_name()
@@ -500,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
           f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
           f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
     runner = choose_runner(args.no_sandbox, backend)
-    solutions = load_solutions(args.solutions, set(jobs)) if args.solutions else None  # bad lines: before any output
+    # bad lines are refused here, before any output
+    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
 
     # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.
     results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"

@@ -160,13 +160,18 @@ TASK_REQUIRED = ("id", "task_name", "inputs", "outputs", "bench.cu", "gen.py", "
 
 
 def load_tasks(path: Path = TASKS_FILE) -> list[dict]:
-    """Read a CUDABench-format task file (ours or the real one), checking the fields we use."""
-    tasks = []
+    """Read a CUDABench-format task file (ours or the real one), checking the fields we use and that each
+    id names one task (a result row names its task by id)."""
+    tasks, first_line = [], {}
     for lineno, task in read_jsonl(path):
         missing = [k for k in TASK_REQUIRED if k not in task]
         if missing:
             raise UserError(f"{path}:{lineno}: task is missing {', '.join(missing)}; "
                             f"a CUDABench task needs {', '.join(TASK_REQUIRED)}")
+        if str(task["id"]) in first_line:
+            raise UserError(f"{path}:{lineno}: task id {task['id']!r} is already the id of line "
+                            f"{first_line[str(task['id'])]}; give each task its own id")
+        first_line[str(task["id"])] = lineno
         tasks.append(task)
     return tasks
 

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from cuset_common import (EVAL_RUN_FILES, UserError, check_out_dir, open_out, read_appended_jsonl,
+from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, check_out_dir, open_out, read_appended_jsonl,
                           read_jsonl, sha256_file, write_text_atomic)
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
@@ -85,21 +85,16 @@ def saved_fingerprint(out: Path) -> dict | None:
     return None
 
 
-def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
-    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. The same job
-    twice is refused (which answer counts?); answers for jobs outside this run are ignored with a
-    warning that counts them (a typo in task ids shows up there)."""
+def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[tuple, str]:
+    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. A line naming a task
+    that is not in --tasks, a level other than 1-3 or a negative sample is refused (a typo would otherwise
+    score that job as missing), and so is the same job twice (which answer counts?). Answers for jobs this
+    run did not select (another split, level or sample) are ignored with a warning that counts them."""
     found: dict[tuple, str] = {}
     first_line: dict[tuple, int] = {}
     outside = []
     for lineno, obj in read_jsonl(path):
-        try:
-            key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
-            text = obj["completion"]
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{path}:{lineno}: each line needs task_id, level, sample (int) and completion") from None
-        if not isinstance(text, str):
-            raise UserError(f"{path}:{lineno}: completion must be a string")
+        key, text = solution_row(obj, f"{path}:{lineno}", task_ids)
         if key in first_line:
             raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already answered "
                             f"on line {first_line[key]}; keep one answer per task, level and sample")
@@ -108,8 +103,31 @@ def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
             found[key] = text
         else:
             outside.append((lineno, key))
+    if not first_line:  # every job would be scored `missing`
+        raise UserError(f"{path}: holds no answers; write one JSON object per line: task_id, level, sample, "
+                        f"completion")
     if outside:
         lineno, key = outside[0]
-        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (task id, level or sample not "
-              f"selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored", file=sys.stderr)
+        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (split, level or sample "
+              f"not selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored",
+              file=sys.stderr)
     return found
+
+
+def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str]:
+    """((task id, level, sample), completion) of one --solutions line, refused unless it names a job that
+    can exist."""
+    try:
+        key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
+        text = obj["completion"]
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{where}: each line needs task_id, level, sample (int) and completion") from None
+    if not isinstance(text, str):
+        raise UserError(f"{where}: completion must be a string")
+    if key[0] not in task_ids:
+        raise UserError(f"{where}: task {key[0]!r} is not in --tasks; fix the task id (or pass the task file "
+                        f"it comes from)")
+    if key[1] not in LEVELS or key[2] < 0:
+        raise UserError(f"{where}: level {key[1]} sample {key[2]}: levels are {', '.join(map(str, LEVELS))} "
+                        f"and samples count from 0")
+    return key, text
