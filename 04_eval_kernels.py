@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             raise UserError(f"{tool} not found on PATH; install " + ("the CUDA toolkit" if tool == "nvcc" else "g++"))
     if not (args.reference or args.solutions):
-        check_model_source(args.model, "model", ("config.json",))
+        check_model_source(args.model)
     print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
           f"mode {args.mode}")
     print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else

@@ -723,28 +723,66 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
 # Models: loading with one-line errors, and the check that logits are a plain linear head.
 # ---------------------------------------------------------------------------------------
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# What a local model folder must hold, per part: at least one file matching one of the patterns.
+MODEL_PARTS = {"tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"),
+               "model config": ("config.json",), "model weights": ("*.safetensors", "*.bin")}
 
 
-def check_model_source(name: str, what: str, needed: tuple[str, ...]) -> None:
-    """A local folder must exist and hold one of `needed`; anything else is taken for a hub id."""
+def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -> None:
+    """A local folder must exist and hold the files of each part (MODEL_PARTS); any other name must be a hub
+    id that is in the local Hugging Face cache or can be reached (check_hub_id)."""
     path = Path(name).expanduser()
     looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
     if not looks_local:
+        check_hub_id(name)
         return
     if not path.is_dir():
         raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; pass a "
                         f"folder holding a Hugging Face model (config.json, weights, tokenizer) or a hub id")
-    if not any((path / f).exists() for f in needed):
-        raise UserError(f"--model {name}: this folder holds no {what} (none of {', '.join(needed)}); point "
-                        f"--model at the folder that save_pretrained wrote")
+    for part in parts:
+        if not any(any(path.glob(pattern)) for pattern in MODEL_PARTS[part]):
+            raise UserError(f"--model {name}: this folder holds no {part} (none of "
+                            f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
+                            f"save_pretrained wrote")
+
+
+@functools.lru_cache(maxsize=None)
+def check_hub_id(name: str) -> None:
+    """Refuse in about a second a name that is neither a local folder nor a hub id we can use: not in the
+    local cache, and the hub unreachable (offline, no network) or without it. A reachable hub that has it
+    passes: from_pretrained downloads it. Without this, from_pretrained retries for about 45 s first."""
+    import huggingface_hub
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError,
+                                        RepositoryNotFoundError)
+
+    start = f"--model {name}: no local folder {name}, and hub id {name}"
+    fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
+    try:
+        files = ("config.json", "tokenizer_config.json")
+        cached = (huggingface_hub.try_to_load_from_cache(name, f) for f in files)
+        if any(isinstance(path, str) for path in cached):  # a path; else None or a "known missing" marker
+            return
+        huggingface_hub.model_info(name, timeout=2)
+    except HFValidationError as e:
+        raise UserError(f"{start} is not a valid hub id ({e}); {fix}") from None
+    except GatedRepoError:
+        return  # it exists; from_pretrained says how to get access
+    except RepositoryNotFoundError:
+        raise UserError(f"{start} is not found on the hub (or it is private: log in with `hf auth login`); "
+                        f"{fix}") from None
+    except HfHubHTTPError:
+        return  # the hub answered (an error of its own): leave the verdict to from_pretrained
+    except Exception as e:  # the HTTP client's own errors (no network, DNS, timeout), and offline mode
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        raise UserError(f"{start} is not in the local cache and the hub cannot be reached ({why}); {fix}"
+                        ) from None
 
 
 def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
     """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the path."""
     from transformers import AutoTokenizer
 
-    check_model_source(name, "tokenizer", TOKENIZER_FILES)
+    check_model_source(name, ("tokenizer",))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
@@ -757,12 +795,13 @@ def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
 
 def load_causal_lm(name: str, dtype):
     """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is missing."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    check_model_source(name, "model", ("config.json",))
+    check_model_source(name, ("model config", "model weights"))
     try:
         return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    except (OSError, ValueError, ImportError, KeyError) as e:
+    except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
         raise UserError(f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
                         ) from None
 
