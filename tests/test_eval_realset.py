@@ -233,7 +233,8 @@ def test_a_missing_answer_is_missing_not_no_code_and_an_unknown_id_is_refused(re
     assert rows[("undeclared", 2)]["outcome"] == "missing"
     assert rows[("big_output", 2)]["outcome"] == "no_code"
     assert summary["outcomes"]["missing"] == 1
-    sols = write_jsonl(tmp_path / "sols.jsonl", [solution("no_such_task", program("int main() { return 0; }\n"))])
+    unknown = solution("no_such_task", program("int main() { return 0; }\n"))
+    sols = write_jsonl(tmp_path / "sols.jsonl", [unknown])
     tasks = write_jsonl(tmp_path / "tasks.jsonl", list(TASKS.values()))
     argv = ["--tasks", str(tasks), "--split", "all", "--solutions", str(sols), "--out", str(tmp_path / "ev")]
     assert ev.run_main(ev.main, argv) == 2  # a typo in an id is bad input, not a `missing` row
