@@ -77,8 +77,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain, check_resume_args,
-                          encode_sample, load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_head_is_plain, check_out_dir, check_ranges, check_resume_args, encode_sample,
+                          load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
                           sha256_file, tokenizer_fingerprint, write_artifact, write_text_atomic)
 
 STAGE = "01_profile"
@@ -374,7 +375,7 @@ def tag_tokens(text: str, spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
     ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL file (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
@@ -395,9 +396,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
     ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
     args = ap.parse_args(argv)
-    for name in ("max_length", "batch_tokens"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    check_ranges(ap, args, {"max_length": "[1, inf)", "batch_tokens": "[1, inf)", "log_every": "[0, inf)",
+                            "save_every": "[0, inf)"})
     return args
 
 
@@ -429,6 +429,22 @@ def for_device(name: str, value: int | str, device: str) -> int:
 def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
     """encode_sample for each record (shared with stage 03, so token positions agree)."""
     return [encode_sample(tokenizer, rec, max_length) for rec in records]
+
+
+def check_response_tokens(encs: list[dict], args: argparse.Namespace) -> None:
+    """Refuse data none of whose samples keeps a response token: its profile would hold nothing."""
+    if not any(e["spans"] for e in encs):
+        raise UserError(f"{args.data}: none of its {len(encs)} samples keeps a response token within "
+                        f"--max-length {args.max_length} (the prompts fill it); raise --max-length")
+
+
+def room_needed(encs: list[dict]) -> int:
+    """Bytes of the artifact (TOKEN_DTYPES per token; samples.jsonl, the response texts with JSON escapes,
+    counted twice), plus the shards in <out>.partial (float32 confidence and entropy, uint8 argmax per
+    token), which stay until the artifact is in place."""
+    per_token = sum(np.dtype(d).itemsize for d in TOKEN_DTYPES.values()) + 4 + 4 + 1
+    return (sum(len(e["spans"]) for e in encs) * per_token
+            + 2 * sum(len(e["response_text"].encode()) for e in encs))
 
 
 def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[list[int]]:
@@ -517,8 +533,8 @@ def check_partial(partial: Path, run: dict, resume: bool) -> None:
     wrong = [f"{k}: the run has {saved.get(k)!r}, now {v!r}" for k, v in run.items()
              if k != "args" and saved.get(k) != v]
     if wrong:
-        raise UserError(f"{partial}: --resume on other inputs than the run's own:\n  " + "\n  ".join(wrong)
-                        + f"\nresume with the same inputs, or delete {partial} to start over")
+        raise UserError(f"{partial}: --resume on other inputs than the run's own ({'; '.join(wrong)}); "
+                        f"resume with the same inputs, or delete {partial} to start over")
 
 
 def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:
@@ -651,6 +667,10 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     use_bf16 = args.precision == "bf16" or (args.precision == "auto" and device.startswith("cuda"))
     tokenizer = load_tokenizer(args.model)  # one-line UserError for a missing folder or one without a model
+    encs = encode_all(tokenizer, records, args.max_length)
+    check_response_tokens(encs, args)
+    check_out_dir(args.out, STAGE, {"--data": args.data, "--model": Path(args.model)}, None,
+                  room_needed(encs))
     # what must not change between a killed run and its --resume (the result depends on all of it)
     run = {"args": args_to_json(args), "data_sha256": data_sha, "device": device,
            "precision": "bf16-autocast" if use_bf16 else "fp32",
@@ -661,7 +681,6 @@ def main(argv: list[str] | None = None) -> int:
           f"({'bf16 autocast' if use_bf16 else 'fp32'}); chat template: {bool(tokenizer.chat_template)}",
           flush=True)
 
-    encs = encode_all(tokenizer, records, args.max_length)
     results, resumed_at = profile(model, tokenizer, encs, args, device, use_bf16, run)
     tensors, samples, counts = build_artifact(records, encs, results)
 

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_meta_matches, load_tokenizer,
-                          read_artifact, read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_meta_matches, check_out_dir, check_ranges, load_tokenizer, read_artifact,
+                          read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
         pass
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=Formatter)
     ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder")
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)")
@@ -68,12 +69,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--permutations", type=int, default=200, help="draws of each permutation null")
     ap.add_argument("--seed", type=int, default=0, help="seed of the permutation nulls")
     ap.add_argument("--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)")
-    ap.add_argument("--force", action="store_true", help="use a profile made from other inputs anyway")
+    ap.add_argument("--force", action="store_true",
+                    help="use a profile made from other inputs anyway; replace another stage's artifact "
+                         "in --out")
     args = ap.parse_args(argv)
-    if not (0.0 <= args.rho <= 1.0) or not (0.0 < args.tau_max <= 1.0):
-        raise UserError("--rho must lie in [0, 1] and --tau-max in (0, 1]")
-    if min(args.gap, args.alpha, args.permutations, args.html_samples) < 0 or args.w_max < 1.0:
-        raise UserError("--gap, --alpha, --permutations, --html-samples must be >= 0 and --w-max >= 1")
+    check_ranges(ap, args, {"rho": "[0, 1]", "tau_max": "(0, 1]", "gap": "[0, inf)", "alpha": "[0, inf)",
+                            "w_max": "[1, inf)", "permutations": "[0, inf)", "seed": "[0, inf)",
+                            "html_samples": "[0, inf)"})
     return args
 
 
@@ -92,8 +94,6 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     from other inputs."""
     hint = f"python 01_profile.py --model {args.model} --data {args.data} --out {args.profile}"
     tensors, meta = read_artifact(args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS)
-    if not args.data.exists():
-        raise UserError(f"{args.data}: data file not found")
     fingerprint = tokenizer_fingerprint(load_tokenizer(args.model))
     seen = {"model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
             "data_sha256": (meta.get("data") or {}).get("sha256"),
@@ -615,6 +615,9 @@ def render_html(sections: list[str], f: dict, args, names: dict[int, str]) -> st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t, meta, samples, names = load_profile(args)
+    # room: the profile's tensors are more than the regions artifact needs (24 bytes per token against 4)
+    inputs = {"--profile": args.profile, "--data": args.data, "--model": Path(args.model)}
+    check_out_dir(args.out, STAGE, inputs, args.force, (args.profile / "tensors.safetensors").stat().st_size)
     p = t["confidence"].astype(np.float64)  # [T]
     sensitive, line_index, off = t["sensitive"], t["line_index"].astype(np.int64), t["sample_offsets"]
     n_tok = np.diff(off)  # [S]

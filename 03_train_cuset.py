@@ -8,8 +8,9 @@ Outputs: --out/ with the trained model (save_pretrained, safetensors) and tokeni
          line per step), and resume/ (model, optimizer, step, args; gathered under --fsdp) for --resume.
 Refused before any work (exit 2, one line): artifacts from other data or tokenizer, a profile
 rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
---resume with other arguments than the run's. Samples whose prompt fills --max-length have no
-response token: they are skipped and counted.
+--resume with other arguments than the run's, a number out of its range, an --out that is not this
+stage's run (README, Errors; --force starts over, keeping the previous run until the new one succeeds).
+Samples whose prompt fills --max-length have no response token: they are skipped and counted.
 
     python 03_train_cuset.py                                   # tiny model, bundled data, cuset
     python 03_train_cuset.py --objective sft --out data/artifacts/ckpt-sft
@@ -52,18 +53,26 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, UserError, args_to_json, check_head_is_plain,
-                          check_meta_matches, check_resume_args, encode_sample, end_of_turn_ids, library_versions,
-                          load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, read_artifact, run_main,
-                          sha256_file, tokenizer_fingerprint, write_text_atomic)
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_head_is_plain, check_meta_matches, check_out_dir, check_ranges,
+                          check_resume_args, check_room, encode_sample, end_of_turn_ids, finishes_out,
+                          library_versions, load_causal_lm, load_sft, load_tokenizer, output_head,
+                          open_out, pick_device, read_artifact, run_main, sha256_file, tokenizer_fingerprint,
+                          write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
 DEFAULT_REGIONS = DATA / "artifacts" / "regions"
+# Each numeric argument's allowed values (cuset_common.check_ranges).
+RANGES = {"max_length": "[1, inf)", "epochs": "(0, inf)", "max_steps": "[1, inf)", "batch_size": "[1, inf)",
+          "micro_batch_size": "[1, inf)", "lr": "(0, inf)", "min_lr_ratio": "[0, 1]",
+          "warmup_steps": "[0, inf)", "weight_decay": "[0, inf)", "grad_clip": "[0, inf)", "rho": "[0, 1]",
+          "tau_max": "(0, 1]", "profit_threshold": "[0, 1]", "chunk_size": "[1, inf)",
+          "save_every": "[1, inf)", "stop_after": "[1, inf)", "seed": "[0, inf)"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
     a("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL (default: %(default)s)")
@@ -97,14 +106,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--save-every", type=int, default=50, help="steps between resume checkpoints")
     a("--stop-after", type=int, default=None, help="stop after this many steps in this invocation (time slices)")
     a("--resume", action="store_true", help="continue from --out/resume")
-    a("--force", action="store_true", help="overwrite --out; accept regions/profile artifacts from other inputs")
+    a("--force", action="store_true", help="start over in --out (its previous content is deleted only "
+                                            "once the new run succeeds); accept regions/profile artifacts "
+                                            "from other inputs")
     a("--seed", type=int, default=0)
     a("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
-    if args.micro_batch_size < 1 or args.batch_size < 1:
-        ap.error("--batch-size and --micro-batch-size must be positive")
+    check_ranges(ap, args, RANGES)
     if (args.param_dtype == "bf16" or args.fsdp_keep_gathered) and not args.fsdp:
         ap.error("--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun --nproc_per_node 1)")
     return args
@@ -193,9 +203,13 @@ def objective_loss(logp: torch.Tensor, valid: torch.Tensor, region: torch.Tensor
 # ---------------------------------------------------------------------------------------
 
 
+def uses_regions(args) -> bool:
+    return args.objective in REGION_OBJECTIVES or args.mask_source == "profile"
+
+
 def load_regions(args, tok_fp: str, data_sha: str) -> dict | None:
     """Region mask and weights per sample, checked against this run's tokenizer and data."""
-    if args.objective not in REGION_OBJECTIVES and args.mask_source != "profile":
+    if not uses_regions(args):
         return None
     hint = "python 02_label_regions.py (after python 01_profile.py) with this --model and --data"
     if not (args.regions / "meta.json").exists():
@@ -487,13 +501,22 @@ def load_resume(args, model, optimizer, rank: int) -> tuple[int, list[str]]:
     return state["step"], (state_dir / "log.jsonl").read_text().splitlines(keepends=True)
 
 
-def prepare_out(args) -> None:
-    if args.out.exists() and any(args.out.iterdir()) and not args.force:
-        raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, "
-                        f"--force to overwrite it, or another --out")
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    args.out.mkdir(parents=True)
+def check_out(args) -> None:
+    """--out, before any work: the rule of every stage (check_out_dir), and a folder with a run in it is
+    continued with --resume or started over with --force, never silently."""
+    regions = args.regions if uses_regions(args) else None
+    inputs = {"--data": args.data, "--model": Path(args.model), "--regions": regions}
+    check_out_dir(args.out, "03_train_cuset", inputs, args.force)
+    if args.out.is_dir() and any(args.out.iterdir()) and not (args.resume or args.force):
+        raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, --force to "
+                        f"start over (the previous one is kept until the new one finishes), or another --out")
+
+
+def room_needed(model, args) -> int:
+    """Peak bytes in --out: the float32 weights (4 per parameter) and two resume states while one replaces
+    the other (weights, and AdamW's two moments: 4 + 8 per parameter)."""
+    state = 4 + (8 if args.optimizer == "adamw" else 0)
+    return sum(p.numel() for p in model.parameters()) * (4 + 2 * state)
 
 
 # ---------------------------------------------------------------------------------------
@@ -501,6 +524,7 @@ def prepare_out(args) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+@finishes_out
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup_distributed(args.device, args.fsdp)
@@ -513,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         check_resume(args)
     records = load_sft(args.data)
+    check_out(args)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -525,11 +550,13 @@ def main(argv: list[str] | None = None) -> int:
     samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
     if len(samples) < args.batch_size:
         raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: prompt "
-                        f"fills --max-length), fewer than --batch-size {args.batch_size}")
+                        f"fills --max-length), fewer than --batch-size {args.batch_size}; "
+                        + ("raise --max-length" if skipped else "lower --batch-size"))
     model = load_causal_lm(args.model, torch.float32).to(device)
     check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
-    if rank == 0 and not args.resume:
-        prepare_out(args)
+    check_room(args.out, room_needed(model, args))
+    if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
+        open_out(args.out, start_over=not args.resume)
 
     if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()

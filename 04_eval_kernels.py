@@ -61,8 +61,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
-                          UserError, append_jsonl, build_messages, check_model_source, end_of_turn_ids, fence,
-                          load_causal_lm, load_tasks, load_tokenizer, pick_device, render_prompt_and_response, run_main,
+                          ArgumentParser, UserError, append_jsonl, build_messages, check_model_source,
+                          check_ranges, end_of_turn_ids, fence, finishes_out, load_causal_lm, load_tasks,
+                          load_tokenizer, pick_device, render_prompt_and_response, run_main,
                           write_jsonl_atomic, write_text_atomic)
 from harness.program_files import copy_written_files
 from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
@@ -82,7 +83,7 @@ REFERENCE_ALLOWANCE, CANDIDATE_ALLOWANCE = 10, 4
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
     a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
@@ -128,22 +129,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--levels must be comma-separated integers, got {args.levels!r}")
     if not set(args.levels) <= set(LEVELS):
         ap.error(f"--levels must be within {LEVELS}")
-    for name in ("num_samples", "max_new_tokens", "gen_batch_size", "jobs", "limit", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    for name in ("compile_timeout", "run_timeout", "task_timeout"):
-        if not getattr(args, name) > 0:
-            ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
-    if not args.temperature >= 0 or not 0 < args.top_p <= 1:
-        ap.error("--temperature must be >= 0 and --top-p within (0, 1]")
+    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)",
+                            "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
+                            "threads": "[1, inf)", "compile_timeout": "(0, inf)", "run_timeout": "(0, inf)",
+                            "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})
     if args.out is None:
         name = "reference" if args.reference else (args.solutions.stem if args.solutions else Path(args.model).name)
         args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
-    if args.out.exists() and not args.out.is_dir():
-        ap.error(f"--out {args.out} is a file; name a folder (results.jsonl, summary.md, ... go inside)")
-    if args.solutions and not args.solutions.is_file():
-        ap.error(f"--solutions {args.solutions}: no such file")
     return args
 
 
@@ -455,8 +447,10 @@ class Progress:
             print(file=sys.stderr)
 
 
-def select_tasks(args) -> list[dict]:
+def select_tasks(args) -> tuple[list[dict], set[str]]:
+    """The tasks of this run, and the ids of all tasks in --tasks (those --solutions may name)."""
     tasks = load_tasks(args.tasks)
+    ids = {str(t["id"]) for t in tasks}
     if args.split != "all":
         if any("split" in t for t in tasks):
             tasks = [t for t in tasks if t.get("split") == args.split]
@@ -469,7 +463,7 @@ def select_tasks(args) -> list[dict]:
     tasks = tasks[: args.limit] if args.limit else tasks
     if not tasks:
         raise UserError(f"{args.tasks}: no tasks in split {args.split!r}")
-    return tasks
+    return tasks, ids
 
 
 def resolve_backend(choice: str, gpu: str | None) -> str:
@@ -521,9 +515,10 @@ def gather_completions(args, by_id: dict, need: list[tuple], completions: dict, 
         generate(args, by_id, need, Progress("generate (prompts)", len({j[:2] for j in need})), keep)
 
 
+@finishes_out
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tasks = select_tasks(args)
+    tasks, task_ids = select_tasks(args)
     by_id = {str(t["id"]): t for t in tasks}
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
     gpu = gpu_name()
@@ -535,18 +530,19 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             raise UserError(f"{tool} not found on PATH; install " + ("the CUDA toolkit" if tool == "nvcc" else "g++"))
     if not (args.reference or args.solutions):
-        check_model_source(args.model, "model", ("config.json",))
+        check_model_source(args.model)
     print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
           f"mode {args.mode}")
     print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
           f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
           f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
     runner = choose_runner(args.no_sandbox, backend)
-    solutions = load_solutions(args.solutions, set(jobs)) if args.solutions else None  # bad lines: before any output
+    # bad lines are refused here, before any output
+    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
 
     # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.
     results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
-    rows, completions, checks = open_run(args.out, run_fingerprint(args, backend), args.force)
+    rows, completions, checks = open_run(args, run_fingerprint(args, backend), len(jobs))
     todo = [j for j in jobs if j not in rows]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
     gather_completions(args, by_id, [j for j in todo if j not in completions], completions, comp_path, solutions)

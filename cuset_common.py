@@ -7,6 +7,8 @@ evaluation (04_eval_kernels.py) must word prompts identically.
 """
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import os
 import re
@@ -106,22 +108,47 @@ def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-blank line; a bad line raises UserError with file:line."""
+    """Yield (line number, object) for each non-blank line; a bad line raises UserError with file:line.
+
+    Bad means: not UTF-8 (a UTF-16 or binary file), not JSON, or not an object. A UTF-8 byte-order mark
+    on the first line is accepted (editors on Windows write one)."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: file not found")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
-                                f"each line must be one JSON object") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+    with open_input(path) as f:
+        for lineno, raw in enumerate(f, start=1):
+            obj = parse_json_line(raw, path, lineno)
+            if obj is not None:
+                yield lineno, obj
+
+
+def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
+    """One line of a JSONL file as an object (None for a blank line); UserError with file:line otherwise."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                        f"{e.start + 1}); save the file as UTF-8 JSONL, one JSON object per line") from None
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+                        f"each line must be one JSON object") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def open_input(path: Path):
+    """An input file opened for reading in binary; a folder, a missing or unreadable file is a UserError."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, not a file; name the JSONL file inside it")
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,13 +160,18 @@ TASK_REQUIRED = ("id", "task_name", "inputs", "outputs", "bench.cu", "gen.py", "
 
 
 def load_tasks(path: Path = TASKS_FILE) -> list[dict]:
-    """Read a CUDABench-format task file (ours or the real one), checking the fields we use."""
-    tasks = []
+    """Read a CUDABench-format task file (ours or the real one), checking the fields we use and that each
+    id names one task (a result row names its task by id)."""
+    tasks, first_line = [], {}
     for lineno, task in read_jsonl(path):
         missing = [k for k in TASK_REQUIRED if k not in task]
         if missing:
             raise UserError(f"{path}:{lineno}: task is missing {', '.join(missing)}; "
                             f"a CUDABench task needs {', '.join(TASK_REQUIRED)}")
+        if str(task["id"]) in first_line:
+            raise UserError(f"{path}:{lineno}: task id {task['id']!r} is already the id of line "
+                            f"{first_line[str(task['id'])]}; give each task its own id")
+        first_line[str(task["id"])] = lineno
         tasks.append(task)
     return tasks
 
@@ -212,7 +244,8 @@ def fence(code: str) -> str:
 
 
 def run_main(main_fn, argv: list[str] | None = None) -> int:
-    """Run a stage's main; a UserError prints `error: ...` to stderr and exits with status 2."""
+    """Run a stage's main; a UserError prints `error: ...` to stderr and exits with status 2 (as do
+    the argument parser's refusals, which exit through SystemExit)."""
     import sys
 
     try:
@@ -220,6 +253,44 @@ def run_main(main_fn, argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:
+        return e.code
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose refusals are one line in our form (`error: ...`, exit status 2): the usage block
+    argparse prints first would bury the line that says what is wrong."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see --help\n")
+
+
+def check_ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, ranges: dict[str, str]) -> None:
+    """Refuse each numeric argument outside its interval, before any work (ap.error: one line, exit 2).
+
+    ranges: {dest: interval as written in mathematics}, e.g. "[1, inf)", "(0, 1]". An unset argument
+    (None) passes. NaN lies in no interval, and no interval here holds infinity (it is open there).
+    """
+    for dest, interval in ranges.items():
+        value = getattr(args, dest)
+        if value is not None and not within(value, interval):
+            kind = "an integer" if isinstance(value, int) else "a finite number"
+            unset = ", or unset" if ap.get_default(dest) is None else ""
+            ap.error(f"--{dest.replace('_', '-')} {value:g}: must be {kind} {describe(interval)}{unset}")
+
+
+def within(value: float, interval: str) -> bool:
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    above = value > lo if interval[0] == "(" else value >= lo
+    return above and (value < hi if interval[-1] == ")" else value <= hi)
+
+
+def describe(interval: str) -> str:
+    """An interval in words: [1, inf) is ">= 1", (0, inf) is "> 0", [0, 1] is "in [0, 1]"."""
+    lo, hi = (x.strip() for x in interval[1:-1].split(","))
+    if hi == "inf":
+        return f"{'>' if interval[0] == '(' else '>='} {lo}"
+    return f"in {interval}"
 
 
 def load_script(relpath: str):
@@ -256,7 +327,7 @@ def sha256_file(path: Path) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(Path(path)) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -380,16 +451,140 @@ def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path,
     diff = [f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
             for k in sorted(set(saved) | set(now)) if k not in may_change and saved.get(k) != now.get(k)]
     if diff:
-        raise UserError(f"{where}: --resume with arguments other than the run's own:\n  " + "\n  ".join(diff)
-                        + f"\nresume with the same arguments, or start a new run ({restart})")
+        raise UserError(f"{where}: --resume with arguments other than the run's own ({'; '.join(diff)}); "
+                        f"resume with the same arguments, or start a new run ({restart})")
 
 
 def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:
     """Refuse an artifact made from another model, tokenizer or data (unless --force)."""
     wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}" for k, v in expected.items() if meta.get(k) != v]
     if wrong and not force:
-        raise UserError(f"{art_dir} was made from different inputs:\n  " + "\n  ".join(wrong)
-                        + f"\nrerun {rerun_hint}, or pass --force to use it anyway")
+        raise UserError(f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
+                        f"rerun {rerun_hint}, or pass --force to use it anyway")
+
+
+# ---------------------------------------------------------------------------------------
+# Output folders (--out): one rule for every stage, checked before any work.
+# ---------------------------------------------------------------------------------------
+
+STAGES = ("01_profile", "02_label_regions", "03_train_cuset", "04_eval_kernels")
+# What a stage-04 run folder holds (harness/run_folder.py), and what marks a stage-03 folder that has no
+# meta.json yet (a run that is training, stopped or killed: its resume state, or one being written).
+EVAL_RUN_FILES = ("results.jsonl", "completions.jsonl", "task_checks.jsonl", "summary.json", "summary.md",
+                  "fingerprint.json")
+TRAIN_RUN_FILES = ("resume", ".resume.old", ".resume.tmp", ".final.tmp")
+# The --out folders this process writes into in place (open_out), each with whether it started over there.
+_OPENED: list[tuple[Path, bool]] = []
+
+
+def artifact_stage(folder: Path) -> str | None:
+    """The stage whose artifact (or run) the folder holds, or None: the stage its meta.json names, else
+    stage 04 or 03 by the files their runs write."""
+    try:
+        stage = json.loads((folder / "meta.json").read_text()).get("stage")
+    except (OSError, ValueError, AttributeError):
+        stage = None
+    if stage in STAGES:
+        return stage
+    for name, files in (("04_eval_kernels", EVAL_RUN_FILES), ("03_train_cuset", TRAIN_RUN_FILES)):
+        if any((folder / f).exists() for f in files):
+            return name
+    return None
+
+
+def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: bool | None,
+                  need_bytes: int = 0) -> None:
+    """Refuse an --out this stage must not replace, before any work (UserError, one line).
+
+    A stage replaces --out only if it is absent, empty, or an artifact of its own stage (of another stage
+    with --force); a file, a folder of anything else, or the folder of an input (inputs: {flag: path}) is
+    refused whatever --force says. force: None for a stage without --force. Then check_room(need_bytes).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; name a folder (the stage writes its files inside)")
+    for flag, path in inputs.items():
+        holder = Path(path).resolve() if path is not None and Path(path).exists() else None
+        if holder is not None and not holder.is_dir():
+            holder = holder.parent
+        if holder is not None and (holder == out.resolve() or out.resolve() in holder.parents):
+            raise UserError(f"--out {out} holds {flag} {path}: writing there would replace the input; "
+                            f"name another --out")
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    owner = artifact_stage(out) if entries else None
+    if entries and owner is None:
+        raise UserError(f"--out {out} holds files that are not an artifact of this project (e.g. "
+                        f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
+                        f"replace)")
+    if owner not in (None, stage) and not force:
+        hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
+        raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
+    check_room(out, need_bytes)
+
+
+def check_room(out: Path, need_bytes: int) -> None:
+    """Refuse an --out that cannot be written, or whose file system has less than need_bytes free, before the
+    work (the stage would fail only at its end). Found out by writing a temp file where --out is made or
+    replaced: in its parent (the nearest that exists), never in --out itself, which another process of the
+    same run (DDP) may be checking at the same time."""
+    out = Path(out)
+    base = next((p for p in out.absolute().parents if p.exists()), Path("/"))
+    if not base.is_dir():
+        raise UserError(f"--out {out}: {base} is a file, not a folder; name another --out")
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".cuset-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {base} ({e.strerror}); name a folder you can write to"
+                        ) from None
+    free = shutil.disk_usage(out if out.is_dir() else base).free
+    if free < need_bytes:
+        raise UserError(f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
+                        f"{free / 1e6:,.1f} MB free; free some space or name another --out")
+
+
+def aside_dir(out: Path) -> Path:
+    """Where a stage keeps the previous artifact of `out` while it writes the new one: a hidden sibling."""
+    out = Path(out).resolve()
+    return out.with_name(f".{out.name}.previous")
+
+
+def open_out(out: Path, start_over: bool) -> None:
+    """Make `out` ready for a stage that writes its artifact in place (03, 04): continue what is there, or
+    start over (--force) with the previous artifact moved to aside_dir(out), to be put back if the stage
+    fails and deleted only once it succeeds (finishes_out). A kill leaves it aside, and `out` holds the
+    killed run: a later success there deletes the aside; a later start-over discards the killed run."""
+    out, aside = Path(out), aside_dir(out)
+    if start_over and aside.exists():
+        shutil.rmtree(out, ignore_errors=True)  # the killed run's partial state; aside holds the artifact
+    elif start_over and out.is_dir() and any(out.iterdir()):
+        os.replace(out, aside)
+    out.mkdir(parents=True, exist_ok=True)
+    _OPENED.append((out, start_over))
+
+
+def finishes_out(main_fn):
+    """A stage's main that settles what open_out set aside: put back over the new, incomplete artifact if
+    main fails (an exception), deleted once main returns. An interrupt (Ctrl-C) keeps both: the new run can
+    be resumed, the previous artifact waits aside."""
+    @functools.wraps(main_fn)
+    def main(argv: list[str] | None = None) -> int:
+        try:
+            code = main_fn(argv)
+        except Exception:
+            for out, started_over in _OPENED:
+                if started_over and aside_dir(out).exists():
+                    shutil.rmtree(out, ignore_errors=True)
+                    os.replace(aside_dir(out), out)
+            raise
+        else:
+            for out, _ in _OPENED:
+                shutil.rmtree(aside_dir(out), ignore_errors=True)
+            return code
+        finally:
+            _OPENED.clear()
+    return main
 
 
 # ---------------------------------------------------------------------------------------
@@ -415,24 +610,29 @@ def normalize_record(obj: dict, where: str) -> dict:
         if not ok or msgs[-1]["role"] != "assistant":
             raise UserError(f"{where}: 'messages' must be a list of {{role, content}} turns ending with an "
                             f"assistant turn")
-        return {"id": rid, "prompt_messages": msgs[:-1], "response": msgs[-1]["content"]}
-    if "prompt" in obj and "completion" in obj:
-        fields = (obj["prompt"], obj["completion"])
-        prompt = [{"role": "user", "content": obj["prompt"]}]
-        response = obj["completion"]
+        prompt, response = msgs[:-1], msgs[-1]["content"]  # contents checked above
+    elif "prompt" in obj and "completion" in obj:
+        user, response = strings(where, obj["prompt"], obj["completion"])
+        prompt = [{"role": "user", "content": user}]
     elif "instruction" in obj and "output" in obj:
-        fields = (obj["instruction"], obj.get("input", ""), obj["output"])
-        user = obj["instruction"] + (f"\n\n{obj['input']}" if obj.get("input") else "")
-        prompt, response = [{"role": "user", "content": user}], obj["output"]
+        instruction, extra, response = strings(where, obj["instruction"], obj.get("input", ""), obj["output"])
+        prompt = [{"role": "user", "content": instruction + (f"\n\n{extra}" if extra else "")}]
     elif "text" in obj:
-        fields = (obj["text"],)
-        prompt, response = [], obj["text"]
+        prompt, (response,) = [], strings(where, obj["text"])
     else:
         raise UserError(f"{where}: unknown record form (keys: {', '.join(sorted(obj)) or 'none'}); expected "
                         f"'messages', 'prompt'+'completion', 'instruction'+'input'+'output', or 'text'")
+    if not response.strip():  # its tokens would be the end-of-turn token alone: nothing to profile or learn
+        raise UserError(f"{where}: the response (the answer to learn) is empty; write it, or remove the "
+                        f"record")
+    return {"id": rid, "prompt_messages": prompt, "response": response}
+
+
+def strings(where: str, *fields) -> tuple[str, ...]:
+    """The fields of a record, refused unless all are strings."""
     if not all(isinstance(f, str) for f in fields):
         raise UserError(f"{where}: fields must be strings")
-    return {"id": rid, "prompt_messages": prompt, "response": response}
+    return fields
 
 
 def load_sft(path: Path) -> list[dict]:
@@ -523,28 +723,66 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
 # Models: loading with one-line errors, and the check that logits are a plain linear head.
 # ---------------------------------------------------------------------------------------
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# What a local model folder must hold, per part: at least one file matching one of the patterns.
+MODEL_PARTS = {"tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"),
+               "model config": ("config.json",), "model weights": ("*.safetensors", "*.bin")}
 
 
-def check_model_source(name: str, what: str, needed: tuple[str, ...]) -> None:
-    """A local folder must exist and hold one of `needed`; anything else is taken for a hub id."""
+def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -> None:
+    """A local folder must exist and hold the files of each part (MODEL_PARTS); any other name must be a hub
+    id that is in the local Hugging Face cache or can be reached (check_hub_id)."""
     path = Path(name).expanduser()
     looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
     if not looks_local:
+        check_hub_id(name)
         return
     if not path.is_dir():
         raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; pass a "
                         f"folder holding a Hugging Face model (config.json, weights, tokenizer) or a hub id")
-    if not any((path / f).exists() for f in needed):
-        raise UserError(f"--model {name}: this folder holds no {what} (none of {', '.join(needed)}); point "
-                        f"--model at the folder that save_pretrained wrote")
+    for part in parts:
+        if not any(any(path.glob(pattern)) for pattern in MODEL_PARTS[part]):
+            raise UserError(f"--model {name}: this folder holds no {part} (none of "
+                            f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
+                            f"save_pretrained wrote")
+
+
+@functools.lru_cache(maxsize=None)
+def check_hub_id(name: str) -> None:
+    """Refuse in about a second a name that is neither a local folder nor a hub id we can use: not in the
+    local cache, and the hub unreachable (offline, no network) or without it. A reachable hub that has it
+    passes: from_pretrained downloads it. Without this, from_pretrained retries for about 45 s first."""
+    import huggingface_hub
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError,
+                                        RepositoryNotFoundError)
+
+    start = f"--model {name}: no local folder {name}, and hub id {name}"
+    fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
+    try:
+        files = ("config.json", "tokenizer_config.json")
+        cached = (huggingface_hub.try_to_load_from_cache(name, f) for f in files)
+        if any(isinstance(path, str) for path in cached):  # a path; else None or a "known missing" marker
+            return
+        huggingface_hub.model_info(name, timeout=2)
+    except HFValidationError as e:
+        raise UserError(f"{start} is not a valid hub id ({e}); {fix}") from None
+    except GatedRepoError:
+        return  # it exists; from_pretrained says how to get access
+    except RepositoryNotFoundError:
+        raise UserError(f"{start} is not found on the hub (or it is private: log in with `hf auth login`); "
+                        f"{fix}") from None
+    except HfHubHTTPError:
+        return  # the hub answered (an error of its own): leave the verdict to from_pretrained
+    except Exception as e:  # the HTTP client's own errors (no network, DNS, timeout), and offline mode
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        raise UserError(f"{start} is not in the local cache and the hub cannot be reached ({why}); {fix}"
+                        ) from None
 
 
 def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
     """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the path."""
     from transformers import AutoTokenizer
 
-    check_model_source(name, "tokenizer", TOKENIZER_FILES)
+    check_model_source(name, ("tokenizer",))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
@@ -557,12 +795,13 @@ def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
 
 def load_causal_lm(name: str, dtype):
     """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is missing."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    check_model_source(name, "model", ("config.json",))
+    check_model_source(name, ("model config", "model weights"))
     try:
         return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    except (OSError, ValueError, ImportError, KeyError) as e:
+    except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
         raise UserError(f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
                         ) from None
 

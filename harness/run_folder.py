@@ -11,8 +11,13 @@ import os
 import sys
 from pathlib import Path
 
-from cuset_common import UserError, read_appended_jsonl, read_jsonl, sha256_file, write_text_atomic
+from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, check_out_dir, open_out, read_appended_jsonl,
+                          read_jsonl, sha256_file, write_text_atomic)
 
+# Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
+# and its completion (up to --max-new-tokens tokens of a few bytes each), written twice (appended, then in
+# job order); rough on purpose.
+ROOM_PER_JOB = 64 << 10
 FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
                  "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout", "no_task_check")
 
@@ -43,31 +48,23 @@ def run_fingerprint(args, backend: str) -> dict:
     return source | {k: values[k] for k in FINGERPRINTED}
 
 
-def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict, dict]:
-    """Resume the run in `out` if it is the same run (rows, completions and task checks so far), start
-    it if the folder is new or --force; refuse another run's folder. Returns (rows, completions) by job
-    and the task checks by task id."""
-    fp_path = out / "fingerprint.json"
-    ours = [out / n for n in ("results.jsonl", "completions.jsonl", "task_checks.jsonl", "summary.json",
-                              "summary.md", fp_path.name)]
-    saved = None
-    if fp_path.exists():
-        try:
-            saved = json.loads(fp_path.read_text())
-        except json.JSONDecodeError:
-            saved = {"fingerprint.json": "unreadable"}
-    elif any(f.exists() for f in ours):
-        saved = {"fingerprint.json": "absent (written by an older version)"}
-    if saved is not None and (force or saved != fingerprint):
-        if not force:
-            differ = [k for k in sorted(set(saved) | set(fingerprint)) if saved.get(k) != fingerprint.get(k)]
-            raise UserError(f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force to "
-                            f"start over there, or name another --out")
-        for f in ours:
-            f.unlink(missing_ok=True)
-        saved = None
-    out.mkdir(parents=True, exist_ok=True)
-    if saved is None:
+def open_run(args, fingerprint: dict, n_jobs: int) -> tuple[dict, dict, dict]:
+    """Resume the run in args.out if it is the same run (rows, completions and task checks so far), start it
+    if the folder is new or --force; refuse another run's folder, and what no stage may write into
+    (cuset_common.check_out_dir). With --force the previous run is set aside: put back if this one fails,
+    deleted when it finishes (cuset_common.open_out). Returns (rows, completions) by job and the task
+    checks by task id."""
+    out, fp_path = args.out, args.out / "fingerprint.json"
+    inputs = {"--tasks": args.tasks, "--solutions": args.solutions,
+              "--model": None if args.reference or args.solutions else Path(args.model)}
+    check_out_dir(out, "04_eval_kernels", inputs, args.force, n_jobs * ROOM_PER_JOB)
+    saved = saved_fingerprint(out)
+    if saved is not None and saved != fingerprint and not args.force:
+        differ = [k for k in sorted(set(saved) | set(fingerprint)) if saved.get(k) != fingerprint.get(k)]
+        raise UserError(f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force "
+                        f"to start over there, or name another --out")
+    open_out(out, start_over=args.force)
+    if args.force or saved is None:
         write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
     key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
     return ({key(r): r for r in read_appended_jsonl(out / "results.jsonl")},
@@ -75,21 +72,29 @@ def open_run(out: Path, fingerprint: dict, force: bool) -> tuple[dict, dict, dic
             {r.pop("task_id"): r for r in read_appended_jsonl(out / "task_checks.jsonl")})
 
 
-def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
-    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. The same job
-    twice is refused (which answer counts?); answers for jobs outside this run are ignored with a
-    warning that counts them (a typo in task ids shows up there)."""
+def saved_fingerprint(out: Path) -> dict | None:
+    """The fingerprint of the run in `out` (None: no run there)."""
+    fp_path = out / "fingerprint.json"
+    if fp_path.exists():
+        try:
+            return json.loads(fp_path.read_text())
+        except ValueError:  # not JSON, or not UTF-8
+            return {"fingerprint.json": "unreadable"}
+    if any((out / f).exists() for f in EVAL_RUN_FILES):
+        return {"fingerprint.json": "absent (written by an older version)"}
+    return None
+
+
+def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[tuple, str]:
+    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. A line naming a task
+    that is not in --tasks, a level other than 1-3 or a negative sample is refused (a typo would otherwise
+    score that job as missing), and so is the same job twice (which answer counts?). Answers for jobs this
+    run did not select (another split, level or sample) are ignored with a warning that counts them."""
     found: dict[tuple, str] = {}
     first_line: dict[tuple, int] = {}
     outside = []
     for lineno, obj in read_jsonl(path):
-        try:
-            key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
-            text = obj["completion"]
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{path}:{lineno}: each line needs task_id, level, sample (int) and completion") from None
-        if not isinstance(text, str):
-            raise UserError(f"{path}:{lineno}: completion must be a string")
+        key, text = solution_row(obj, f"{path}:{lineno}", task_ids)
         if key in first_line:
             raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already answered "
                             f"on line {first_line[key]}; keep one answer per task, level and sample")
@@ -98,8 +103,31 @@ def load_solutions(path: Path, wanted: set[tuple]) -> dict[tuple, str]:
             found[key] = text
         else:
             outside.append((lineno, key))
+    if not first_line:  # every job would be scored `missing`
+        raise UserError(f"{path}: holds no answers; write one JSON object per line: task_id, level, sample, "
+                        f"completion")
     if outside:
         lineno, key = outside[0]
-        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (task id, level or sample not "
-              f"selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored", file=sys.stderr)
+        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (split, level or sample "
+              f"not selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored",
+              file=sys.stderr)
     return found
+
+
+def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str]:
+    """((task id, level, sample), completion) of one --solutions line, refused unless it names a job that
+    can exist."""
+    try:
+        key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
+        text = obj["completion"]
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{where}: each line needs task_id, level, sample (int) and completion") from None
+    if not isinstance(text, str):
+        raise UserError(f"{where}: completion must be a string")
+    if key[0] not in task_ids:
+        raise UserError(f"{where}: task {key[0]!r} is not in --tasks; fix the task id (or pass the task file "
+                        f"it comes from)")
+    if key[1] not in LEVELS or key[2] < 0:
+        raise UserError(f"{where}: level {key[1]} sample {key[2]}: levels are {', '.join(map(str, LEVELS))} "
+                        f"and samples count from 0")
+    return key, text

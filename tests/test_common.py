@@ -113,7 +113,8 @@ def test_inconsistent_tensors_are_refused_with_what_is_wrong(tmp_path, damage, m
 def test_resume_with_other_arguments_names_each_difference(tmp_path):
     saved = {"objective": "cuset", "lr": 1e-4, "resume": False, "stop_after": 3}
     check_resume_args(saved, {**saved, "resume": True, "stop_after": None}, {"resume", "stop_after"}, tmp_path)
-    with pytest.raises(UserError, match=r"--lr: the run has 0.0001, now 0.05\n  --objective: the run has 'cuset', now 'sft'"):
+    with pytest.raises(UserError, match=r"--lr: the run has 0.0001, now 0.05; --objective: the run has "
+                                        r"'cuset', now 'sft'"):
         check_resume_args(saved, {**saved, "objective": "sft", "lr": 5e-2}, {"resume"}, tmp_path)
 
 

@@ -160,7 +160,9 @@ def test_a_model_path_without_a_model_is_one_line_and_exit_2(tmp_path, capsys, m
 
 def test_malformed_solutions_line_is_reported_with_file_and_line(tmp_path, capsys):
     sols = tmp_path / "sols.jsonl"
-    sols.write_text('{"task_id": "x", "level": 1, "sample": 0, "completion": "a"}\n{"task_id": "y"}\n')
+    tid = load_tasks(TASKS_FILE)[0]["id"]
+    first = {"task_id": tid, "level": 1, "sample": 0, "completion": "a"}
+    sols.write_text(json.dumps(first) + '\n{"task_id": "y"}\n')
     code = ev.run_main(ev.main, ["--solutions", str(sols), "--limit", "1", "--out", str(tmp_path / "o")])
     assert code == 2 and f"{sols}:2" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

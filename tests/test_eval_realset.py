@@ -164,7 +164,6 @@ def realset(tmp_path_factory):
     # the naming patterns: a right program at level 1, a wrong one at level 2
     sols += [solution(tid, program(naming_program(outputs, wrong)), level=1 + wrong)
              for tid, outputs in NAMINGS.items() for wrong in (False, True)]
-    sols.append(solution("no_such_task", program("int main() { return 0; }\n")))
     out = d / "ev"
     r = subprocess.run([sys.executable, str(ROOT / "04_eval_kernels.py"), "--tasks", str(tasks), "--split", "all",
                         "--levels", "1,2", "--solutions", str(write_jsonl(d / "sols.jsonl", sols)), "--out", str(out)],
@@ -229,12 +228,18 @@ def test_int64_and_uint32_outputs_are_judged_both_ways(realset):
     assert rows[("int_types", 2)]["outcome"] == "wrong_output"
 
 
-def test_a_missing_answer_is_missing_not_no_code_and_unknown_ids_are_counted(realset):
+def test_a_missing_answer_is_missing_not_no_code_and_an_unknown_id_is_refused(realset, tmp_path, capsys):
     r, rows, summary, _ = realset
     assert rows[("undeclared", 2)]["outcome"] == "missing"
     assert rows[("big_output", 2)]["outcome"] == "no_code"
     assert summary["outcomes"]["missing"] == 1
-    assert "1 answer(s) name no job of this run" in r.stderr and "no_such_task" in r.stderr
+    unknown = solution("no_such_task", program("int main() { return 0; }\n"))
+    sols = write_jsonl(tmp_path / "sols.jsonl", [unknown])
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", list(TASKS.values()))
+    argv = ["--tasks", str(tasks), "--split", "all", "--solutions", str(sols), "--out", str(tmp_path / "ev")]
+    assert ev.run_main(ev.main, argv) == 2  # a typo in an id is bad input, not a `missing` row
+    assert f"{sols}:1: task 'no_such_task' is not in --tasks" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()
 
 
 def run_tasks(d: Path, tasks: list[dict], sols: list[dict], *extra: str) -> tuple[dict, Path]:
@@ -427,30 +432,28 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--num-samples", "0"], "--num-samples must be at least 1"),
-    (["--limit", "0"], "--limit must be at least 1"),
-    (["--limit", "-1"], "--limit must be at least 1"),
-    (["--run-timeout", "0"], "--run-timeout must be a positive"),
-    (["--solutions", "/nonexistent/sols.jsonl"], "no such file"),
+    (["--num-samples", "0"], "--num-samples 0: must be an integer >= 1"),
+    (["--limit", "0"], "--limit 0: must be an integer >= 1"),
+    (["--limit", "-1"], "--limit -1: must be an integer >= 1"),
+    (["--run-timeout", "0"], "--run-timeout 0: must be a finite number > 0"),
+    (["--solutions", "/nonexistent/sols.jsonl"], "file not found"),
 ])
 def test_bad_numbers_and_paths_exit_2(tmp_path, capsys, argv, says):
-    with pytest.raises(SystemExit) as e:
-        ev.main([*argv, "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert ev.run_main(ev.main, [*argv, "--out", str(tmp_path / "o")]) == 2
+    assert says in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
 def test_out_naming_a_file_is_refused_before_generation(tmp_path, capsys):
     (tmp_path / "o").write_text("keep me")
-    with pytest.raises(SystemExit) as e:
-        ev.main(["--limit", "1", "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and "is a file" in capsys.readouterr().err
+    assert ev.run_main(ev.main, ["--limit", "1", "--out", str(tmp_path / "o")]) == 2
+    assert "is a file" in capsys.readouterr().err
     assert (tmp_path / "o").read_text() == "keep me"
 
 
 def test_duplicate_answers_are_refused_with_both_lines(tmp_path, capsys):
-    tid = load_tasks(TASKS_FILE)[0]["id"]
-    sols = write_jsonl(tmp_path / "s.jsonl", [solution(tid, "a"), solution("other", "b"), solution(tid, "c")])
+    tid, other = (t["id"] for t in load_tasks(TASKS_FILE)[:2])
+    sols = write_jsonl(tmp_path / "s.jsonl", [solution(tid, "a"), solution(other, "b"), solution(tid, "c")])
     assert ev.run_main(ev.main, ["--solutions", str(sols), "--split", "all", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert f"{sols}:3" in err and "line 1" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,347 @@
+"""Issue 29: bad input to any stage exits 2 with one line, before any work, and loses nothing: --out
+replaces only an artifact (never the user's files or an input), --force keeps the previous artifact until
+the new one is complete, every number is checked, and the readers name file and line.
+
+Each test runs a stage's real main() on real artifacts that the module fixture makes with the bundled tiny
+model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every file there
+afterwards."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, load_script
+from cuset_common import (SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, aside_dir, finishes_out,
+                          load_tasks, open_out, run_main)
+
+STAGE = {"01": load_script("01_profile.py"), "02": load_script("02_label_regions.py"),
+         "03": load_script("03_train_cuset.py"), "04": load_script("04_eval_kernels.py")}
+
+# A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
+# 04-gen: stage 04 with the model answering instead of --solutions.
+ARGS = {
+    "01": lambda w: ["--data", w["data"], "--max-length", "256", "--device", "cpu", "--out", w["new"]],
+    "02": lambda w: ["--data", w["data"], "--profile", w["profile"], "--permutations", "5",
+                     "--html-samples", "1", "--out", w["new"]],
+    "03": lambda w: ["--data", w["data"], "--objective", "sft", "--max-length", "256", "--max-steps", "1",
+                     "--batch-size", "4", "--micro-batch-size", "4", "--device", "cpu", "--out", w["new"]],
+    "04": lambda w: ["--tasks", w["tasks"], "--split", "all", "--levels", "1", "--solutions", w["sols"],
+                     "--backend", "emulate", "--no-task-check", "--out", w["new"]],
+    "04-gen": lambda w: ["--tasks", w["tasks"], "--split", "all", "--levels", "1", "--max-new-tokens", "8",
+                         "--backend", "emulate", "--no-task-check", "--out", w["new"]],
+}
+# Where each stage's real artifact lies in the world, and another stage's artifact for it.
+MADE = {"01": "profile", "02": "regions", "03": "ckpt", "04": "run"}
+OTHER = {"01": "regions", "02": "ckpt", "03": "profile", "04": "profile"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """A folder with the user's files and one real artifact of each stage (made here, once)."""
+    root = tmp_path_factory.mktemp("world")
+    w = {"root": root, "new": root / "new", "data": root / "d8.jsonl", "tasks": root / "tasks.jsonl",
+         "sols": root / "sols.jsonl", "mine": root / "mine", "afile": root / "notes.txt",
+         **{MADE[stage]: root / MADE[stage] for stage in MADE}}
+    w["data"].write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
+    tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
+    w["tasks"].write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    answers = [{"task_id": t["id"], "level": 1, "sample": 0, "completion": "no code"} for t in tasks]
+    w["sols"].write_text("".join(json.dumps(a) + "\n" for a in answers))
+    for stage in MADE:  # in order: stage 02 reads the profile
+        assert STAGE[stage].main([*map(str, ARGS[stage](w)), "--out", str(w[MADE[stage]])]) == 0
+    w["mine"].mkdir()
+    shutil.copy(w["data"], w["mine"] / "precious.jsonl")
+    shutil.copy(w["tasks"], w["mine"] / "tasks.jsonl")
+    w["afile"].write_text("the user's notes\n")
+    return w
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (hidden ones too), and every folder, by relative path."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def refused(stage: str, argv: list, capsys) -> tuple[str, str]:
+    """Run a stage (01 .. 04) as the command line does; assert exit 2 and one `error:` line on stderr.
+    Returns that line and what the stage printed on stdout."""
+    capsys.readouterr()
+    code = run_main(STAGE[stage[:2]].main, [*map(str, argv)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0], out
+
+
+def refuses_and_keeps(w: dict, stage: str, extra: list, says: str, capsys) -> tuple[str, str]:
+    """The stage refuses the world's call + extra in one line naming `says`; every file stays as it was."""
+    before = snapshot(w["root"])
+    line, out = refused(stage, [*ARGS[stage](w), *extra], capsys)
+    assert says in line, line
+    assert snapshot(w["root"]) == before
+    return line, out
+
+
+# ---------------------------------------------------------------------------------------
+# --out: the one rule of every stage
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", STAGE)
+@pytest.mark.parametrize("force", [False, True], ids=["", "--force"])
+def test_a_folder_of_the_users_files_is_never_replaced(world, stage, force, capsys):
+    extra = ["--force"] if force and stage != "01" else []  # stage 01 has no --force
+    refuses_and_keeps(world, stage, ["--out", world["mine"], *extra], "not an artifact of this project",
+                      capsys)
+
+
+@pytest.mark.parametrize("stage", STAGE)
+def test_a_file_as_out_is_refused_before_any_work(world, stage, capsys):
+    refuses_and_keeps(world, stage, ["--out", world["afile"]], "is a file", capsys)
+    refuses_and_keeps(world, stage, ["--out", world["afile"] / "sub"], "is a file", capsys)
+
+
+@pytest.mark.parametrize("stage, extra, says", [
+    ("01", lambda w: ["--data", w["mine"] / "precious.jsonl", "--out", w["mine"]], "holds --data"),
+    ("01", lambda w: ["--out", w["root"]], "holds --data"),
+    ("02", lambda w: ["--out", w["profile"]], "holds --profile"),
+    ("03", lambda w: ["--objective", "cuset", "--regions", w["regions"], "--out", w["regions"], "--force"],
+     "holds --regions"),
+    ("03", lambda w: ["--model", w["ckpt"], "--out", w["ckpt"], "--force"], "holds --model"),
+    ("04", lambda w: ["--tasks", w["mine"] / "tasks.jsonl", "--out", w["mine"], "--force"], "holds --tasks"),
+], ids=["01-data-folder", "01-ancestor", "02-profile", "03-regions", "03-model", "04-tasks-folder"])
+def test_out_holding_an_input_is_refused(world, stage, extra, says, capsys):
+    refuses_and_keeps(world, stage, extra(world), says, capsys)
+
+
+@pytest.mark.parametrize("stage", STAGE)
+def test_another_stages_artifact_is_replaced_only_with_force(world, stage, capsys):
+    line, _ = refuses_and_keeps(world, stage, ["--out", world[OTHER[stage]]], "artifact, not a", capsys)
+    assert ("--force" in line) == (stage != "01")
+
+
+def test_stage_03_keeps_its_own_run_unless_told_resume_or_force(world, capsys):
+    refuses_and_keeps(world, "03", ["--out", world["ckpt"]], "pass --resume to continue that run, --force",
+                      capsys)
+
+
+@pytest.mark.parametrize("stage, model, says", [
+    ("03", None, "--rho 2: must be a finite number in [0, 1]"),
+    ("03", "damaged", "cannot load the model"),
+    ("04-gen", "no-weights", "holds no model weights"),
+    ("04-gen", "damaged", "cannot load the model"),  # after the previous run was set aside
+], ids=["03-bad-number", "03-damaged-weights", "04-no-weights", "04-damaged-weights"])
+def test_force_keeps_the_previous_artifact_when_the_new_run_fails(world, stage, model, says, tmp_path,
+                                                                  capsys):
+    """As in the issue: --force used to delete the previous result before the new run was even checked."""
+    shutil.copytree(TINY_MODEL, tmp_path / "damaged")
+    weights = (TINY_MODEL / "model.safetensors").read_bytes()
+    (tmp_path / "damaged" / "model.safetensors").write_bytes(weights[:4096])  # cut: a damaged download
+    shutil.copytree(TINY_MODEL, tmp_path / "no-weights", ignore=shutil.ignore_patterns("*.safetensors"))
+    out = world[MADE[stage[:2]]]
+    extra = ["--model", tmp_path / model] if model else ["--rho", "2"]
+    _, printed = refuses_and_keeps(world, stage, [*extra, "--out", out, "--force"], says, capsys)
+    assert ("rows already done" in printed) == (model == "damaged" and stage == "04-gen")  # run folder opened
+    assert not aside_dir(out).exists()
+
+
+def names_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def stage_main(out: Path, start_over: bool, fails: bool):
+    """A stage's main as 03 and 04 write theirs: open_out, write a new artifact in place, fail or not."""
+    @finishes_out
+    def main(argv):
+        open_out(out, start_over)
+        (out / "new.txt").write_text("a new artifact, half written")
+        if fails:
+            raise UserError("the new run failed")
+        return 0
+    return main
+
+
+def test_force_puts_the_previous_artifact_back_if_main_fails_and_deletes_it_once_main_succeeds(tmp_path):
+    """The mechanism under --force in stages 03 and 04 (cuset_common.open_out and finishes_out)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("the previous artifact")
+    assert run_main(stage_main(out, start_over=True, fails=True), []) == 2
+    assert names_in(out) == ["old.txt"] and not aside_dir(out).exists()
+    assert run_main(stage_main(out, start_over=True, fails=False), []) == 0
+    assert names_in(out) == ["new.txt"] and not aside_dir(out).exists()
+
+
+def test_after_a_killed_start_over_the_previous_artifact_waits_aside_until_a_run_succeeds(tmp_path):
+    out, aside = tmp_path / "out", aside_dir(tmp_path / "out")
+
+    def killed_start_over(note: str) -> None:  # what a --force run killed before it finished leaves
+        aside.mkdir()
+        (aside / "old.txt").write_text("the previous artifact")
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        (out / "partial.txt").write_text(note)
+
+    killed_start_over("killed")
+    assert run_main(stage_main(out, start_over=True, fails=True), []) == 2  # the killed run is discarded
+    assert names_in(out) == ["old.txt"] and not aside.exists()
+    killed_start_over("killed again")
+    assert run_main(stage_main(out, start_over=False, fails=False), []) == 0  # resumed, and it finished
+    assert names_in(out) == ["new.txt", "partial.txt"] and not aside.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Numbers: every numeric flag checked before any work, with the allowed range in the message
+# ---------------------------------------------------------------------------------------
+
+NUMBERS = [
+    ("01", "--max-length", "0", "an integer >= 1"), ("01", "--batch-tokens", "-1", "an integer >= 1"),
+    ("01", "--log-every", "nan", "a finite number >= 0"), ("01", "--save-every", "-1", ">= 0"),
+    ("01", "--max-length", "abc", "invalid int value"), ("02", "--rho", "1.5", "in [0, 1]"),
+    ("02", "--tau-max", "0", "in (0, 1]"), ("02", "--alpha", "inf", ">= 0"), ("02", "--w-max", "nan", ">= 1"),
+    ("02", "--gap", "-1", ">= 0"), ("02", "--seed", "-1", ">= 0"),
+    ("03", "--max-steps", "0", ">= 1, or unset"), ("03", "--max-steps", "-1", ">= 1, or unset"),
+    ("03", "--epochs", "0", "> 0"), ("03", "--epochs", "-1", "> 0"), ("03", "--lr", "-1", "> 0"),
+    ("03", "--lr", "nan", "a finite number > 0"), ("03", "--min-lr-ratio", "-1", "in [0, 1]"),
+    ("03", "--weight-decay", "-1", ">= 0"), ("03", "--rho", "2", "in [0, 1]"),
+    ("03", "--chunk-size", "0", ">= 1"), ("03", "--save-every", "0", ">= 1"),
+    ("03", "--stop-after", "0", ">= 1"), ("03", "--warmup-steps", "-1", ">= 0"),
+    ("03", "--tau-max", "1.5", "in (0, 1]"), ("03", "--grad-clip", "-1", ">= 0"),
+    ("04", "--num-samples", "0", ">= 1"), ("04", "--temperature", "nan", ">= 0"),
+    ("04", "--top-p", "0", "in (0, 1]"), ("04", "--run-timeout", "inf", "a finite number > 0"),
+    ("04", "--jobs", "0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("stage, flag, value, says", NUMBERS, ids=[f"{s}{f}={v}" for s, f, v, _ in NUMBERS])
+def test_a_number_out_of_range_is_refused_with_the_range(world, stage, flag, value, says, capsys):
+    line, _ = refuses_and_keeps(world, stage, [flag, value, "--out", world[MADE[stage]]], says, capsys)
+    assert flag in line
+
+
+@pytest.mark.parametrize("stage, max_length", [("01", "1"), ("03", "2")])
+def test_data_without_a_response_token_is_refused_before_replacing_anything(world, stage, max_length, capsys):
+    force = ["--force"] if stage == "03" else []
+    refuses_and_keeps(world, stage, ["--max-length", max_length, "--out", world[MADE[stage]], *force],
+                      "raise --max-length", capsys)
+
+
+# ---------------------------------------------------------------------------------------
+# Readers: encodings, binary files and folders named as files get file and line
+# ---------------------------------------------------------------------------------------
+
+EMPTY_ANSWER = {"messages": [{"role": "user", "content": "add"}, {"role": "assistant", "content": " "}]}
+BAD_FILES = {
+    "binary": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256))), ":1: not UTF-8 text"),
+    "utf-16": (lambda p: p.write_text(SFT_KERNEL_FILE.read_text().splitlines()[0] + "\n", encoding="utf-16"),
+               ":1: not UTF-8 text"),
+    "latin-1 on line 2": (lambda p: p.write_bytes(b'\n{"text": "caf\xe9"}\n'), ":2: not UTF-8 text"),
+    "a folder": (lambda p: p.mkdir(), ": is a folder, not a file"),
+    "empty answer": (lambda p: p.write_text(json.dumps(EMPTY_ANSWER) + "\n"),
+                     ":1: the response (the answer to learn) is empty"),
+}
+READERS = [("01", "--data"), ("03", "--data"), ("04", "--tasks"), ("04", "--solutions")]
+READ_CASES = [(stage, flag, kind) for stage, flag in READERS for kind in BAD_FILES
+              if kind != "empty answer" or stage != "04"]  # an empty answer is an SFT record's fault
+
+
+@pytest.mark.parametrize("stage, flag, kind", READ_CASES, ids=[f"{s}{f}-{k}" for s, f, k in READ_CASES])
+def test_a_bad_input_file_is_one_line_with_file_and_line(world, stage, flag, kind, tmp_path, capsys):
+    bad = tmp_path / "input.jsonl"
+    make, says = BAD_FILES[kind]
+    make(bad)
+    force = [] if stage == "01" else ["--force"]  # nothing is lost even where --force would replace --out
+    refuses_and_keeps(world, stage, [flag, bad, "--out", world[OTHER[stage]], *force], f"{bad}{says}", capsys)
+
+
+def test_a_data_folder_given_to_stage_02_is_named(world, capsys):
+    refuses_and_keeps(world, "02", ["--data", world["mine"]], f"{world['mine']}: is a folder", capsys)
+
+
+# ---------------------------------------------------------------------------------------
+# Stage 04: task ids and --solutions rows
+# ---------------------------------------------------------------------------------------
+
+
+def test_duplicate_task_ids_are_refused_with_the_id(world, tmp_path, capsys):
+    lines = world["tasks"].read_text().splitlines(keepends=True)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(lines + lines[:1]))
+    tid = json.loads(lines[0])["id"]
+    refuses_and_keeps(world, "04", ["--tasks", tasks, "--out", world["run"]],
+                      f"{tasks}:3: task id {tid!r} is already the id of line 1", capsys)
+
+
+@pytest.mark.parametrize("row, says", [
+    ({"task_id": "no_such_task"}, ":2: task 'no_such_task' is not in --tasks"),
+    ({"level": 7}, ":2: level 7 sample 0: levels are 1, 2, 3"),
+    ({"sample": -1}, ":2: level 1 sample -1: levels are 1, 2, 3 and samples count from 0"),
+    (None, ": holds no answers"),
+], ids=["unknown task", "level 7", "sample -1", "no rows"])
+def test_a_solutions_row_naming_no_possible_job_is_refused_not_scored(world, row, says, tmp_path, capsys):
+    rows = [json.loads(line) for line in world["sols"].read_text().splitlines()]
+    sols = tmp_path / "sols.jsonl"
+    sols.write_text("" if row is None else "".join(json.dumps(r) + "\n" for r in [rows[0], rows[1] | row]))
+    refuses_and_keeps(world, "04", ["--solutions", sols, "--out", world["run"], "--force"], f"{sols}{says}",
+                      capsys)
+
+
+# ---------------------------------------------------------------------------------------
+# Models and disks: fail fast, before the work
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["01", "03", "04-gen"])
+def test_a_mistyped_model_name_fails_fast_naming_folder_and_hub_id(world, stage, capsys):
+    name = "tiny-cuda-lm-no-such-model"
+    start = time.time()
+    line, _ = refuses_and_keeps(world, stage, ["--model", name], f"no local folder {name}, and hub id {name}",
+                                capsys)
+    assert time.time() - start < 15, line  # not the 45 s of retries from_pretrained spends
+
+
+def test_a_hub_id_in_the_local_cache_passes_offline(tmp_path):
+    """The fast check must not refuse what from_pretrained can load: a cached hub id, with no network."""
+    snapshot_dir = tmp_path / "models--org--tiny" / "snapshots" / "abc"
+    snapshot_dir.mkdir(parents=True)
+    (snapshot_dir / "config.json").write_text("{}")
+    (tmp_path / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc")
+    env = os.environ | {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    check = "from cuset_common import check_hub_id; check_hub_id('org/tiny'); check_hub_id('org/other')"
+    r = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert "UserError: --model org/other: no local folder org/other" in r.stderr, r.stderr  # not org/tiny
+
+
+def in_namespace_with(mount: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """argv[1:] run with a file system mounted by `mount` at argv[0] (user + mount namespaces: no root)."""
+    script = f'mkdir -p "$1" && {mount} "$1" && shift && exec "$@"'
+    namespace = ["unshare", "--user", "--map-root-user", "--mount"]
+    return subprocess.run([*namespace, "sh", "-c", script, "sh", *argv], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("mount, says", [("mount -t tmpfs -o ro none", "Read-only file system"),
+                                         ("mount -t tmpfs -o size=4k none", "MB free")],
+                         ids=["read-only", "full"])
+def test_an_out_that_cannot_be_written_is_refused_before_the_work(world, mount, says, tmp_path):
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    disk = tmp_path / "disk"
+    before = snapshot(world["root"])
+    r = in_namespace_with(mount, [str(disk), sys.executable, str(ROOT / "02_label_regions.py"),
+                                  *map(str, ARGS["02"](world)), "--out", str(disk / "regions")])
+    if "Operation not permitted" in r.stderr and r.returncode != 2:
+        pytest.skip(f"no user namespaces here: {r.stderr.strip()}")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and says in lines[0] and "--out" in lines[0], r.stderr
+    assert snapshot(world["root"]) == before
