@@ -16,37 +16,29 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py --backend emulate --emulate-checks # CPU emulation with AddressSanitizer
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
 
-Protocol (README, "Evaluation protocol and sandbox"): extract the code block -> nvcc (fixed flags,
+Protocol (docs/evaluation.md, "Protocol"): extract the code block -> nvcc (fixed flags,
 parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh sandbox folder
 that holds only the inputs -> compare.py on the files it wrote under data/. Outcomes: missing,
 no_code, compile_error, runtime_error, timeout, wrong_output, pass; `unsupported` (the emulator
 cannot run it) and `task_error` are counted apart, outside pass@k.
 
-Task check: the task's scripts are known to accept one program, the task's own reference. Before
-a task's candidates are judged, its reference goes through the same path (one extra compile and
-run per task that has a candidate to judge; the verdict is kept in --out/task_checks.jsonl, so a
-resumed run does not pay it again). `task_error`: gen.py failed, or the reference ran and
-compare.py judged it F. A reference that cannot run here (unsupported, timeout, ...) leaves its
-task unchecked: its rows are judged and counted apart as `unchecked`. --no-task-check skips it.
+Task check: a task's scripts are known to accept one program, its own reference; before its
+candidates are judged, that reference goes the same path (one extra compile and run per task with a
+candidate to judge, kept in --out/task_checks.jsonl). `task_error`: gen.py failed, or compare.py
+judged the reference F. A reference that cannot run here leaves its task `unchecked` (judged, counted
+apart). --no-task-check skips it.
 
-Backends (--backend, default auto = the GPU when nvidia-smi lists one, else emulate):
-gpu runs nvcc's binary on the GPU, one program at a time, and times kernel mode. emulate
-keeps nvcc's verdict on compiling, then translates the program (harness/emulate.py) and
-builds it with g++ against our CPU runtime header (harness/emu/), sandboxed like nvcc, and
-runs it in parallel through the same sandbox, gen.py and compare.py: functional verdicts
-only, rows labelled `backend: emulated`, no timings. See README, "CPU emulation".
-
-Sandbox (generated code is untrusted; harness/sandbox.py): nvcc and the program see a
-whitelist of the file system (system libraries and tools, the CUDA toolkit, GPU device nodes,
-their own /proc, a private /tmp, their own folder), no network, an unprivileged uid, resource
-limits and a wall-clock timeout that kills everything they started. Where that isolation is
-impossible, stage 04 says why and refuses unless --no-sandbox. What the program wrote is read
-without following links (harness/program_files.py). Kernel-mode timings carry a per-run nonce.
+Backends (--backend, default auto = the GPU when nvidia-smi lists one, else emulate): gpu runs
+nvcc's binary on the GPU, one program at a time, and times kernel mode; emulate keeps nvcc's verdict
+on compiling, rebuilds the program for our CPU runtime (harness/emulate.py, harness/emu/) and runs it
+through the same sandbox, gen.py and compare.py: functional verdicts only, no timings. Generated code
+is untrusted: every compile and run is sandboxed (harness/sandbox.py: a whitelist of the file system,
+no network, an unprivileged uid, limits, a timeout), or refused where no isolation is possible unless
+--no-sandbox. The protocol in full: docs/evaluation.md.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -54,21 +46,21 @@ import secrets
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, TINY_MODEL,
-                          ArgumentParser, UserError, append_jsonl, build_messages, check_model_source,
-                          check_ranges, end_of_turn_ids, fence, finishes_out, load_causal_lm, load_tasks,
-                          load_tokenizer, pick_device, render_prompt_and_response, run_main,
-                          write_jsonl_atomic, write_text_atomic)
+from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE,
+                          TINY_MODEL, ArgumentParser, UserError, check_model_source, check_ranges, fence,
+                          finishes_out, run_main)
 from harness.program_files import copy_written_files
+from harness.generation import generate
 from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
-                              make_work_dir, output_limit_mb, parse_timing, prepare_emulator)
-from harness.run_folder import load_solutions, open_run, run_fingerprint
+                              make_work_dir, output_limit_mb, parse_timing, prepare_emulator, require_tools,
+                              resolve_backend)
+from harness.report import Progress, mapped, write_summary
+from harness.run_folder import load_solutions, open_run, run_fingerprint, select_tasks
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
@@ -82,82 +74,12 @@ FAST_P = (0.0, 1.0, 1.5)
 REFERENCE_ALLOWANCE, CANDIDATE_ALLOWANCE = 10, 4
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = ap.add_argument
-    a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
-    a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
-    a("--split", default="eval", help="task split to use; 'all' for every task (default: %(default)s)")
-    a("--levels", default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
-    a("--mode", choices=("standalone", "kernel"), default="standalone")
-    a("--num-samples", type=int, default=1, help="samples per task and level (k of pass@k)")
-    a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    a("--top-p", type=float, default=0.95)
-    a("--max-new-tokens", type=int, default=1024)
-    a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
-    a("--threads", type=int, default=None,
-      help="torch threads for generation (default: the CPUs this process may use; 1 is faster beside other jobs)")
-    a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
-    a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
-    a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
-    a("--run-timeout", type=float, default=30.0,
-      help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
-           f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
-           f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)")
-    a("--task-timeout", type=float, default=900.0,
-      help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)")
-    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
-    a("--force", action="store_true", help="start over in --out when it holds another run")
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--solutions", type=Path, help="JSONL of completions made elsewhere: task_id, level, "
-                                                     "sample, completion")
-    src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
-    a("--device", default="auto", help="device for generation: auto | cpu | cuda")
-    a("--backend", choices=("auto", "gpu", "emulate"), default="auto",
-      help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present")
-    a("--emulate-checks", action="store_true",
-      help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error")
-    a("--no-task-check", action="store_true",
-      help="do not run each task's own reference program before judging its candidates (saves one compile "
-           "and run per task; a task whose compare.py rejects everything then reads as wrong_output)")
-    a("--no-sandbox", action="store_true",
-      help="run generated code WITHOUT isolation where none is possible (only for code you trust)")
-    args = ap.parse_args(argv)
-    try:
-        args.levels = sorted({int(x) for x in args.levels.split(",")})
-    except ValueError:
-        ap.error(f"--levels must be comma-separated integers, got {args.levels!r}")
-    if not set(args.levels) <= set(LEVELS):
-        ap.error(f"--levels must be within {LEVELS}")
-    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)",
-                            "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
-                            "threads": "[1, inf)", "compile_timeout": "(0, inf)", "run_timeout": "(0, inf)",
-                            "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})
-    if args.out is None:
-        name = "reference" if args.reference else (args.solutions.stem if args.solutions else Path(args.model).name)
-        args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
-    return args
-
-
 # ---------------------------------------------------------------------------------------
-# Metrics
+# The protocol: extract the code, compile, generate the task's data, run, compare
 # ---------------------------------------------------------------------------------------
 
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-# ---------------------------------------------------------------------------------------
-# Code extraction
-# ---------------------------------------------------------------------------------------
 
 FENCE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.S)
-
-
 CLOSED_FENCE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)\n[ \t]*```", re.S)
 
 
@@ -184,23 +106,24 @@ def extract_code(reply: str, mode: str) -> str | None:
     return None
 
 
+def reply_complete(reply: str, mode: str) -> bool:
+    """The reply holds a closed code block the mode asks for: generation stops there (what comes after
+    it is never used)."""
+    return any(wanted_block(m.group(1), mode) for m in CLOSED_FENCE.finditer(reply.replace("\r\n", "\n")))
+
+
 def program_source(task: dict, code: str, mode: str) -> str:
     if mode == "standalone":
         return code
     km = task["kernel_mode"]
     return km["harness.cu"].replace(km["marker"], code)
 
-
-# ---------------------------------------------------------------------------------------
-# Compile, generate data, run, compare
-# ---------------------------------------------------------------------------------------
-
-
 def compile_program(source: str, workdir: Path, arch: list[str], timeout: float,
                     runner: Runner) -> tuple[Path | None, str]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prog.cu").write_text(source)
-    code, log = runner.untrusted(["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"], workdir, timeout, nproc=512)
+    nvcc = ["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"]
+    code, log = runner.untrusted(nvcc, workdir, timeout, nproc=512)
     ok = code == 0 and built_file(workdir, "prog")
     return (workdir / "prog" if ok else None), ("compile timeout" if code is None else log)
 
@@ -255,12 +178,12 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
         return "timeout", f"no exit within {timeout:g} s\n{log}", took
     if code != 0:
         return "runtime_error", f"exit status {code}\n{log}", took
-    # The reference outputs (links: ours and compare's only), never replaced by the program's files; the
-    # inputs come from the program's folder, so what it wrote under an input's name (in place) is its output.
+    # The reference outputs (links: ours and compare's only), never replaced by the program's files;
+    # the inputs come from the program's folder, so what it wrote under an input's name is its output.
     given = {f"{buf['name']}.bin" for buf in task["inputs"]}
     shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
-    notes = copy_written_files(workdir, ["run", "data"], cmp_dir / "data", skip=set(os.listdir(cmp_dir / "data")),
-                               max_bytes=limit_mb << 20)
+    notes = copy_written_files(workdir, ["run", "data"], cmp_dir / "data",
+                               skip=set(os.listdir(cmp_dir / "data")), max_bytes=limit_mb << 20)
     (cmp_dir / "compare.py").write_text(task["compare.py"])
     ccode, verdict = runner.task_script("compare.py", cmp_dir, compare_timeout)
     timing = took | (parse_timing(log, nonce) if timed else {})
@@ -271,94 +194,15 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
 
 
 # ---------------------------------------------------------------------------------------
-# Completions: from a model or the references (from a file: harness/run_folder.py)
+# Metrics: pass@k and the summary (rendered by harness/report.py)
 # ---------------------------------------------------------------------------------------
 
 
-def reference_completion(task: dict, mode: str) -> str:
-    return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
-
-
-def stop_after_code_block(tok, prompt_len: int, mode: str):
-    """A generate() stopping criterion, per sequence: stop once the reply holds a closed code block
-    that the mode asks for (what comes after it is never used). Decodes the whole reply only when a
-    fence has just been written."""
-    import torch
-    from transformers import StoppingCriteria
-
-    class StopAfterCodeBlock(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            done = []
-            for row in input_ids:
-                if "```" not in tok.decode(row[-4:], skip_special_tokens=True):
-                    done.append(False)
-                    continue
-                reply = tok.decode(row[prompt_len:], skip_special_tokens=True).replace("\r\n", "\n")
-                done.append(any(wanted_block(m.group(1), mode) for m in CLOSED_FENCE.finditer(reply)))
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-    return StopAfterCodeBlock()
-
-
-def report_tokens(progress, prompt_len: int, batch: str):
-    """A generate() stopping criterion that never stops: it shows the batch's tokens so far and their
-    rate on the progress line, at most once a second (a batch of long answers takes minutes on a CPU)."""
-    import torch
-    from transformers import StoppingCriteria
-
-    class ReportTokens(StoppingCriteria):
-        t0 = shown = time.time()
-
-        def __call__(self, input_ids, scores, **kwargs):
-            now = time.time()
-            if now - self.shown >= 1.0:
-                self.shown, new = now, input_ids.shape[1] - prompt_len
-                progress(0, f" (batch {batch}: {new} tokens each, {new * len(input_ids) / (now - self.t0):.1f} tok/s)")
-            return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
-
-    return ReportTokens()
-
-
-def generate(args, tasks_by_id: dict, jobs: list[tuple], progress, on_batch) -> None:
-    """Batched HF generate with the chat template; prompts from cuset_common (same wording as the SFT
-    data). on_batch({job: reply}) is called as each batch finishes, so a kill loses one batch."""
-    import torch
-
-    device = pick_device(args.device)
-    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
-    tok = load_tokenizer(args.model, need_offsets=False, padding_side="left")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = load_causal_lm(args.model, dtype).to(device).eval()
-    wanted = set(jobs)
-    prompts = sorted({(tid, level) for tid, level, _ in jobs})
-    batches = math.ceil(len(prompts) / args.gen_batch_size)
-    for i in range(0, len(prompts), args.gen_batch_size):
-        chunk = prompts[i:i + args.gen_batch_size]
-        texts = [render_prompt_and_response(tok, {"prompt_messages": build_messages(tasks_by_id[t], lv, args.mode),
-                                                  "response": ""})[0] for t, lv in chunk]
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        prompt_len = enc["input_ids"].shape[1]
-        sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 \
-            else dict(do_sample=False)
-        # stop at the end of the turn or after the code block the mode asks for, not at max_new_tokens
-        stops = [stop_after_code_block(tok, prompt_len, args.mode),
-                 report_tokens(progress, prompt_len, f"{i // args.gen_batch_size + 1}/{batches}")]
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_samples,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=end_of_turn_ids(tok),
-                                 stopping_criteria=stops, **sampling)
-        replies = tok.batch_decode(gen[:, prompt_len:], skip_special_tokens=True)
-        batch = {(tid, level, s): replies[j * args.num_samples + s]
-                 for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
-        on_batch({job: text for job, text in batch.items() if job in wanted})
-        progress(len(chunk))
-
-
-# ---------------------------------------------------------------------------------------
-# Summary
-# ---------------------------------------------------------------------------------------
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def summarize(rows: list[dict], k: int, backend: str) -> dict:
@@ -402,75 +246,88 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
             "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())}}
 
 
-def summary_markdown(summary: dict, header: str) -> str:
-    cols = [c for c in summary["overall"] if c != "rows"]
-    lines = [header, "", "| group | rows | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
-    def row(name, s):
-        vals = [f"{s[c]:.3f}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in cols]
-        return f"| {name} | {s['rows']} | " + " | ".join(vals) + " |"
-    lines.append(row("**all**", summary["overall"]))
-    lines += [row(k, v) for k, v in summary["by_level"].items()]
-    lines += [row(k, v) for k, v in summary["by_category"].items()]
-    lines += ["", "Outcomes: " + ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())]
-    if summary["outcomes"][TASK_ERROR]:
-        lines += ["", f"{summary['outcomes'][TASK_ERROR]} rows are `task_error`: the task's own gen.py or compare.py "
-                      "failed here, or compare.py judged the task's own reference F (their cause and log are in "
-                      "results.jsonl); they are outside pass@k and the compile rate."]
-    if summary["overall"]["unchecked"]:
-        lines += ["", f"{summary['overall']['unchecked']} rows with a verdict are `unchecked`: their task's own "
-                      "reference could not run here (task_checks.jsonl says why), so nothing showed that its "
-                      "scripts accept a right program; they are inside pass@k."]
-    if summary["backend"] == "emulated":
-        lines += ["", "**backend: emulated.** Programs ran under CPU emulation: verdicts on functional correctness "
-                      "of well-synchronised code; no timings. `unsupported` rows are outside pass@k."]
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------------------
-# Main
+# The run: arguments, tasks, completions (from a file: harness/run_folder.py), builds, the
+# task check, rows; main is the recipe
 # ---------------------------------------------------------------------------------------
 
 
-class Progress:
-    """One line per update with done/total, rate and ETA (stderr)."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = ap.add_argument
+    a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
+    a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
+    a("--split", default="eval", help="task split to use; 'all' for every task (default: %(default)s)")
+    a("--levels", type=levels, default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
+    a("--mode", choices=("standalone", "kernel"), default="standalone")
+    a("--num-samples", type=int, default=1, help="samples per task and level (k of pass@k)")
+    a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    a("--top-p", type=float, default=0.95)
+    a("--max-new-tokens", type=int, default=1024)
+    a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
+    a("--threads", type=int, default=None, help="torch threads for generation (default: the CPUs this "
+                                                 "process may use; 1 is faster beside other jobs)")
+    a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
+    a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
+    a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
+    a("--run-timeout", type=float, default=30.0,
+      help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
+           f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
+           f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)")
+    a("--task-timeout", type=float, default=900.0,
+      help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)")
+    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
+    a("--force", action="store_true", help="start over in --out when it holds another run")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--solutions", type=Path, help="JSONL of completions made elsewhere: task_id, level, "
+                                                     "sample, completion")
+    src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
+    a("--device", default="auto", help="device for generation: auto | cpu | cuda")
+    a("--backend", choices=("auto", "gpu", "emulate"), default="auto",
+      help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present")
+    a("--emulate-checks", action="store_true",
+      help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error")
+    a("--no-task-check", action="store_true",
+      help="do not run each task's own reference program before judging its candidates (saves one compile "
+           "and run per task; a task whose compare.py rejects everything then reads as wrong_output)")
+    a("--no-sandbox", action="store_true",
+      help="run generated code WITHOUT isolation where none is possible (only for code you trust)")
+    args = ap.parse_args(argv)
+    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)",
+                            "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
+                            "threads": "[1, inf)", "compile_timeout": "(0, inf)", "run_timeout": "(0, inf)",
+                            "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})
+    if args.out is None:
+        name = "reference" if args.reference else args.solutions.stem if args.solutions else \
+            Path(args.model).name
+        args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
+    return args
 
-    def __init__(self, what: str, total: int):
-        self.what, self.total, self.done, self.t0 = what, total, 0, time.time()
 
-    def __call__(self, n: int = 1, detail: str = "") -> None:
-        self.done += n
-        el = time.time() - self.t0
-        eta = f"{el / self.done * (self.total - self.done):,.0f}s" if self.done else "?"
-        print(f"\r{self.what}: {self.done}/{self.total}{detail} | {el:,.0f}s | ETA {eta}   ", end="",
-              file=sys.stderr, flush=True)
-        if self.done >= self.total:
-            print(file=sys.stderr)
+def levels(text: str) -> list[int]:
+    """--levels: comma-separated prompt levels, each one of LEVELS."""
+    chosen = {int(x) for x in text.split(",") if x.strip().isdigit()}
+    if not chosen or not chosen <= set(LEVELS) or len(chosen) != len(text.split(",")):
+        raise argparse.ArgumentTypeError(f"must be comma-separated levels within {LEVELS}, got {text!r}")
+    return sorted(chosen)
 
 
-def select_tasks(args) -> tuple[list[dict], set[str]]:
-    """The tasks of this run, and the ids of all tasks in --tasks (those --solutions may name)."""
-    tasks = load_tasks(args.tasks)
-    ids = {str(t["id"]) for t in tasks}
-    if args.split != "all":
-        if any("split" in t for t in tasks):
-            tasks = [t for t in tasks if t.get("split") == args.split]
-        # a file without splits (the real CUDABench) is used whole
-    if args.mode == "kernel":
-        missing = [str(t["id"]) for t in tasks if "kernel_mode" not in t]
-        if missing:
-            raise UserError(f"--mode kernel needs tasks with a kernel_mode harness; {len(missing)} have none "
-                            f"(e.g. {missing[0]}); use --mode standalone")
-    tasks = tasks[: args.limit] if args.limit else tasks
-    if not tasks:
-        raise UserError(f"{args.tasks}: no tasks in split {args.split!r}")
-    return tasks, ids
+def reference_completion(task: dict, mode: str) -> str:
+    return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
 
 
-def resolve_backend(choice: str, gpu: str | None) -> str:
-    """The backend label of this run's rows: "gpu" or "emulated"."""
-    if choice == "gpu" and gpu is None:
-        raise UserError("--backend gpu: no GPU found (nvidia-smi lists none); use --backend emulate")
-    return "gpu" if choice == "gpu" or (choice == "auto" and gpu) else "emulated"
+def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> None:
+    """Completions for the jobs in `need` (from `solutions` when given), kept in `run` as they come."""
+    if not need:
+        return
+    if args.reference:
+        run.keep_completions({j: reference_completion(by_id[j[0]], args.mode) for j in need})
+    elif solutions is not None:
+        run.keep_completions({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
+    else:
+        progress = Progress("generate (prompts)", len({j[:2] for j in need}))
+        complete = lambda reply: reply_complete(reply, args.mode)  # noqa: E731
+        generate(args, by_id, need, complete, progress, run.keep_completions)
 
 
 def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list[str], runner: Runner,
@@ -488,141 +345,43 @@ def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list
         return row | {"outcome": "no_code", "log": clip(completion)}, None, None
     workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
     os.chmod(workdir, 0o711)  # the sandbox uid passes through to its own folders, lists nothing
-    outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout,
-                              emulator, runner)
+    outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", arch,
+                              args.compile_timeout, emulator, runner)
     if outcome is not None:
         shutil.rmtree(workdir, ignore_errors=True)
         return row | {"outcome": outcome, "log": clip(log)}, None, None
     return row, exe, workdir
 
 
-def gather_completions(args, by_id: dict, need: list[tuple], completions: dict, comp_path: Path,
-                       solutions: dict | None) -> None:
-    """Completions for the jobs in `need` (from `solutions` when given), appended to completions.jsonl
-    (and `completions`) as they come."""
-    def keep(batch: dict) -> None:
-        completions.update(batch)
-        append_jsonl(comp_path, [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
-                                 for j, c in sorted(batch.items(), key=lambda kv: kv[0])])
-
-    if not need:
-        return
-    if args.reference:
-        keep({j: reference_completion(by_id[j[0]], args.mode) for j in need})
-    elif solutions is not None:
-        keep({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
-    else:
-        generate(args, by_id, need, Progress("generate (prompts)", len({j[:2] for j in need})), keep)
-
-
-@finishes_out
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    tasks, task_ids = select_tasks(args)
-    by_id = {str(t["id"]): t for t in tasks}
-    jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
-    gpu = gpu_name()
-    backend = resolve_backend(args.backend, gpu)
-    if args.emulate_checks and backend == "gpu":
-        raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
-    arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
-    for tool in ("nvcc", *(["g++"] if backend == "emulated" else [])):
-        if shutil.which(tool) is None:
-            raise UserError(f"{tool} not found on PATH; install " + ("the CUDA toolkit" if tool == "nvcc" else "g++"))
-    if not (args.reference or args.solutions):
-        check_model_source(args.model)
-    print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
-          f"mode {args.mode}")
-    print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
-          f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
-          f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
-    runner = choose_runner(args.no_sandbox, backend)
-    # bad lines are refused here, before any output
-    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
-
-    # Resume: rows and completions of the same run (fingerprint) are kept; they were appended as made.
-    results_path, comp_path = args.out / "results.jsonl", args.out / "completions.jsonl"
-    rows, completions, checks = open_run(args, run_fingerprint(args, backend), len(jobs))
-    todo = [j for j in jobs if j not in rows]
-    print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
-    gather_completions(args, by_id, [j for j in todo if j not in completions], completions, comp_path, solutions)
-
-    # The same completion for the same task is the same program (--reference at every level,
-    # repeated samples): it is built and run once and its row copied to the other jobs.
-    first: dict[tuple, tuple] = {}
-    unique = [j for j in todo if first.setdefault((j[0], completions[j]), j) == j]
-    lock = threading.Lock()
-
-    def record(job: tuple, row: dict) -> None:
-        with lock:  # appended as it finishes: a kill loses only the rows in flight
-            rows[job] = row
-            append_jsonl(results_path, [row])
-
-    def record_check(task_id: str, check: dict) -> None:
-        with lock:
-            checks[task_id] = check
-            append_jsonl(args.out / "task_checks.jsonl", [{"task_id": task_id} | check])
-
-    work = make_work_dir()
-    try:
-        evaluate(args, by_id, unique, completions, arch, runner, work, record, checks, record_check)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    for j in todo:
-        if j not in rows:
-            record(j, rows[first[(j[0], completions[j])]] | {"level": j[1], "sample": j[2]})
-
-    final = [rows[j] for j in jobs]
-    write_jsonl_atomic(results_path, final)  # in job order, one row per job
-    summary = summarize(final, args.num_samples, backend)
-    summary["gpu"], summary["model"] = gpu, ("reference" if args.reference else str(args.solutions or args.model))
-    summary["emulate_checks"] = backend == "emulated" and args.emulate_checks
-    summary["sandbox"] = runner.sandbox
-    header = (f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
-              f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)"))
-    md = summary_markdown(summary, header)
-    write_text_atomic(args.out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    write_text_atomic(args.out / "summary.md", md)
-    print(md)
-    print(f"results in {args.out}")
-    return 0
-
-
-def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list[str], runner: Runner, work: Path,
-             record, checks: dict, record_check) -> None:
+def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runner, work: Path, run) -> None:
     """Build every job's program (--jobs in parallel) and the task check's references, then per task:
-    gen.py once, the check, its programs, compare; record(job, row) as each row is final and
-    record_check(task_id, check) as each check is (`checks`: those kept from before)."""
+    gen.py once, the check, its programs, compare; each row and check is kept in `run` as it is final."""
     emulator = prepare_emulator(work, args.emulate_checks) if runner.backend == "emulated" and jobs else None
     task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in jobs}))}
     for d in task_dirs.values():
         d.mkdir(mode=0o711)
 
-    def build_all(what: str, builds: list[tuple]) -> list[tuple]:
-        """compile_job over (job, completion) pairs, --jobs at a time, with progress."""
-        compiling = Progress(what, len(builds))
-
-        def build_one(build):
-            out = compile_job(by_id[build[0][0]], *build, args, arch, runner, emulator, task_dirs[build[0][0]])
-            compiling()
-            return out
-        with ThreadPoolExecutor(args.jobs) as pool:
-            return list(pool.map(build_one, builds))
+    def build_one(build: tuple) -> tuple:
+        """(job, completion) -> compile_job's (row, executable or None, folder or None)."""
+        job, completion = build
+        return compile_job(by_id[job[0]], job, completion, args, arch, runner, emulator, task_dirs[job[0]])
 
     by_task = defaultdict(list)
-    for job, (row, exe, workdir) in zip(jobs, build_all("compile", [(j, completions[j]) for j in jobs])):
+    built = mapped("compile", build_one, [(j, run.completions[j]) for j in jobs], args.jobs)
+    for job, (row, exe, workdir) in zip(jobs, built):
         if exe is None:
-            record(job, row)
+            run.record(job, row)
         else:
             by_task[job[0]].append((job, row, exe, workdir))
     # The task check (docstring): the reference of each task that has a program to judge, built as one.
-    to_check = [] if args.reference or args.no_task_check else [t for t in sorted(by_task) if t not in checks]
+    checking = not (args.reference or args.no_task_check)
+    to_check = [t for t in sorted(by_task) if t not in run.checks] if checking else []
+    check_builds = [((t, 0, "check"), reference_completion(by_id[t], args.mode)) for t in to_check]
+    built = mapped("compile (task check)", build_one, check_builds, args.jobs)
     references = {}
-    built = build_all("compile (task check)", [((t, 0, "check"), reference_completion(by_id[t], args.mode))
-                                               for t in to_check])
     for tid, (row, exe, workdir) in zip(to_check, built):
         if exe is None:
-            record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
+            run.record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
         else:
             references[tid] = exe, workdir
     running = Progress("run", sum(len(v) for v in by_task.values()) + len(references))
@@ -631,7 +390,7 @@ def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list
     run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
     timed = runner.backend == "gpu" and args.mode == "kernel"
 
-    def run(tid: str, exe: Path, gen_dir: Path, workdir: Path, timeout: float) -> tuple[str, str, dict]:
+    def run_one(tid: str, exe: Path, gen_dir: Path, workdir: Path, timeout: float) -> tuple[str, str, dict]:
         out = execute(by_id[tid], exe, gen_dir, workdir, timeout, runner, run_env, timed, args.task_timeout)
         shutil.rmtree(workdir, ignore_errors=True)
         running()
@@ -643,11 +402,11 @@ def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list
             return None
         if args.no_task_check:
             return {"outcome": "skipped"}
-        if tid not in checks:
+        if tid not in run.checks:
             exe, workdir = references[tid]
-            outcome, log, took = run(tid, exe, gen_dir, workdir, REFERENCE_ALLOWANCE * args.run_timeout)
-            record_check(tid, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
-        return checks[tid]
+            outcome, log, took = run_one(tid, exe, gen_dir, workdir, REFERENCE_ALLOWANCE * args.run_timeout)
+            run.record_check(tid, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
+        return run.checks[tid]
 
     def run_budget(check: dict | None) -> float:
         """Seconds a program of a task may run, given its task check (None: the rows are references)."""
@@ -673,15 +432,67 @@ def evaluate(args, by_id: dict, jobs: list[tuple], completions: dict, arch: list
                 shutil.rmtree(workdir, ignore_errors=True)
                 running()
             else:
-                outcome, log, timing = run(tid, exe, gen_dir, workdir, run_budget(check))
+                outcome, log, timing = run_one(tid, exe, gen_dir, workdir, run_budget(check))
                 row = row | {"outcome": outcome, "log": clip(log)} | timing
                 row |= {"task_check": check["outcome"]} if check else {}
-            record(job, row)
+            run.record(job, row)
         shutil.rmtree(task_dirs[tid], ignore_errors=True)
 
     # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.
     with ThreadPoolExecutor(1 if runner.backend == "gpu" else args.jobs) as pool:
         list(pool.map(run_task, sorted(by_task)))
+
+
+@finishes_out
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tasks, task_ids = select_tasks(args)
+    by_id = {str(t["id"]): t for t in tasks}
+    jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
+    gpu = gpu_name()
+    backend = resolve_backend(args.backend, gpu)
+    if args.emulate_checks and backend == "gpu":
+        raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
+    arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
+    require_tools(backend)
+    if not (args.reference or args.solutions):
+        check_model_source(args.model)
+    print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
+          f"mode {args.mode}")
+    print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
+          f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
+          f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
+    runner = choose_runner(args.no_sandbox, backend)
+    # bad lines are refused here, before any output
+    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
+
+    # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
+    run = open_run(args, run_fingerprint(args, backend), len(jobs))
+    todo = [j for j in jobs if j not in run.rows]
+    print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
+    gather_completions(args, by_id, [j for j in todo if j not in run.completions], run, solutions)
+
+    # The same completion for the same task is the same program (--reference at every level,
+    # repeated samples): it is built and run once and its row copied to the other jobs.
+    first: dict[tuple, tuple] = {}
+    unique = [j for j in todo if first.setdefault((j[0], run.completions[j]), j) == j]
+    work = make_work_dir()
+    try:
+        evaluate(args, by_id, unique, arch, runner, work, run)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for j in todo:
+        if j not in run.rows:
+            run.record(j, run.rows[first[(j[0], run.completions[j])]] | {"level": j[1], "sample": j[2]})
+
+    summary = summarize(run.finish(jobs), args.num_samples, backend)
+    summary |= {"gpu": gpu, "model": "reference" if args.reference else str(args.solutions or args.model),
+                "emulate_checks": backend == "emulated" and args.emulate_checks, "sandbox": runner.sandbox}
+    header = (f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
+              f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)"))
+    print(write_summary(args.out, summary, header))
+    print(f"results in {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Stage 04's generation against the loop a user would write (issue 30): tokens per second.
 
 The anchor: for each prompt, `model.generate(**inputs, max_new_tokens=...)`, one prompt at a time,
-torch's default thread count and OpenMP's default waiting. Stage 04: its own generate() (batches of
---gen-batch-size prompts, its thread setting, passive OpenMP waiting from cuset_common). Both get the
+torch's default thread count. Stage 04: its own generate() (harness/generation.py: batches of
+--gen-batch-size prompts, its --threads), stopping where stage 04 stops. Both get the
 same chat prompts (stage 04's kernel-mode level-1 prompts of the eval split), greedy decoding and
 max_new_tokens; both count generated tokens the same way (their replies re-tokenized). Each variant
 runs in a fresh process (thread pools and OpenMP settings are per process), once on the machine as it
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import cpus_available, print_table  # noqa: E402
 from cuset_common import DATA, TASKS_FILE, TINY_MODEL, build_messages, load_script, load_tasks  # noqa: E402
+from harness.generation import generate  # noqa: E402
 
 SMOLLM2 = DATA / "models" / "smollm2-135m-instruct"
 VARIANTS = {"plain": "plain model.generate loop (anchor)", "stage04": "stage 04 generate()"}
@@ -75,7 +75,8 @@ def stage04(args) -> list[str]:
                          *(["--threads", str(args.threads)] if args.threads else [])])
     tasks = {str(t["id"]): t for t, _ in prompts(args.prompts)}
     replies: dict = {}
-    ev.generate(run, tasks, [(tid, 1, 0) for tid in tasks], lambda *a, **k: None, replies.update)
+    complete = lambda reply: ev.reply_complete(reply, "kernel")  # noqa: E731
+    generate(run, tasks, [(tid, 1, 0) for tid in tasks], complete, lambda *a, **k: None, replies.update)
     return [replies[(tid, 1, 0)] for tid in tasks]
 
 
@@ -93,12 +94,9 @@ def child(args) -> int:
 
 
 def measure(args, variant: str) -> dict:
-    env = dict(os.environ)
-    if variant == "plain":
-        env.pop("OMP_WAIT_POLICY", None)  # the anchor keeps OpenMP's default (set by cuset_common here)
     cmd = [sys.executable, __file__, "--child", variant, "--model", args.model, "--prompts", str(args.prompts),
            "--max-new-tokens", str(args.max_new_tokens), *(["--threads", str(args.threads)] if args.threads else [])]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{variant} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,8 +1,8 @@
 """Stage 04's machinery for running generated code, apart from the protocol in 04_eval_kernels.py:
 a Runner that puts every compile and run through the sandbox (harness/sandbox.py) and retries while
 the sandbox uid's process limit is held; the emulation backend's build step (translate with
-harness/emulate.py, then g++ against the runtime header in harness/emu/); finding the GPU and
-choosing the sandbox (refusing to run unisolated unless asked); the limit on what a
+harness/emulate.py, then g++ against the runtime header in harness/emu/); finding the GPU, the
+backend, and choosing the sandbox (refusing to run unisolated unless asked); the limit on what a
 program may write; reading the kernel-mode harness's timing line without trusting the program;
 clipping logs for the results; and the run's work folder, which a killed run leaves behind for the
 next run to remove.
@@ -85,6 +85,20 @@ def gpu_name() -> str | None:
         return None
     r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def resolve_backend(choice: str, gpu: str | None) -> str:
+    """The backend label of a run's rows (--backend auto | gpu | emulate): "gpu" or "emulated"."""
+    if choice == "gpu" and gpu is None:
+        raise UserError("--backend gpu: no GPU found (nvidia-smi lists none); use --backend emulate")
+    return "gpu" if choice == "gpu" or (choice == "auto" and gpu) else "emulated"
+
+
+def require_tools(backend: str) -> None:
+    """nvcc (every backend decides compile errors with it) and, to emulate, g++ on PATH."""
+    for tool, what in (("nvcc", "the CUDA toolkit"), *([("g++", "g++")] if backend == "emulated" else [])):
+        if shutil.which(tool) is None:
+            raise UserError(f"{tool} not found on PATH; install {what}")
 
 
 WORK_PREFIX = "cuset-eval-"  # + <pid>-<random>: a folder of the run whose process has that id

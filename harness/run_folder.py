@@ -1,7 +1,7 @@
 """Stage 04's run folder (--out), apart from the protocol in 04_eval_kernels.py: what defines a
-run (its fingerprint), resuming the same run or refusing another's folder, and reading answers
-made elsewhere (--solutions). Rows and completions are appended as they finish, so a killed run
-resumes where it stopped.
+run (its tasks, its fingerprint), resuming the same run or refusing another's folder, and reading
+answers made elsewhere (--solutions). Rows, completions and task checks are appended as they
+finish (Run), so a killed run resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import hashlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
-from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, check_out_dir, open_out, read_appended_jsonl,
-                          read_jsonl, sha256_file, write_text_atomic)
+from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, append_jsonl, check_out_dir, load_tasks, open_out,
+                          read_appended_jsonl, read_jsonl, sha256_file, write_jsonl_atomic, write_text_atomic)
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
 # and its completion (up to --max-new-tokens tokens of a few bytes each), written twice (appended, then in
@@ -48,12 +49,46 @@ def run_fingerprint(args, backend: str) -> dict:
     return source | {k: values[k] for k in FINGERPRINTED}
 
 
-def open_run(args, fingerprint: dict, n_jobs: int) -> tuple[dict, dict, dict]:
+class Run:
+    """The rows, completions and task checks of the run in --out, kept in memory and appended to their
+    files as each is made (under one lock: compiles and runs finish on several threads), so that a kill
+    loses only what was in flight."""
+
+    def __init__(self, out: Path):
+        self.out, self.lock = out, threading.Lock()
+        key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
+        self.rows = {key(r): r for r in read_appended_jsonl(out / "results.jsonl")}
+        self.completions = {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")}
+        self.checks = {r.pop("task_id"): r for r in read_appended_jsonl(out / "task_checks.jsonl")}
+
+    def record(self, job: tuple, row: dict) -> None:
+        with self.lock:
+            self.rows[job] = row
+            append_jsonl(self.out / "results.jsonl", [row])
+
+    def record_check(self, task_id: str, check: dict) -> None:
+        with self.lock:
+            self.checks[task_id] = check
+            append_jsonl(self.out / "task_checks.jsonl", [{"task_id": task_id} | check])
+
+    def keep_completions(self, batch: dict) -> None:
+        with self.lock:
+            self.completions.update(batch)
+            append_jsonl(self.out / "completions.jsonl", [{"task_id": j[0], "level": j[1], "sample": j[2],
+                                                           "completion": c} for j, c in sorted(batch.items())])
+
+    def finish(self, jobs: list[tuple]) -> list[dict]:
+        """The rows in job order, one per job, rewritten so (results.jsonl was appended as rows came)."""
+        final = [self.rows[j] for j in jobs]
+        write_jsonl_atomic(self.out / "results.jsonl", final)
+        return final
+
+
+def open_run(args, fingerprint: dict, n_jobs: int) -> Run:
     """Resume the run in args.out if it is the same run (rows, completions and task checks so far), start it
     if the folder is new or --force; refuse another run's folder, and what no stage may write into
     (cuset_common.check_out_dir). With --force the previous run is set aside: put back if this one fails,
-    deleted when it finishes (cuset_common.open_out). Returns (rows, completions) by job and the task
-    checks by task id."""
+    deleted when it finishes (cuset_common.open_out)."""
     out, fp_path = args.out, args.out / "fingerprint.json"
     inputs = {"--tasks": args.tasks, "--solutions": args.solutions,
               "--model": None if args.reference or args.solutions else Path(args.model)}
@@ -66,10 +101,25 @@ def open_run(args, fingerprint: dict, n_jobs: int) -> tuple[dict, dict, dict]:
     open_out(out, start_over=args.force)
     if args.force or saved is None:
         write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
-    key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
-    return ({key(r): r for r in read_appended_jsonl(out / "results.jsonl")},
-            {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")},
-            {r.pop("task_id"): r for r in read_appended_jsonl(out / "task_checks.jsonl")})
+    return Run(out)
+
+
+def select_tasks(args) -> tuple[list[dict], set[str]]:
+    """The tasks of this run (--tasks, --split, --mode, --limit), and the ids of all tasks in --tasks
+    (those --solutions may name)."""
+    tasks = load_tasks(args.tasks)
+    ids = {str(t["id"]) for t in tasks}
+    if args.split != "all" and any("split" in t for t in tasks):  # a file without splits (CUDABench): whole
+        tasks = [t for t in tasks if t.get("split") == args.split]
+    if args.mode == "kernel":
+        missing = [str(t["id"]) for t in tasks if "kernel_mode" not in t]
+        if missing:
+            raise UserError(f"--mode kernel needs tasks with a kernel_mode harness; {len(missing)} have none "
+                            f"(e.g. {missing[0]}); use --mode standalone")
+    tasks = tasks[: args.limit] if args.limit else tasks
+    if not tasks:
+        raise UserError(f"{args.tasks}: no tasks in split {args.split!r}")
+    return tasks, ids
 
 
 def saved_fingerprint(out: Path) -> dict | None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_script, program_runner
-from cuset_common import TASKS_FILE, load_tasks
+from cuset_common import TASKS_FILE, load_tasks, load_tokenizer
+from harness.generation import stop_when_complete
 from harness.programs import LOG_KEEP
 from harness.sandbox import SANDBOX_UID
 
@@ -66,11 +67,11 @@ def test_code_extraction_on_tricky_replies(reply, mode, want):
 
 @pytest.mark.parametrize("mode", ["standalone", "kernel"])
 def test_generation_stops_right_after_the_code_block_the_mode_asks_for(mode):
-    tok = ev.load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
     prompt = tok("<|im_start|>user\nwrite it<|im_end|>\n<|im_start|>assistant\n").input_ids
     reply = f"Sure.\n```cuda\n{KERNEL}\n```\nNow main:\n```cuda\n{PROGRAM}\n```\nDone, and more text."
     ids = prompt + tok(reply).input_ids
-    stop = ev.stop_after_code_block(tok, len(prompt), mode)
+    stop = stop_when_complete(tok, len(prompt), lambda reply: ev.reply_complete(reply, mode))
     import torch
     first_stop = next(n for n in range(len(prompt) + 1, len(ids) + 1) if stop(torch.tensor([ids[:n]]), None)[0])
     text = tok.decode(ids[len(prompt):first_stop])

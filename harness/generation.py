@@ -1,0 +1,89 @@
+"""Stage 04's generation, apart from the protocol in 04_eval_kernels.py: batched HF generate() with
+the model's chat template and the prompts of cuset_common.build_messages (the SFT data's wording),
+stopping each sequence once its reply is complete (what is complete, the protocol says), and
+showing a batch's tokens and their rate while it runs (a batch of long answers takes minutes on a
+CPU).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Callable
+
+from cuset_common import (build_messages, end_of_turn_ids, load_causal_lm, load_tokenizer, pick_device,
+                          render_prompt_and_response)
+
+
+def generate(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress,
+             on_batch) -> None:
+    """Replies for `jobs` ((task id, level, sample)), --gen-batch-size prompts per generate() call, each
+    prompt's --num-samples samples (greedy at --temperature 0). on_batch({job: reply}) is called as each
+    batch finishes, so a kill loses one batch."""
+    import torch
+
+    device = pick_device(args.device)
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    tok = load_tokenizer(args.model, need_offsets=False, padding_side="left")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = load_causal_lm(args.model, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    model = model.to(device).eval()
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 \
+        else dict(do_sample=False)
+    wanted = set(jobs)
+    prompts = sorted({(tid, level) for tid, level, _ in jobs})
+    batches = math.ceil(len(prompts) / args.gen_batch_size)
+    for i in range(0, len(prompts), args.gen_batch_size):
+        chunk = prompts[i:i + args.gen_batch_size]
+        texts = [render_prompt_and_response(tok, {"prompt_messages": build_messages(tasks_by_id[t], lv, args.mode),
+                                                  "response": ""})[0] for t, lv in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        prompt_len = enc["input_ids"].shape[1]
+        # stop at the end of the turn or once the reply is complete, not at max_new_tokens
+        stops = [stop_when_complete(tok, prompt_len, complete),
+                 report_tokens(progress, prompt_len, f"{i // args.gen_batch_size + 1}/{batches}")]
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_samples,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=end_of_turn_ids(tok),
+                                 stopping_criteria=stops, **sampling)
+        replies = tok.batch_decode(gen[:, prompt_len:], skip_special_tokens=True)
+        batch = {(tid, level, s): replies[j * args.num_samples + s]
+                 for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
+        on_batch({job: text for job, text in batch.items() if job in wanted})
+        progress(len(chunk))
+
+
+def stop_when_complete(tok, prompt_len: int, complete: Callable[[str], bool]):
+    """Per sequence: stop once complete(reply so far) holds. Decodes the whole reply only when a code
+    fence has just been written, the only moment a reply can become complete."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopWhenComplete(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            done = [("```" in tok.decode(row[-4:], skip_special_tokens=True)
+                     and complete(tok.decode(row[prompt_len:], skip_special_tokens=True))) for row in input_ids]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return StopWhenComplete()
+
+
+def report_tokens(progress, prompt_len: int, batch: str):
+    """Never stops: shows the batch's tokens so far and their rate on the progress line, at most once a
+    second. progress(0, detail) redraws the line with `detail`."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class ReportTokens(StoppingCriteria):
+        t0 = shown = time.time()
+
+        def __call__(self, input_ids, scores, **kwargs):
+            now = time.time()
+            if now - self.shown >= 1.0:
+                self.shown, new = now, input_ids.shape[1] - prompt_len
+                rate = new * len(input_ids) / (now - self.t0)
+                progress(0, f" (batch {batch}: {new} tokens each, {rate:.1f} tok/s)")
+            return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+
+    return ReportTokens()
