@@ -1,4 +1,4 @@
-"""Source translation for the CPU emulation backend of stage 04 (DESIGN.md, Evaluation).
+"""Source translation for the CPU emulation backend of stage 04 (docs/evaluation.md, "CPU emulation").
 
 A CUDA program that nvcc accepted becomes a C++17 program for the host compiler with the
 emulator's runtime header (harness/emu/cuda_runtime.h) first on the include path. Most of

@@ -1,4 +1,4 @@
-"""Whitelist sandbox for stage 04 (DESIGN.md, Evaluation): runs untrusted code (nvcc or g++ on
+"""Whitelist sandbox for stage 04 (docs/evaluation.md, "Sandbox"): runs untrusted code (nvcc or g++ on
 model-written source, and the program they built) and the task author's trusted scripts.
 
 Why bubblewrap: it exists to build exactly such a view of the file system from an unprivileged

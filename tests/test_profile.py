@@ -242,7 +242,7 @@ def test_bf16_autocast_path_runs_and_agrees_roughly(tmp_path, profiled):
 
 
 # ---------------------------------------------------------------------------------------
-# Tagger on hand-written CUDA (DESIGN.md "CUDA sensitivity")
+# Tagger on hand-written CUDA (docs/method.md, "CUDA sensitivity")
 # ---------------------------------------------------------------------------------------
 
 SNIPPET = r'''Here is the kernel; it calls __syncthreads() between the phases and uses threadIdx.

@@ -120,7 +120,7 @@ def assert_same_sgd_training(a: dict, b: dict, steps: int, k_terms: int) -> None
 
 
 def naive_loss(logp, valid, region, weight, n_tokens, objective, p_mask, rho, tau_max, thr):
-    """Per-token Python loop over DESIGN.md's table; numpy's linear quantile."""
+    """Per-token Python loop over the objectives table (docs/method.md, "Objectives"); numpy's linear quantile."""
     total = 0.0
     for i in range(logp.shape[0]):
         ps = [float(p_mask[i, t]) for t in range(logp.shape[1]) if valid[i, t]]
@@ -189,7 +189,7 @@ def test_sft_objective_equals_the_models_own_labels_loss(tokenizer, small_data):
 
 
 def test_chunked_log_probs_never_keep_full_logits_for_backward():
-    """Tensors saved for backward do not grow with positions x vocabulary (DESIGN.md, Memory)."""
+    """Tensors saved for backward do not grow with positions x vocabulary (docs/method.md, "Memory")."""
     b, length, d, vocab, chunk = 2, 64, 16, 5000, 8
     hidden = torch.randn(b, length, d, requires_grad=True)
     weight = torch.randn(vocab, d, requires_grad=True)

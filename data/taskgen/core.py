@@ -39,7 +39,7 @@ C_TYPES = {
 # Where a candidate's kernels go in the kernel-mode harness. Stage 04 replaces this line.
 CANDIDATE_MARKER = "// @CUSET_CANDIDATE_KERNELS@"
 
-# Timing protocol of the harness (DESIGN.md, Evaluation): CUDA events, warmup, median.
+# Timing protocol of the harness (docs/evaluation.md, "Protocol"): CUDA events, warmup, median.
 TIMING_WARMUP = 5
 TIMING_REPEATS = 25
 

@@ -1,5 +1,5 @@
 // CPU stand-in for <cuda_runtime.h>: runs CUDA programs that harness/emulate.py translated,
-// for functional correctness only (DESIGN.md, Evaluation: the emulation backend).
+// for functional correctness only (docs/evaluation.md, "CPU emulation").
 //
 // Model. A launch runs its blocks on a few OS threads; the threads of one block run on one OS
 // thread as cooperative fibers. A thread runs as a plain call on the current fiber until it
