@@ -163,7 +163,7 @@ def peak_extra_memory(run: Callable[[], object], device: str, warm_up: Callable[
 
 
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
-    """A markdown table (pastes into README.md as it is)."""
+    """A markdown table (pastes into docs/performance.md as it is)."""
     print("| " + " | ".join(headers) + " |")
     print("|" + "|".join("---" if k == 0 else "---:" for k in range(len(headers))) + "|")
     for row in rows:

@@ -68,7 +68,7 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
 }
 PRESET_NOTES = {"full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
 --lr 1e-5 --epochs 3; stage 04 levels 1-3 of the 40 eval tasks, 5 samples at temperature 0.8 (pass@1 and
-pass@5), backend auto. For a real model on a GPU: README, "Reproduce the comparison", estimates its time.""",
+pass@5), backend auto. For a real model on a GPU: docs/comparison.md estimates its time.""",
                 "cpu-quick": """the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
 --max-steps 100 (800 of the 1,020 training samples, batches of 8); stage 04 level 1 of the 40 eval tasks
 under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are

@@ -3,7 +3,7 @@
 Stage 04's summary counts outcomes; this groups what lies behind them, read from the run's rows:
 `unsupported` by what the emulator does not model, `task_error` by cause (gen.py failed, and why;
 compare.py rejected the task's own reference), and the task ids of every other row that did not
-pass. It is how README's table of the real CUDABench references was made:
+pass. It is how the table of the real CUDABench references in docs/evaluation.md was made:
 
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --reference --levels 1 --backend emulate \\
         --out data/artifacts/cudabench-references
@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common import UserError, read_appended_jsonl, run_main, write_text_atomic  # noqa: E402
 
-ORDER = ("pass", "wrong_output", "runtime_error", "timeout", "compile_error", "no_code", "missing", "unsupported",
-         "task_error")
+ORDER = ("pass", "wrong_output", "runtime_error", "timeout", "compile_error", "no_code", "missing",
+         "unsupported", "task_error")
 SHOWN_IDS = 12  # task ids listed per reason before "..."
 
 

@@ -1,7 +1,7 @@
 """The bench scripts (issue 15) in --quick mode, as CI runs them: they run and print their tables.
 
 Only that: --quick sizes are too small (and CI machines too shared) for the figures to mean anything,
-so nothing here asserts a speed or a memory figure. The full-mode tables are in README.md, Performance.
+so nothing here asserts a speed or a memory figure. The full-mode tables are in docs/performance.md.
 """
 from __future__ import annotations
 
