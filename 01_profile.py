@@ -3,7 +3,7 @@
 For every response token of every sample: the probability of the gold token under teacher
 forcing (its "confidence"), the entropy of the predicted distribution, whether the model's most
 likely token is the gold one (its argmax: token accuracy), and the token's CUDA-sensitivity
-category (DESIGN.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02 turns these into
+category (docs/method.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02 turns these into
 low-confidence CUDA-sensitive regions and sample weights.
 
 Inputs -> outputs
@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
 import re
 import shutil
 import sys
@@ -75,12 +74,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_head_is_plain, check_out_dir, check_ranges, check_resume_args, encode_sample,
-                          load_causal_lm, load_sft, load_tokenizer, output_head, pick_device, run_main,
-                          sha256_file, tokenizer_fingerprint, write_artifact, write_text_atomic)
+                          check_head_is_plain, check_out_dir, check_partial, check_ranges, encode_sample, for_device,
+                          gold_logprob_entropy, head_logits, load_causal_lm, load_sft, load_shards, load_tokenizer,
+                          make_batches, output_head, partial_dir, pick_device, positive_or_auto, run_main,
+                          save_shard, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common.cuda_source import COMPARISON, code_view, device_functions, expr_edge, match_paren, outside_brackets
 
 STAGE = "01_profile"
 CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: "synchronization",
@@ -89,7 +89,6 @@ CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: 
 # lexemes (specific) before the structural patterns (broad), so `threadIdx` inside a guard
 # `if (threadIdx.x < 32)` is indexing and the rest of the condition is guard.
 PRIORITY = (5, 6, 4, 8, 1, 2, 7, 3, 9)
-AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device: for_device
 RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
 TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "argmax_correct": np.uint8,
@@ -97,9 +96,8 @@ TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.f
 
 
 # ---------------------------------------------------------------------------------------
-# CUDA-sensitivity tagger (DESIGN.md "CUDA sensitivity", our reconstruction). All regexes run
-# on a "code view" of the response: same length, but prose outside ``` fences, comments and
-# string/char literals blanked to spaces, so a word in a comment is never tagged.
+# CUDA-sensitivity tagger (docs/method.md "CUDA sensitivity", our reconstruction). All regexes run on the
+# code view of the response (cuset_common.cuda_source.code_view), so a word in a comment is never tagged.
 # ---------------------------------------------------------------------------------------
 
 LEXEMES = {  # category -> regex over the code view; \b keeps `threads` or `index_count` untagged
@@ -123,94 +121,14 @@ ASSIGN = re.compile(  # `int i = ...;`, `i += stride)` ending a for header, `a =
 NON_INT_DECL = re.compile(r"\b(?:float|double|half|__half|__nv_bfloat16|bool|char|float[1-4]|double[1-4])\b"
                           r"[\s*&]*(?:const\s+|__restrict__\s+)*([A-Za-z_]\w*)")
 CEIL_DIV = re.compile(r"\(\s*[\w.]+(?:\s*\*\s*[\w.]+)*\s*\+\s*([\w.]+)\s*(?:-\s*1\s*)?\)\s*/\s*([\w.]+)")
-FUNC_HEAD, BEFORE_BODY = re.compile(r"\b__(global|device)__\b"), re.compile(r"[^;{]*")
 CONDITION = re.compile(r"\b(if|while|for)\s*\(")  # ternary conditions are found from their `?`
 LEADING = re.compile(r"\s*(?:return\b)?\s*")  # what may precede a ?: condition in its expression
 PTR_DECL = re.compile(  # `const float* __restrict__ xr = x + row * cols;`; data is const if `const` precedes the *
     r"(?<![\w.>])(?P<c1>const\s+)?(?:unsigned\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?(?P<c2>\s+const)?\s*"
     r"(?:\*\s*(?:(?:const|__restrict__|__restrict)\b)?\s*)+(?P<name>[A-Za-z_]\w*)\s*=(?!=)(?P<rhs>[^;]*);")
 STORE_OP = re.compile(r"\s*(?:[+\-*/%&|^]|<<|>>)?=(?!=)")
-LITERAL = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)|\"(?:\\.|[^\"\\\n])*\"?|(?<!\w)'(?:\\.|[^'\\\n]){1,4}'", re.S)
-BLANK = re.compile(r"[^\n]")  # blanking keeps newlines, so offsets and line numbers stay valid
-COMPARISON = re.compile(r"<=|>=|==|!=|(?<![<>\-])[<>](?![<>=])")
 CONSTANT = re.compile(  # an operand made of literals only (and warpSize, 32 on every GPU so far)
     r"(?:[\s()+\-*/%<>&|^~]|\bwarpSize\b|\b(?:0[xX][\da-fA-F]+|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)[uUlLfF]*\b)*")
-
-
-def outside_brackets(expr: str) -> str:
-    """expr without the contents of [...]: `x[i] > 0` compares a value, not the index i."""
-    return re.sub(r"\[[^\[\]]*\]", "[]", re.sub(r"\[[^\[\]]*\]", "[]", expr))
-
-
-def code_view(text: str) -> str:
-    """`text` with prose outside ``` fences, comments and string/char literals replaced by spaces."""
-    lines = text.splitlines(keepends=True)
-    if "```" in text:  # a markdown answer: only the fenced blocks are code (the fence lines are not)
-        in_code = False
-        for k, line in enumerate(lines):
-            fence = line.lstrip().startswith("```")
-            if fence or not in_code:
-                lines[k] = BLANK.sub(" ", line)
-            in_code ^= fence
-    # one left-to-right scan, so a quote inside a comment (or // inside a string) is not misread
-    return LITERAL.sub(lambda m: BLANK.sub(" ", m.group()), "".join(lines))
-
-
-def match_paren(code: str, open_pos: int, pair: str = "()") -> int:
-    """Index just past the bracket that closes the one at open_pos (len(code) if unclosed)."""
-    depth = 0
-    for j in range(open_pos, len(code)):
-        depth += (code[j] == pair[0]) - (code[j] == pair[1])
-        if depth == 0:
-            return j + 1
-    return len(code)
-
-
-def is_assignment(code: str, j: int) -> bool:
-    """The `=` at code[j] assigns (`=`, `+=`, `<<=`, ...), it is not part of == != <= >=."""
-    return (code[j] == "=" and code[j + 1:j + 2] != "="
-            and (code[j - 1:j] not in ("=", "!", "<", ">") or code[max(j - 2, 0):j] in ("<<", ">>")))
-
-
-def expr_edge(code: str, pos: int, step: int) -> int:
-    """Edge of the expression through code[pos], at bracket depth 0: step 1 gives the index past its end,
-    step -1 the index of its first character. It stops at ; , { } ? a lone :, an assignment or an unmatched
-    bracket, and going forward also at a comparison or && || (where an operand ends)."""
-    opens, closes = ("([", ")]") if step > 0 else (")]", "([")
-    j, depth = pos, 0
-    while 0 <= j < len(code):
-        c = code[j]
-        if c in opens:
-            depth += 1
-        elif c in closes:
-            if depth == 0:
-                break
-            depth -= 1
-        elif depth == 0 and (c in ";,{}?" or (c == ":" and "::" not in code[max(j - 1, 0):j + 2])
-                             or is_assignment(code, j)
-                             or (step > 0 and (COMPARISON.match(code, j) or code.startswith(("&&", "||"), j)))):
-            break
-        j += step
-    return j if step > 0 else j + 1
-
-
-def device_functions(code: str) -> list[tuple[str, str, int, int]]:
-    """(qualifier 'global'/'device', parameter text, body start, body end) of each defined function."""
-    funcs = []
-    for m in FUNC_HEAD.finditer(code):
-        for name in re.finditer(r"\b(\w+)\s*\(", code[m.end():]):
-            if name.group(1) not in ("__launch_bounds__", "__align__"):
-                break
-        else:
-            continue
-        p_open = m.end() + name.end() - 1
-        if re.search(r"[;{}]", code[m.end():p_open]):  # a __device__ variable, not a function
-            continue
-        p_close = match_paren(code, p_open)
-        nxt = BEFORE_BODY.match(code, p_close).end()  # skip `const`, trailing attributes
-        if nxt < len(code) and code[nxt] == "{":  # a definition, not a declaration
-            funcs.append((m.group(1), code[p_open + 1:p_close - 1], nxt, match_paren(code, nxt, "{}")))
-    return funcs
 
 
 def index_assignments(body: str, params: str) -> tuple[set[str], list[tuple[int, int]]]:
@@ -285,7 +203,7 @@ def conditions(body: str) -> list[tuple[bool, str, int, int]]:
 
 
 def is_guard(cond: str, index: re.Pattern, in_loop_header: bool) -> bool:
-    """The guard rule (DESIGN.md category 3, our reconstruction): a guard is a bounds check on an index.
+    """The guard rule (docs/method.md "CUDA sensitivity", category 3; our reconstruction): a guard is a bounds check on an index.
 
     In an if or ?: condition: any comparison involving an index variable or builtin (which threads or
     elements act: `i < n`, `tid == 0`, `lane < 16`). In a loop header (for test, while condition): only a
@@ -374,58 +292,6 @@ def tag_tokens(text: str, spans: list[tuple[int, int]]) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
-    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL file (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
-    ap.add_argument("--max-length", type=int, default=2048,
-                    help="tokens per sample, prompt included; longer samples are truncated and counted")
-    ap.add_argument("--batch-size", type=positive_or_auto, default="auto",
-                    help="most samples per batch; auto: 1 on a CPU, 8 on a GPU (see Efficiency above)")
-    ap.add_argument("--batch-tokens", type=int, default=16384,
-                    help="most padded tokens per batch (fewer samples per batch when they are long)")
-    ap.add_argument("--chunk-rows", type=positive_or_auto, default="auto",
-                    help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a time; "
-                         "auto: 128 on a CPU, 1024 on a GPU")
-    ap.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                    help="auto: bf16 autocast on a GPU, fp32 on CPU")
-    ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
-    ap.add_argument("--save-every", type=float, default=60.0,
-                    help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
-    ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
-    args = ap.parse_args(argv)
-    check_ranges(ap, args, {"max_length": "[1, inf)", "batch_tokens": "[1, inf)", "log_every": "[0, inf)",
-                            "save_every": "[0, inf)"})
-    return args
-
-
-def positive_or_auto(text: str) -> int | str:
-    """--batch-size, --chunk-rows: `auto` or an integer >= 1."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1 (or auto)")
-    return value
-
-
-def for_device(name: str, value: int | str, device: str) -> int:
-    """--batch-size or --chunk-rows (name: batch_size, chunk_rows) with auto resolved for the device.
-
-    On a CPU, one sample per batch: right padding and the masked attention it needs cost more than the
-    larger matrix products gain; and 128 rows per output-layer chunk: the passes over a [rows, vocab]
-    block (log-softmax, exp, sums) then run from cache (on one thread with a 32k vocabulary, the output
-    layer took 1.6x as long in 1024-row chunks, 1.4x in 32-row ones). Both keep stage 01 at or above the
-    per-sample loop a user writes first (bench/profile.py; README.md, Performance). On a GPU, batches and
-    large chunks fill the device (not measured yet)."""
-    return value if value != "auto" else AUTO[name]["cpu" if device == "cpu" else "gpu"]
-
-
 def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
     """encode_sample for each record (shared with stage 03, so token positions agree)."""
     return [encode_sample(tokenizer, rec, max_length) for rec in records]
@@ -445,48 +311,6 @@ def room_needed(encs: list[dict]) -> int:
     per_token = sum(np.dtype(d).itemsize for d in TOKEN_DTYPES.values()) + 4 + 4 + 1
     return (sum(len(e["spans"]) for e in encs) * per_token
             + 2 * sum(len(e["response_text"].encode()) for e in encs))
-
-
-def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[list[int]]:
-    """Sample indices grouped longest first (little padding; an out-of-memory shows at once)."""
-    order = sorted((i for i, e in enumerate(encs) if e["spans"]), key=lambda i: -len(encs[i]["input_ids"]))
-    batches, pos = [], 0
-    while pos < len(order):
-        size = max(1, min(batch_size, batch_tokens // len(encs[order[pos]]["input_ids"])))
-        batches.append(order[pos:pos + size])
-        pos += size
-    return batches
-
-
-def entropy_of(logp: torch.Tensor) -> torch.Tensor:
-    """-sum p log p per row of log-probs [n, V] -> [n], as torch.special.entr sums it, at less cost: entr takes a
-    log per logit again (on a CPU it cost more than the log-softmax itself). A -inf logit (p = 0, log p = -inf)
-    makes 0 * -inf = nan; only those rows, rare, are summed with entr, whose entr(0) = 0."""
-    entropy = -logp.exp().mul_(logp).sum(-1)  # [n]; in place on the new p
-    bad = entropy.isnan()
-    if bad.any():
-        entropy[bad] = torch.special.entr(logp[bad].exp()).sum(-1)
-    return entropy
-
-
-def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_rows: int,
-                         use_bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log p(gold), entropy and argmax == gold (bool) per row of hidden [N, H], applying head chunk by chunk.
-
-    Only a [chunk_rows, vocab] block of logits exists at a time; it is upcast to float32
-    before log_softmax so the gold log-prob is exact up to the body's precision. The argmax is
-    taken on the same float32 logits (log_softmax shifts a row by one constant: same argmax).
-    """
-    logp_gold, entropy, correct = [], [], []
-    for lo in range(0, hidden.shape[0], chunk_rows):
-        with torch.autocast(device_type=hidden.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = head(hidden[lo:lo + chunk_rows])  # [n, V]
-        logits = logits.float()  # [n, V] float32
-        correct.append(logits.argmax(-1) == gold[lo:lo + chunk_rows])  # [n] bool
-        logp = torch.log_softmax(logits, dim=-1)  # [n, V] float32
-        logp_gold.append(logp.gather(1, gold[lo:lo + chunk_rows, None])[:, 0])  # [n]
-        entropy.append(entropy_of(logp))  # [n]
-    return torch.cat(logp_gold), torch.cat(entropy), torch.cat(correct)
 
 
 @torch.no_grad()
@@ -512,72 +336,12 @@ def score_batch(body, head, encs: list[dict], pad_id: int, device: str, chunk_ro
     return [(conf[cuts[b]:cuts[b + 1]], ent[cuts[b]:cuts[b + 1]], ok[cuts[b]:cuts[b + 1]]) for b in range(len(encs))]
 
 
-def partial_dir(out: Path) -> Path:
-    """Where a run keeps its finished batches until the artifact is written: `<out>.partial/` beside --out."""
-    return out.with_name(out.name + ".partial")
-
-
-def check_partial(partial: Path, run: dict, resume: bool) -> None:
-    """--resume continues the same run (arguments, data, tokenizer, device); without it, a killed run's
-    partial results are neither reused nor deleted."""
-    state = partial / "state.json"
-    if not resume:
-        if state.exists():
-            raise UserError(f"{partial}: a stopped run left partial results here; pass --resume (with the same "
-                            f"arguments) to continue it, or delete that folder to start over")
-        return
-    if not state.exists():
-        raise UserError(f"--resume: no partial run in {partial}; run without --resume")
-    saved = json.loads(state.read_text())
-    check_resume_args(saved["args"], run["args"], RESUME_MAY_CHANGE, partial, restart=f"delete {partial}")
-    wrong = [f"{k}: the run has {saved.get(k)!r}, now {v!r}" for k, v in run.items()
-             if k != "args" and saved.get(k) != v]
-    if wrong:
-        raise UserError(f"{partial}: --resume on other inputs than the run's own ({'; '.join(wrong)}); "
-                        f"resume with the same inputs, or delete {partial} to start over")
-
-
-def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:
-    """Results of batches [b0, b1) as one shard, written to a temp name and renamed (never half a shard)."""
-    from safetensors.numpy import save_file
-
-    if not (partial / "state.json").exists():
-        write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
-    order = [i for b in batches[b0:b1] for i in b]
-    tmp = partial / ".shard.tmp"
-    save_file({"samples": np.asarray(order, dtype=np.int64),  # [m] sample indices, batch order
-               "confidence": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
-               "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32),  # [n]
-               "argmax_correct": np.concatenate([results[i][2] for i in order]).astype(np.uint8)}, str(tmp))  # [n]
-    os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
-
-
-def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], results: list) -> int:
-    """Put the shards' results in place; returns the first batch still to do."""
-    from safetensors.numpy import load_file
-
-    done = 0
-    for f in sorted(partial.glob("batches-*.safetensors")):  # zero-padded names sort in batch order
-        b0, b1 = map(int, f.stem.split("-")[1:])
-        t, order = load_file(str(f)), [i for b in batches[b0:b1] for i in b]
-        cuts = np.cumsum([0] + [len(encs[i]["spans"]) for i in order])
-        if "argmax_correct" not in t:
-            raise UserError(f"{f}: written by an older version of this stage (no argmax_correct); delete {partial} "
-                            f"to start over")
-        if b0 != done or t["samples"].tolist() != order or len(t["confidence"]) != cuts[-1]:
-            raise UserError(f"{f}: does not continue batch {done} of this run's plan; delete {partial} to start over")
-        for k, i in enumerate(order):
-            results[i] = tuple(t[name][cuts[k]:cuts[k + 1]] for name in ("confidence", "entropy", "argmax_correct"))
-        done = b1
-    return done
-
-
 def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str, use_bf16: bool,
             run: dict) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
     """Confidence, entropy and argmax_correct per sample (data order; no response tokens: empty arrays), and
     the batch it resumed at. Finished batches go to <out>.partial/ every --save-every seconds."""
     weight, bias = output_head(model)
-    body, head = model.base_model, lambda h: F.linear(h, weight, bias)  # what check_head_is_plain checks
+    body, head = model.base_model, lambda h: head_logits(h, weight, bias)  # what check_head_is_plain checks
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked; any id works
     # deterministic (resume needs the same plan; the device is part of the run, so auto resolves alike)
     batches = make_batches(encs, for_device("batch_size", args.batch_size, device), args.batch_tokens)
@@ -660,6 +424,39 @@ def print_summary(tensors: dict[str, np.ndarray], counts: dict, out: Path) -> No
     print(f"[profile] wrote {out}")
 
 
+
+# ---------------------------------------------------------------------------------------
+# The recipe
+# ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
+    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL file (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
+    ap.add_argument("--max-length", type=int, default=2048,
+                    help="tokens per sample, prompt included; longer samples are truncated and counted")
+    ap.add_argument("--batch-size", type=positive_or_auto, default="auto",
+                    help="most samples per batch; auto: 1 on a CPU, 8 on a GPU (see Efficiency above)")
+    ap.add_argument("--batch-tokens", type=int, default=16384,
+                    help="most padded tokens per batch (fewer samples per batch when they are long)")
+    ap.add_argument("--chunk-rows", type=positive_or_auto, default="auto",
+                    help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a time; "
+                         "auto: 128 on a CPU, 1024 on a GPU")
+    ap.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="auto: bf16 autocast on a GPU, fp32 on CPU")
+    ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
+    ap.add_argument("--save-every", type=float, default=60.0,
+                    help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
+    ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
+    args = ap.parse_args(argv)
+    check_ranges(ap, args, {"max_length": "[1, inf)", "batch_tokens": "[1, inf)", "log_every": "[0, inf)",
+                            "save_every": "[0, inf)"})
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     records = load_sft(args.data)  # bad line -> UserError with file:line, before any model work
@@ -675,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {"args": args_to_json(args), "data_sha256": data_sha, "device": device,
            "precision": "bf16-autocast" if use_bf16 else "fp32",
            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
-    check_partial(partial_dir(args.out), run, args.resume)
+    check_partial(partial_dir(args.out), run, args.resume, RESUME_MAY_CHANGE)
     model = load_causal_lm(args.model, torch.float32).to(device).eval()
     print(f"[profile] {len(records)} samples from {args.data}; model {args.model} on {device} "
           f"({'bf16 autocast' if use_bf16 else 'fp32'}); chat template: {bool(tokenizer.chat_template)}",

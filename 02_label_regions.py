@@ -7,7 +7,7 @@ gives each sample a weight from its region mass, tests the finding on the data a
 three permutation nulls (does low confidence come in runs at all? do SENSITIVE low tokens
 cluster more than other low tokens? the same on untagged tokens) and says in one sentence
 what the data supports, and draws samples as an HTML page. The rules are our
-reconstruction (DESIGN.md "Regions").
+reconstruction (docs/method.md "Regions").
 
 Inputs -> outputs:
   profile artifact (01_profile.py; default data/artifacts/profile)
@@ -30,22 +30,22 @@ Commands:
 from __future__ import annotations
 
 import argparse
-import html
 import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_meta_matches, check_out_dir, check_ranges, load_tokenizer, read_artifact,
-                          read_jsonl, run_main, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError, args_to_json,
+                          check_meta_matches, check_out_dir, check_ranges, json_safe, load_tokenizer, num, pct,
+                          read_artifact, read_jsonl, render_html, render_report, render_sample, run_main,
+                          sample_threshold, sha256_file, tokenizer_fingerprint, write_artifact)
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
                    "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}  # all [T]
 LEVEL = 0.05  # significance level the report's plain sentence reads its tests at (per category: after Holm)
-CATEGORY_COLORS = {1: "#7c3aed", 2: "#2563eb", 3: "#d97706", 4: "#0d9488", 5: "#db2777",  # HTML, by code
-                   6: "#65a30d", 7: "#0891b2", 8: "#64748b", 9: "#b91c1c"}
+THRESHOLD_ROWS = 256  # samples padded into one [rows, longest] block for sample_threshold
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder")
     ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)")
     ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL the profile was made from")
-    ap.add_argument("--rho", type=float, default=0.2, help="quantile of a sample's p0 for its threshold tau_i")
-    ap.add_argument("--tau-max", type=float, default=0.5, help="upper bound on tau_i")
+    ap.add_argument("--rho", type=float, default=RHO, help="quantile of a sample's p0 for its threshold tau_i")
+    ap.add_argument("--tau-max", type=float, default=TAU_MAX, help="upper bound on tau_i")
     ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
     ap.add_argument("--alpha", type=float, default=1.0, help="weight slope: w = 1 + alpha * m / mean(m)")
     ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------
-# Load and validate the profile (DESIGN.md Artifacts: refuse foreign inputs before any work)
+# Load and validate the profile (docs/method.md "Artifacts": refuse foreign inputs before any work)
 # ---------------------------------------------------------------------------------------
 
 
@@ -130,20 +130,25 @@ def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> No
 
 
 # ---------------------------------------------------------------------------------------
-# Regions (DESIGN.md "Regions", our reconstruction), on flat arrays over all T response tokens
+# Regions (docs/method.md "Regions", our reconstruction), on flat arrays over all T response tokens
 # ---------------------------------------------------------------------------------------
 
 
 def adaptive_thresholds(p: np.ndarray, offsets: np.ndarray, rho: float, tau_max: float) -> np.ndarray:
-    """tau_i = min(tau_max, quantile_rho(p0 over sample i's tokens)), numpy's linear quantile; [S].
+    """tau_i = min(tau_max, quantile_rho(p0 over sample i's tokens)) -> [S] float64: sample_threshold, the
+    kappa_i of stage 03, on the samples padded into rows, THRESHOLD_ROWS samples at a time.
 
     Assumption: a sample without response tokens gets tau = 0 (no token can be below it).
     """
-    tau = np.zeros(len(offsets) - 1, dtype=np.float64)
-    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        if b > a:  # a loop over samples: ~0.1 s per 1000 samples, small next to stage 01
-            tau[i] = min(tau_max, float(np.quantile(p[a:b], rho)))
-    return tau
+    n_tok, tau = np.diff(offsets), np.zeros(len(offsets) - 1)  # [S], [S]
+    for lo in range(0, len(n_tok), THRESHOLD_ROWS):
+        n = n_tok[lo:lo + THRESHOLD_ROWS]  # [b]
+        valid = np.arange(max(int(n.max()), 1)) < n[:, None]  # [b, W]
+        rows = np.zeros(valid.shape)  # [b, W]; row-major True entries are the block's tokens in order
+        rows[valid] = p[offsets[lo]:offsets[lo + len(n)]]
+        block = sample_threshold(torch.from_numpy(rows), torch.from_numpy(valid), rho, tau_max)  # [b]
+        tau[lo:lo + len(n)] = block.numpy()
+    return np.where(n_tok > 0, tau, 0.0)
 
 
 def grow_regions(low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +232,7 @@ def sample_weights(mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: flo
 
 
 # ---------------------------------------------------------------------------------------
-# The finding, each claim tested against the null that tests it (DESIGN.md "Regions").
+# The finding, each claim tested against the null that tests it (docs/method.md "Regions").
 # Clustering statistic: the share of low-confidence tokens of a kind (tag code; 0 = not sensitive)
 # in multi-token runs, i.e. with another low token of their sample within gap + 1 positions.
 # ---------------------------------------------------------------------------------------
@@ -404,211 +409,8 @@ def conclusion(f: dict) -> str:
             f"{pct(ls['other'])}, p = {num(ls['p'], 4)}).")
 
 
-def json_safe(x):
-    """NaN -> None, recursively (meta.json stays strict JSON)."""
-    if isinstance(x, dict):
-        return {k: json_safe(val) for k, val in x.items()}
-    return None if isinstance(x, float) and x != x else x
-
-
-def pct(x: float) -> str:
-    return "n/a" if x != x else f"{100 * x:.1f}%"  # x != x: NaN
-
-
-def num(x: float, digits: int = 3) -> str:
-    return "n/a" if x != x else f"{x:.{digits}f}"
-
-
-def render_report(f: dict, args, n_samples: int) -> str:
-    """The finding as Markdown (report.md, and stdout)."""
-    r, w, ls = f["regions"], f["weights"], f["low_share"]
-    lt, ll = r["length_tokens"], r["length_lines"]
-    both = lambda q, h: f"{num(q, 4)} ({num(h, 4)})"  # noqa: E731  raw p (Holm-adjusted p)
-    out = ["# CuSeT stage 02: regions and the finding", "",
-           f"Profile `{args.profile}`: {n_samples} samples, {f['tokens']} response tokens. Low confidence: p0 < tau_i "
-           f"= min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high confidence: the rest. Gap {args.gap}, "
-           f"line snapping {'on' if args.snap_lines else 'off'}.", "",
-           f"**What this data supports.** {f['conclusion']}", "",
-           "## Level 1: how confidently are CUDA-sensitive tokens predicted?", "",
-           f"- sensitive tokens: {f['sensitive_tokens']} ({pct(f['sensitive_tokens'] / f['tokens'])} of response "
-           f"tokens); low-confidence: **{pct(ls['sensitive'])}** of them, {pct(ls['other'])} of other tokens",
-           f"- about rho = {args.rho} of each sample is low-confidence by construction, so only the difference is "
-           f"evidence: {num(100 * ls['observed'], 1)} points; with the tags rotated within samples (null b's draws) "
-           f"{num(100 * ls['null_mean'], 1)} points, two-sided p = {num(ls['p'], 4)}",
-           f"- p0 >= {args.tau_max}: {pct(f['above_tau_max_sensitive'])} of sensitive tokens, "
-           f"{pct(f['above_tau_max_other'])} of other tokens; mean entropy {num(f['mean_entropy_sensitive'])} vs "
-           f"{num(f['mean_entropy_other'])} nats", "",
-           "## Level 2: do low-confidence sensitive tokens cluster into regions?", "",
-           f"Statistic: the share of low-confidence tokens in multi-token runs (another low token within "
-           f"{args.gap + 1} positions), against three nulls ({f['permutations']} draws each, seed {f['seed']}; "
-           f"one-sided p of observed >= null).", "",
-           "| null | tokens | moves | a rejection shows | observed | null mean (sd) | p |",
-           "|---|---|---|---|---:|---:|---:|"]
-    out += [f"| ({k}) | {n['tokens']} | {n['moves']} | {n['rejection_shows']} | {pct(n['observed'])} | "
-            f"{pct(n['null_mean'])} ({pct(n['null_sd'])}) | {num(n['p'], 4)} |" for k, n in f["nulls"].items()]
-    out += ["", "Per category: low-confidence tokens (share), share in runs, null means, p raw (Holm-adjusted over "
-            "the categories).", "",
-            "| category | tokens | mean p0 | low-conf | in runs | null a | p a | null b | p b | regions |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    out += [f"| {c['code']} {name} | {c['tokens']} | {num(c['mean_p'])} | {c['low_conf_tokens']} "
-            f"({pct(c['low_conf_share'])}) | {pct(c['clustered_share'])} | {pct(c['null_a_mean'])} | "
-            f"{both(c['p_a'], c['p_a_holm'])} | {pct(c['null_b_mean'])} | {both(c['p_b'], c['p_b_holm'])} | "
-            f"{c['regions']} |" for name, c in f["per_category"].items()]
-    m = sum(c["p_b"] == c["p_b"] for c in f["per_category"].values())  # categories tested (p not NaN)
-    if m and m / (f["permutations"] + 1) >= LEVEL:
-        out += ["", f"With {f['permutations']} draws the smallest Holm-adjusted p over {m} categories is "
-                f"{num(m / (f['permutations'] + 1), 4)}: none can pass {LEVEL}; use --permutations >= "
-                f"{int(m / LEVEL + 1e-9)}."]
-    cats = ", ".join(f"{n} {c['regions']} ({pct(c['regions'] / r['count'])})"
-                     for n, c in f["per_category"].items() if c["regions"])
-    why = (f"token-mean 1 keeps the cuset loss on the sft scale (one learning rate serves both); the price: samples "
-           f"with little or no region mass end below 1, down-weighted against sft by up to {num(1 / w['min'], 2)}x "
-           f"(--weight-norm none keeps w in [1, {args.w_max}])" if w["norm"] == "token-mean" else
-           f"not normalised: the cuset loss is about {num(w['token_weighted_mean'], 2)}x the sft scale at the same "
-           f"learning rate (--weight-norm token-mean rescales it to 1)")
-    out += ["", "## Regions", "",
-            f"- {r['count']} regions in {r['samples_with_regions']} of {n_samples} samples, covering {r['tokens']} "
-            f"tokens ({pct(r['tokens'] / f['tokens'])})",
-            f"- length: mean {num(lt['mean'], 1)} tokens (median {num(lt['median'], 1)}, max {num(lt['max'], 0)}), "
-            f"mean {num(ll['mean'], 2)} lines (max {num(ll['max'], 0)})",
-            f"- categories: {cats or 'none'}", "", "## Sample weights", "",
-            f"- w = clip(1 + {args.alpha} * m / mean(m), 1, {args.w_max}), normalisation {w['norm']}: token-weighted "
-            f"mean {num(w['token_weighted_mean'], 4)}; mean region mass m {num(w['mean_mass'], 4)}",
-            f"- min {num(w['min'])}, p10 {num(w['p10'])}, median {num(w['median'])}, p90 {num(w['p90'])}, max "
-            f"{num(w['max'])}; of {w['samples']} samples {w['samples_above_1']} end above 1, {w['samples_below_1']} "
-            f"({pct(w['samples_below_1'] / max(w['samples'], 1))}) below 1", f"- {why}", ""]
-    return "\n".join(out)
-
-
 # ---------------------------------------------------------------------------------------
-# HTML page: self-contained (inline CSS, no scripts, no external assets)
-# ---------------------------------------------------------------------------------------
-
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1280px;color:#1f2937;padding:0 16px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:15px;margin:0}
-.legend,.sample{border:1px solid #e5e7eb;border-radius:8px;padding:12px 16px;margin:14px 0;background:#fff}
-.legend p{margin:4px 0}.chip{display:inline-block;margin:2px 10px 2px 0;white-space:nowrap}
-.sw{display:inline-block;min-width:3.4em;text-align:center;font-size:12px;border:1px solid #e5e7eb;margin-right:-1px}
-.meta{color:#6b7280;font-size:12.5px;margin:2px 0 10px}
-.code{font:12.5px/1.55 ui-monospace,Menlo,Consolas,monospace;background:#fafafa;border-radius:6px;padding:8px 0}
-.ln{display:flex;white-space:pre-wrap;overflow-wrap:anywhere}
-.no{flex:0 0 3.2em;text-align:right;padding-right:10px;color:#9ca3af;user-select:none}
-.src{flex:1;padding-right:11.5em}
-.box{position:relative;margin:5px 6px 5px 0;border-radius:4px;box-shadow:0 0 0 2px var(--c);
-     background:color-mix(in srgb,var(--c) 6%,transparent)}
-.lbl{position:absolute;right:5px;top:2px;white-space:nowrap;font:600 10.5px/15px system-ui,sans-serif;color:#fff;
-     padding:0 6px;border-radius:3px;background:var(--c)}
-.s{border-bottom:2px solid var(--c)}.lo{font-weight:700}
-.trunc{color:#9ca3af;font-style:italic;padding-left:3.9em}
-"""
-
-
-def shade(p: float) -> str:
-    """Background of a token: red on a log scale, from none at p0 = 1 to full at p0 <= 1e-4.
-
-    Log, not linear: a weak model puts most tokens below 0.1 and a strong one most above 0.9,
-    and the page must tell 0.2 from 0.01 in both cases.
-    """
-    x = min(1.0, -np.log10(max(p, 1e-12)) / 4.0)
-    return f"rgba(239,68,68,{0.85 * x:.3f})"
-
-
-def display_lines(text: str, cs: np.ndarray, ce: np.ndarray) -> list[list[tuple[str, int]]]:
-    """The response text up to its last token, as lines of (piece, token index or -1) pieces.
-
-    A token spanning a newline is split into one piece per line; a token that is only a
-    newline is drawn as a space at the end of its line (so its shade shows); text that no
-    token covers is drawn unshaded (-1).
-    """
-    lines, pos = [[]], 0
-    for t in range(len(cs)):
-        a, b = max(int(cs[t]), pos), int(ce[t])
-        for piece, tok in ((text[pos:a], -1), (text[a:b], t)):
-            parts = piece.split("\n")
-            if tok >= 0 and not "".join(parts):
-                lines[-1].append((" ", tok))
-            for k, part in enumerate(parts):
-                if k:
-                    lines.append([])
-                if part:
-                    lines[-1].append((part, tok))
-        pos = max(pos, b)
-    return lines if len(cs) else []
-
-
-def region_boxes(los: list[int], his: list[int]) -> list[tuple[int, int, list[int]]]:
-    """Group regions (line ranges lo..hi, in order) into boxes (lo, hi, members): overlapping ranges share one."""
-    boxes: list[tuple[int, int, list[int]]] = []
-    for r, (lo, hi) in enumerate(zip(los, his)):
-        if boxes and lo <= boxes[-1][1]:
-            boxes[-1] = (boxes[-1][0], max(hi, boxes[-1][1]), boxes[-1][2] + [r])
-        else:
-            boxes.append((lo, hi, [r]))
-    return boxes
-
-
-def render_line(k: int, pieces: list[tuple[str, int]], a: int, v: dict, names: dict[int, str]) -> str:
-    """One source line: each token piece shaded by p0, underlined when sensitive, bold when low, with a tooltip."""
-    spans = []
-    for text, t in pieces:
-        if t < 0:
-            spans.append(html.escape(text))
-            continue
-        g = a + t
-        c, p, rid = int(v["sensitive"][g]), float(v["p"][g]), int(v["region_id"][g])
-        tip = f"p={p:.4f}" + (f" · {names[c]}" if c else "") + (f" · R{rid}" if rid >= 0 else "")
-        style = f"background:{shade(p)}" + (f";--c:{CATEGORY_COLORS[c]}" if c else "")
-        cls = " ".join(name for name, on in (("s", c), ("lo", p < v["tau_t"][g])) if on)
-        spans.append(f'<span{f" class={cls!r}" if cls else ""} style="{style}" title="{html.escape(tip)}">'
-                     f'{html.escape(text)}</span>')
-    return f'<div class="ln"><span class="no">{k + 1}</span><span class="src">{"".join(spans)}</span></div>'
-
-
-def render_sample(i: int, s: dict, v: dict, names: dict[int, str]) -> str:
-    """One sample: a header, then its lines; the lines of each region inside an outlined, labelled box."""
-    a, b = int(v["off"][i]), int(v["off"][i + 1])
-    lines = display_lines(s["response_text"], v["cs"][a:b], v["ce"][a:b])
-    rs = np.flatnonzero((v["starts"] >= a) & (v["starts"] < b))  # this sample's regions
-    boxes = region_boxes([int(v["line"][v["starts"][r]]) for r in rs], [int(v["line"][v["ends"][r] - 1]) for r in rs])
-    out, n = [], 0
-    for lo, hi, members in boxes + [(len(lines), len(lines), [])]:
-        out += [render_line(k, lines[k], a, v, names) for k in range(n, min(lo, len(lines)))]
-        if members:
-            cats = [int(v["cats"][rs[m]]) for m in members]
-            by_cat = {c: [f"R{rs[m]}" for m, cm in zip(members, cats) if cm == c] for c in cats}  # first-seen order
-            label = " · ".join(f"{' '.join(ids)} {names[c]}" for c, ids in by_cat.items())
-            out.append(f'<div class="box" style="--c:{CATEGORY_COLORS[cats[0]]}"><span class="lbl">'
-                       f'{html.escape(label)}</span>'
-                       + "".join(render_line(k, lines[k], a, v, names) for k in range(lo, hi + 1)) + "</div>")
-        n = hi + 1
-    head = (f"<h2>#{i} · {html.escape(str(s.get('id')))}</h2><div class='meta'>{b - a} response tokens · "
-            f"τ = {v['tau'][i]:.3g} · {len(rs)} regions · mass {v['mass'][i]:.4f} · "
-            f"weight {v['weight'][i]:.3f}</div>")
-    tail = "<div class='trunc'>… truncated at max_length</div>" if s.get("truncated") else ""
-    return f"<section class='sample'>{head}<div class='code'>{''.join(out)}{tail}</div></section>"
-
-
-def render_html(sections: list[str], f: dict, args, names: dict[int, str]) -> str:
-    swatches = "".join(f"<span class='sw' style='background:{shade(q)}'>{q:g}</span>"
-                       for q in (1e-4, 1e-3, 0.01, 0.1, 0.5, 1))
-    chips = "".join(f'<span class="chip"><span class="s" style="--c:{CATEGORY_COLORS[c]}">{c} {html.escape(n)}'
-                    f'</span></span>' for c, n in names.items())
-    snap = "snapped to whole lines" if args.snap_lines else "not snapped to lines"
-    legend = (f"<div class='legend'><p><b>Confidence</b> p0 of the gold token (log scale): {swatches} "
-              f"<span class='lo'>bold</span>: below the sample's τ. Hover a token for p0, category, region.</p>"
-              f"<p><b>CUDA-sensitive</b> tokens are underlined in their category colour: {chips}</p>"
-              f"<p><b>Regions</b>, outlined and labelled with id and category "
-              f"(<span class='lbl' style='--c:#2563eb;position:static'>R3 indexing</span>): runs of low-confidence "
-              f"tokens (p0 &lt; τ = min({args.tau_max}, quantile {args.rho} of the sample)) around sensitive ones, "
-              f"bridging up to {args.gap} confident tokens, {snap}.</p>"
-              f"<p>Finding: {html.escape(f['conclusion'])}</p></div>")
-    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>CuSeT regions</title>"
-            f"<style>{CSS}</style></head><body><h1>CuSeT stage 02: low-confidence CUDA-sensitive regions</h1>"
-            f"<div class='meta'>profile {html.escape(str(args.profile))} · samples shown: {len(sections)}, "
-            f"highest region mass first</div>{legend}{''.join(sections)}</body></html>\n")
-
-
+# The recipe
 # ---------------------------------------------------------------------------------------
 
 

@@ -19,11 +19,11 @@ Samples whose prompt fills --max-length have no response token: they are skipped
         --regions data/artifacts/regions-qwen --batch-size 64 --micro-batch-size 4 --lr 1e-5
     torchrun --nproc_per_node 4 03_train_cuset.py --model ... --regions ...    # DDP
     torchrun --nproc_per_node 8 03_train_cuset.py --fsdp --param-dtype bf16 --grad-checkpointing --model ...
-                                              # FSDP2: state sharded over 8 GPUs (README, Training at scale)
+                                              # FSDP2: state sharded over 8 GPUs (docs/scale.md)
 A memory plan (bytes per process: weights, gradients, optimizer state, activations) is printed before
 the first step.
 
-Objectives (DESIGN.md, Objectives; our reconstruction of the paper's method), with
+Objectives (docs/method.md "Objectives"; our reconstruction of the paper's method), with
 l = -log q(gold), p = exp(-l) detached, N = response tokens in the global batch before masking:
     sft           sum l / N
     dft           sum p l / N                              (Dynamic Fine-Tuning)
@@ -48,17 +48,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_head_is_plain, check_meta_matches, check_out_dir, check_ranges,
-                          check_resume_args, check_room, encode_sample, end_of_turn_ids, finishes_out,
-                          library_versions, load_causal_lm, load_sft, load_tokenizer, output_head,
-                          open_out, pick_device, read_artifact, run_main, sha256_file, tokenizer_fingerprint,
-                          write_text_atomic)
+from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError, all_reduce_stats,
+                          args_to_json, check_head_is_plain, check_meta_matches, check_out_dir, check_ranges,
+                          check_resume, check_room, checkpoint_room, encode_sample, end_of_turn_ids, finishes_out, format_memory_plan,
+                          fsdp_micro_batch, gold_logprobs, library_versions, load_causal_lm, load_resume, load_sft,
+                          load_tokenizer, memory_plan, open_out, output_head, read_artifact, run_main, sample_threshold,
+                          save_resume, setup_distributed, sha256_file, shard_fsdp, state_options,
+                          tokenizer_fingerprint, write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
@@ -90,8 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--warmup-steps", type=int, default=None, help="linear warmup (default: 5%% of steps, at least 1)")
     a("--weight-decay", type=float, default=0.0)
     a("--grad-clip", type=float, default=1.0, help="max global grad norm; 0 disables")
-    a("--rho", type=float, default=0.2, help="quantile of p defining kappa_i (DESIGN.md)")
-    a("--tau-max", type=float, default=0.5, help="upper bound of kappa_i (DESIGN.md)")
+    a("--rho", type=float, default=RHO, help="quantile of p defining kappa_i (docs/method.md)")
+    a("--tau-max", type=float, default=TAU_MAX, help="upper bound of kappa_i (docs/method.md)")
     a("--mask-source", choices=("online", "profile"), default="online",
       help="p for kappa and the mask: the current model's, or the stage-01 profile's (p0) the regions used")
     a("--norm", choices=("all", "kept"), default="all", help="N counts all response tokens or only kept ones")
@@ -121,40 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------
-# The method: gold-token log-probs in chunks, the token mask, the loss.
+# The method: the token mask and the loss (log q(gold) in chunks: cuset_common.gold_logprobs).
 # ---------------------------------------------------------------------------------------
-
-
-def _chunk_gold_logp(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     labels: torch.Tensor) -> torch.Tensor:
-    logits = (hidden @ weight.t()).float()  # [n, V], only ever one chunk of it
-    if bias is not None:
-        logits = logits + bias.float()
-    return logits.gather(1, labels[:, None]).squeeze(1) - torch.logsumexp(logits, dim=1)
-
-
-def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """log q(labels) from last hidden states [..., d] and the output layer (weight [V, d], bias [V]) -> [...].
-
-    Each chunk of positions is checkpointed: backward recomputes its [chunk, V] logits, so
-    neither forward nor backward ever holds logits for the whole batch (DESIGN.md, Memory).
-    """
-    h, y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)  # [n, d], [n]
-    parts = [checkpoint(_chunk_gold_logp, h[s:s + chunk], weight, bias, y[s:s + chunk], use_reentrant=False)
-             for s in range(0, h.shape[0], chunk)]
-    return torch.cat(parts).view(labels.shape) if parts else h.new_zeros(labels.shape, dtype=torch.float32)
-
-
-def per_sample_threshold(p: torch.Tensor, valid: torch.Tensor, rho: float, tau_max: float) -> torch.Tensor:
-    """kappa_i = min(tau_max, quantile_rho(p_it over valid t)) for each row -> [B].
-
-    Quantile with linear interpolation (torch.quantile's default) over each row's valid tokens,
-    all rows at once and without a device sync: invalid positions are NaN, which nanquantile
-    ignores. A row with no valid token (all NaN) gets tau_max (it has nothing to mask anyway).
-    """
-    q = torch.nanquantile(torch.where(valid, p.float(), torch.nan), rho, dim=1)  # [B], NaN for empty rows
-    return torch.nan_to_num(q.clamp(max=tau_max), nan=tau_max)
 
 
 def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, *, rho: float,
@@ -166,7 +132,7 @@ def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torc
     region (preserved). profit: 1[p >= threshold]. Others keep every response token.
     """
     if objective in ("cuset", "cuset-mask"):
-        kappa = per_sample_threshold(p, valid, rho, tau_max)
+        kappa = sample_threshold(p, valid, rho, tau_max)  # [B]
         return valid & ((p >= kappa[:, None]) | region)
     if objective == "profit":
         return valid & (p >= profit_threshold)
@@ -174,14 +140,14 @@ def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torc
 
 
 def objective_loss(logp: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, weight: torch.Tensor,
-                   n_tokens: float, objective: str, *, p_mask: torch.Tensor | None = None, rho: float = 0.2,
-                   tau_max: float = 0.5, profit_threshold: float = 0.1) -> tuple[torch.Tensor, dict]:
+                   n_tokens: float, objective: str, *, p_mask: torch.Tensor | None = None, rho: float = RHO,
+                   tau_max: float = TAU_MAX, profit_threshold: float = 0.1) -> tuple[torch.Tensor, dict]:
     """The loss of one micro-batch, already divided by the global normaliser N.
 
     logp   [B, L] log q(gold) (with grad); valid [B, L] bool response tokens;
     region [B, L] bool r_it; weight [B] w_i; n_tokens N (global batch, counted by the caller);
     p_mask [B, L] probabilities the mask is computed from (default exp(logp), detached:
-    the online, adaptive threshold). Formulas in the module docstring (DESIGN.md).
+    the online, adaptive threshold). Formulas in the module docstring (docs/method.md "Objectives").
     Returns (loss, stats) with stats as sums, so that they add up over micro-batches.
     """
     nll = -logp
@@ -322,109 +288,6 @@ class GoldLogProbs(torch.nn.Module):
         return torch.zeros(valid.shape, dtype=logp.dtype, device=logp.device).masked_scatter(valid, logp)
 
 
-# ---------------------------------------------------------------------------------------
-# Scale: FSDP2 sharding and the memory plan (DESIGN.md, Scale).
-# ---------------------------------------------------------------------------------------
-
-
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """The repeated blocks (HF's _no_split_modules: LlamaDecoderLayer, Qwen2DecoderLayer, ...)."""
-    return [m for m in model.modules() if type(m).__name__ in set(model._no_split_modules or [])]
-
-
-def shard_fsdp(net: GoldLogProbs, args) -> None:
-    """FSDP2: one fully_shard unit per decoder layer, then the root, net itself (embeddings, final norm, head).
-
-    The root's forward is GoldLogProbs's, so the output layer's weight is all-gathered with the root once per
-    micro-batch (and again for backward) and the chunked head computes with the full [V, d] weight, as on one
-    GPU: one V x d all-gather per pass, V x d x (2 or 4) bytes while gathered (in the memory plan). Gradients
-    are reduce-scattered in float32 and averaged over processes, like DDP's. bf16: weights are gathered in
-    bf16; the float32 shards are the master copy the optimizer updates.
-    """
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.param_dtype == "bf16" else None,
-                              reduce_dtype=torch.float32)
-    for unit in [*decoder_layers(net.model), net]:
-        fully_shard(unit, mp_policy=mp, reshard_after_forward=not args.fsdp_keep_gathered)
-
-
-def fsdp_micro_batch(net, last: bool, args) -> None:
-    """--fsdp-keep-gathered: until a step's last micro-batch, weights stay gathered and gradients add up
-    unsharded (no collective); the last reduce-scatters the sum. Otherwise each micro-batch reduce-scatters."""
-    if args.fsdp and args.fsdp_keep_gathered:
-        net.set_requires_gradient_sync(last)
-        net.set_reshard_after_backward(last)
-
-
-def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[str, tuple[float, str]]:
-    """Bytes per process, {row: (bytes, how)}; P parameters, W processes, pb = 4 (fp32) or 2 (bf16) bytes.
-
-    weights 4P, or under --fsdp 4P/W float32 shards + the root and two layers gathered in pb (all P with
-    --fsdp-keep-gathered); gradients 4P (+ 4P DDP buckets), or 4P/W + the root's and one layer's in pb (4P
-    unsharded when kept gathered); AdamW's float32 m, v 8P (/W). Activations (Llama-style): a = 8h + 4h_kv + 4I
-    values per layer and token (norm inputs and outputs, q, k, v, attention output; MLP gate, up, activation,
-    product) x layers x micro-batch x max_length x 4 B on CPU, 2 under autocast or bf16; checkpointing keeps h
-    per layer and token + one layer's a; fused attention (no L^2). The head: 3 [chunk, V] float32 blocks. CUDA's
-    foreach AdamW: a 4P (/W) temporary in the step. total = state + max(activations + head, step).
-    """
-    cfg, layers = model.config, decoder_layers(model)
-    params = sum(p.numel() for p in model.parameters())  # tied weights once
-    sizes = [sum(p.numel() for p in m.parameters()) for m in layers] or [0]
-    root, pb, shard = params - sum(sizes), (2 if args.param_dtype == "bf16" else 4), (world if args.fsdp else 1)
-    h, tokens = cfg.hidden_size, args.micro_batch_size * max_length
-    h_kv = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * (
-        getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
-    a = 8 * h + 4 * h_kv + 4 * getattr(cfg, "intermediate_size", 4 * h)
-    ab = 2 if (device.startswith("cuda") or args.param_dtype == "bf16") else 4
-    shards = f"4 B x P / {world} shards"
-    if not args.fsdp:
-        w, g = (4 * params, "4 B x P"), (4 * params * min(world, 2), "4 B x P" + " + DDP buckets" * (world > 1))
-    elif args.fsdp_keep_gathered:
-        w = (4 * params / world + pb * params, f"{shards} + {pb} B x P gathered")
-        g = (4 * params / world + 4 * params, f"{shards} + 4 B x P unsharded")
-    else:
-        w = (4 * params / world + pb * (root + 2 * max(sizes)), f"{shards} + {pb} B x (root + 2 layers)")
-        g = (4 * params / world + pb * (root + max(sizes)), f"{shards} + {pb} B x (root + 1 layer)")
-    opt = 8 * params / shard if args.optimizer == "adamw" else 0.0
-    n_layers, chunk = len(layers) or cfg.num_hidden_layers, min(args.chunk_size, tokens)
-    act = ((n_layers * h + a) if args.grad_checkpointing else n_layers * a) * tokens * ab
-    plan = {"weights": w, "gradients": g, "optimizer": (opt, f"{8 if opt else 0} B x P / {shard}"),
-            "activations": (act, f"{'(layers x h + a)' if args.grad_checkpointing else 'layers x a'}, "
-                                 f"a = {a / h:.1f}h, {n_layers} layers x {tokens} tokens x {ab} B"),
-            "output layer": (3 * chunk * cfg.vocab_size * 4, f"3 x {chunk} x V={cfg.vocab_size} x 4 B"),
-            "step": (4 * params / shard * (args.optimizer == "adamw" and device.startswith("cuda")),
-                     f"4 B x P / {shard} (CUDA foreach AdamW)")}
-    peak = max(act + plan["output layer"][0], plan["step"][0])
-    plan["total"] = (w[0] + g[0] + opt + peak, f"P = {params / 1e6:,.1f}M, {world} process(es)")
-    return plan
-
-
-def format_memory_plan(plan: dict, args, world: int) -> str:
-    mode = f"fsdp over {world}" if args.fsdp else (f"ddp over {world}" if world > 1 else "one process")
-    return "\n".join([f"memory plan per process ({mode}, weights {args.param_dtype}, {args.optimizer}, micro-batch "
-                      f"{args.micro_batch_size}{', grad checkpointing' if args.grad_checkpointing else ''}):"]
-                     + [f"  {name:<13}{b / 2**30:>9.3f} GiB  {how}" for name, (b, how) in plan.items()])
-
-
-# ---------------------------------------------------------------------------------------
-# Loop plumbing: distributed setup, schedule, checkpoints.
-# ---------------------------------------------------------------------------------------
-
-
-def setup_distributed(device_arg: str, fsdp: bool) -> tuple[int, int, str]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if fsdp and "RANK" not in os.environ:
-        raise UserError("--fsdp runs under torchrun (one GPU: torchrun --nproc_per_node 1 03_train_cuset.py ...)")
-    if world == 1 and not fsdp:
-        return 0, 1, pick_device(device_arg)
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_arg)
-    if device.startswith("cuda"):
-        device = f"cuda:{local}"
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return rank, world, device
-
-
 def lr_at(step: int, total: int, warmup: int, peak: float, min_ratio: float) -> float:
     """Linear warmup to `peak`, then cosine decay to peak * min_ratio at `total`."""
     if step < warmup:
@@ -451,56 +314,6 @@ RESUME_MAY_CHANGE = {"out", "resume", "force", "save_every", "stop_after", "micr
                      "grad_checkpointing", "fsdp", "fsdp_keep_gathered"}
 
 
-def resume_dir(out: Path) -> Path:
-    """The resume state to read: resume/, or .resume.old/ after a kill between save_resume's two renames."""
-    return out / "resume" if (out / "resume").exists() else out / ".resume.old"
-
-
-def check_resume(args) -> None:
-    """--resume continues the same run: refuse other arguments (RESUME_MAY_CHANGE) before any work."""
-    path = resume_dir(args.out) / "args.json"
-    if not path.exists():
-        raise UserError(f"--resume: no resume state with its arguments in {args.out}; start without --resume")
-    check_resume_args(json.loads(path.read_text()), args_to_json(args), RESUME_MAY_CHANGE, args.out)
-
-
-def state_options(args):
-    """State keyed by parameter name; under --fsdp gathered to rank 0's CPU on save and broadcast from rank 0
-    on load: the same resume state with or without --fsdp."""
-    return StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True) if args.fsdp else None
-
-
-def save_resume(out: Path, args, model, optimizer, step: int, log_lines: list[str], rank: int) -> None:
-    """Everything --resume needs, swapped in atomically: a kill mid-save keeps the previous state.
-    Called on every process (under --fsdp gathering the state is collective); rank 0 writes."""
-    state = {"model": get_model_state_dict(model, options=state_options(args)),
-             "optimizer": get_optimizer_state_dict(model, optimizer, options=state_options(args)), "step": step}
-    if rank != 0:
-        return
-    tmp, old, final = out / ".resume.tmp", out / ".resume.old", out / "resume"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
-    (tmp / "log.jsonl").write_text("".join(log_lines))
-    (tmp / "args.json").write_text(json.dumps(args_to_json(args), indent=2) + "\n")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)  # left by a kill after an earlier swap
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def load_resume(args, model, optimizer, rank: int) -> tuple[int, list[str]]:
-    state_dir = resume_dir(args.out)
-    state = torch.load(state_dir / "state.pt", map_location="cpu", weights_only=False, mmap=True)
-    if args.fsdp and rank != 0:  # broadcast from rank 0: one copy of the full state in host memory
-        state = {"model": {}, "optimizer": {}, "step": state["step"]}
-    set_model_state_dict(model, state["model"], options=state_options(args))
-    if args.optimizer == "adamw":  # plain SGD keeps no state (and DCP's loader wants a tensor in it)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=state_options(args))
-    return state["step"], (state_dir / "log.jsonl").read_text().splitlines(keepends=True)
-
-
 def check_out(args) -> None:
     """--out, before any work: the rule of every stage (check_out_dir), and a folder with a run in it is
     continued with --resume or started over with --force, never silently."""
@@ -510,129 +323,6 @@ def check_out(args) -> None:
     if args.out.is_dir() and any(args.out.iterdir()) and not (args.resume or args.force):
         raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, --force to "
                         f"start over (the previous one is kept until the new one finishes), or another --out")
-
-
-def room_needed(model, args) -> int:
-    """Peak bytes in --out: the float32 weights (4 per parameter) and two resume states while one replaces
-    the other (weights, and AdamW's two moments: 4 + 8 per parameter)."""
-    state = 4 + (8 if args.optimizer == "adamw" else 0)
-    return sum(p.numel() for p in model.parameters()) * (4 + 2 * state)
-
-
-# ---------------------------------------------------------------------------------------
-# Main
-# ---------------------------------------------------------------------------------------
-
-
-@finishes_out
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    rank, world, device = setup_distributed(args.device, args.fsdp)
-    if args.batch_size % (world * args.micro_batch_size):
-        raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x --micro-batch-size "
-                        f"({world} x {args.micro_batch_size})")
-    torch.manual_seed(args.seed)
-
-    # Load and validate inputs before any work.
-    if args.resume:
-        check_resume(args)
-    records = load_sft(args.data)
-    check_out(args)
-    tokenizer = load_tokenizer(args.model)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tok_fp, data_sha = tokenizer_fingerprint(tokenizer), sha256_file(args.data)
-    regions = load_regions(args, tok_fp, data_sha)
-    max_length = args.max_length or (regions["meta"]["max_length"] if regions else 1024)
-    if regions and max_length != regions["meta"]["max_length"]:
-        raise UserError(f"--max-length {max_length} differs from the regions artifact's "
-                        f"{regions['meta']['max_length']}; region masks would not line up")
-    samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
-    if len(samples) < args.batch_size:
-        raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: prompt "
-                        f"fills --max-length), fewer than --batch-size {args.batch_size}; "
-                        + ("raise --max-length" if skipped else "lower --batch-size"))
-    model = load_causal_lm(args.model, torch.float32).to(device)
-    check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
-    check_room(args.out, room_needed(model, args))
-    if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
-        open_out(args.out, start_over=not args.resume)
-
-    if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    model.config.use_cache = False
-    model.train()
-    net = GoldLogProbs(model, args.chunk_size)
-    plan = memory_plan(model, args, world, device, max_length)
-    if args.fsdp:
-        shard_fsdp(net, args)  # parameters become DTensor shards; the optimizer below sees only the shards
-    elif world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
-    opt_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
-    optimizer = opt_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-
-    steps_per_epoch = len(samples) // args.batch_size
-    total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
-    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
-    step, log_lines = load_resume(args, model, optimizer, rank) if args.resume else (0, [])
-    if rank == 0:
-        print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token within "
-              f"max_length) | max_length {max_length} | {total} steps of "
-              f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) | "
-              f"device {device}" + (f" | resumed at step {step}" if step else ""))
-        print(format_memory_plan(plan, args, world), flush=True)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
-    knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
-    t_start, tokens_seen, steps_run = time.time(), 0, 0
-
-    while step < total and (args.stop_after is None or steps_run < args.stop_after):
-        batch_ids = batch_order(len(samples), args.batch_size, step // steps_per_epoch, args.seed)[
-            step % steps_per_epoch]
-        mine = batch_ids[rank::world]  # this process's share of the global batch
-        micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]], tokenizer.pad_token_id, device)
-                 for i in range(0, len(mine), args.micro_batch_size)]
-        # N: response tokens of the whole global batch, before masking (DESIGN.md, Objectives).
-        n_all = sum(len(samples[j]["input_ids"]) - samples[j]["start"] for j in batch_ids)
-        n_norm = float(n_all) if args.norm == "all" else count_kept(net, micro, args, knobs, autocast, world)
-        for g in optimizer.param_groups:
-            g["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
-        stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
-        for k, mb in enumerate(micro):
-            last = k == len(micro) - 1
-            fsdp_micro_batch(net, last, args)
-            ctx = net.no_sync() if (world > 1 and not last and not args.fsdp) else torch.enable_grad()
-            with ctx:
-                with autocast:
-                    logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-                p_mask = mb["p0"] if args.mask_source == "profile" else None
-                loss, s = objective_loss(logp, mb["valid"], mb["region"], mb["weight"], max(n_norm, 1.0),
-                                         args.objective, p_mask=p_mask, **knobs)
-                # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
-                (loss * world).backward()
-            s["loss"] = loss.item()
-            for key in stats:
-                stats[key] += s[key]
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step, steps_run = step + 1, steps_run + 1
-        stats = all_reduce_stats(stats, world)
-        tokens_seen += stats["tokens"]
-        if rank == 0:
-            log_lines.append(log_step(step, total, stats, optimizer, tokens_seen, t_start, steps_run))
-        stopping = args.stop_after is not None and steps_run >= args.stop_after
-        if step % args.save_every == 0 or step == total or stopping:
-            save_resume(args.out, args, model, optimizer, step, log_lines, rank)
-
-    if step >= total:
-        save_final(args, model, tokenizer, step, tok_fp, data_sha, max_length, rank)
-    if rank == 0:
-        write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
-        print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
 
 
 @torch.no_grad()
@@ -645,16 +335,6 @@ def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) 
         p = mb["p0"] if args.mask_source == "profile" else logp.float().exp()
         kept += keep_mask(args.objective, p, mb["valid"], mb["region"], **knobs).sum().item()
     return float(all_reduce_stats({"kept": kept}, world)["kept"])
-
-
-def all_reduce_stats(stats: dict, world: int) -> dict:
-    """Sums over processes of this process's sums."""
-    if world == 1:
-        return stats
-    keys = sorted(stats)
-    t = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
 
 
 def log_step(step: int, total: int, stats: dict, optimizer, tokens_seen: float, t_start: float, steps_run: int) -> str:
@@ -696,6 +376,122 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, ma
     for f in tmp.iterdir():
         os.replace(f, args.out / f.name)
     tmp.rmdir()
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+
+
+@finishes_out
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank, world, device = setup_distributed(args.device, args.fsdp)
+    if args.batch_size % (world * args.micro_batch_size):
+        raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x --micro-batch-size "
+                        f"({world} x {args.micro_batch_size})")
+    torch.manual_seed(args.seed)
+
+    # Load and validate inputs before any work.
+    if args.resume:
+        check_resume(args, RESUME_MAY_CHANGE)
+    records = load_sft(args.data)
+    check_out(args)
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tok_fp, data_sha = tokenizer_fingerprint(tokenizer), sha256_file(args.data)
+    regions = load_regions(args, tok_fp, data_sha)
+    max_length = args.max_length or (regions["meta"]["max_length"] if regions else 1024)
+    if regions and max_length != regions["meta"]["max_length"]:
+        raise UserError(f"--max-length {max_length} differs from the regions artifact's "
+                        f"{regions['meta']['max_length']}; region masks would not line up")
+    samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
+    if len(samples) < args.batch_size:
+        raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: prompt "
+                        f"fills --max-length), fewer than --batch-size {args.batch_size}; "
+                        + ("raise --max-length" if skipped else "lower --batch-size"))
+    model = load_causal_lm(args.model, torch.float32).to(device)
+    check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
+    check_room(args.out, checkpoint_room(model, args.optimizer))
+    if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
+        open_out(args.out, start_over=not args.resume)
+
+    if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    model.config.use_cache = False
+    model.train()
+    net = GoldLogProbs(model, args.chunk_size)
+    plan = memory_plan(model, args, world, device, max_length)
+    if args.fsdp:
+        shard_fsdp(net, args)  # parameters become DTensor shards; the optimizer below sees only the shards
+    elif world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
+    opt_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
+    optimizer = opt_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+    steps_per_epoch = len(samples) // args.batch_size
+    total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
+    step, log_lines = load_resume(args, model, optimizer, rank) if args.resume else (0, [])
+    if rank == 0:
+        print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token within "
+              f"max_length) | max_length {max_length} | {total} steps of "
+              f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) | "
+              f"device {device}" + (f" | resumed at step {step}" if step else ""))
+        print(format_memory_plan(plan, args, world), flush=True)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
+    t_start, tokens_seen, steps_run = time.time(), 0, 0
+
+    while step < total and (args.stop_after is None or steps_run < args.stop_after):
+        batch_ids = batch_order(len(samples), args.batch_size, step // steps_per_epoch, args.seed)[
+            step % steps_per_epoch]
+        mine = batch_ids[rank::world]  # this process's share of the global batch
+        micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]], tokenizer.pad_token_id, device)
+                 for i in range(0, len(mine), args.micro_batch_size)]
+        # N: response tokens of the whole global batch, before masking (docs/method.md "Objectives").
+        n_all = sum(len(samples[j]["input_ids"]) - samples[j]["start"] for j in batch_ids)
+        n_norm = float(n_all) if args.norm == "all" else count_kept(net, micro, args, knobs, autocast, world)
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
+        stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
+        for k, mb in enumerate(micro):
+            last = k == len(micro) - 1
+            fsdp_micro_batch(net, last, args)
+            ctx = net.no_sync() if (world > 1 and not last and not args.fsdp) else torch.enable_grad()
+            with ctx:
+                with autocast:
+                    logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
+                p_mask = mb["p0"] if args.mask_source == "profile" else None
+                loss, s = objective_loss(logp, mb["valid"], mb["region"], mb["weight"], max(n_norm, 1.0),
+                                         args.objective, p_mask=p_mask, **knobs)
+                # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
+                (loss * world).backward()
+            s["loss"] = loss.item()
+            for key in stats:
+                stats[key] += s[key]
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, steps_run = step + 1, steps_run + 1
+        stats = all_reduce_stats(stats, world)
+        tokens_seen += stats["tokens"]
+        if rank == 0:
+            log_lines.append(log_step(step, total, stats, optimizer, tokens_seen, t_start, steps_run))
+        stopping = args.stop_after is not None and steps_run >= args.stop_after
+        if step % args.save_every == 0 or step == total or stopping:
+            save_resume(args.out, args, model, optimizer, step, log_lines, rank)
+
+    if step >= total:
+        save_final(args, model, tokenizer, step, tok_fp, data_sha, max_length, rank)
+    if rank == 0:
+        write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
+        print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":

@@ -52,8 +52,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE, TINY_MODEL,  # noqa: E402
-                          UserError, args_to_json, load_script, read_appended_jsonl, read_artifact, run_main,
-                          sha256_file, write_text_atomic)
+                          UserError, args_to_json, load_script, partial_dir, read_appended_jsonl, read_artifact,
+                          resume_dir, run_main, sha256_file, write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")
@@ -239,13 +239,13 @@ def continuation(step: dict, log) -> tuple[str, ...]:
         saved = read_json(state)
         return saved is not None and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime for p in step["inputs"]) and \
             same_args(saved.get("args", saved), mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE)
-    if stage == "01" and (mod.partial_dir(out) / "state.json").exists():
-        if resumable(mod.partial_dir(out) / "state.json"):
+    if stage == "01" and (partial_dir(out) / "state.json").exists():
+        if resumable(partial_dir(out) / "state.json"):
             return ("--resume",)
-        log(f"removing {mod.partial_dir(out)}: partial results of another run")
-        shutil.rmtree(mod.partial_dir(out))
+        log(f"removing {partial_dir(out)}: partial results of another run")
+        shutil.rmtree(partial_dir(out))
     if stage == "03":
-        if resumable(mod.resume_dir(out) / "args.json"):
+        if resumable(resume_dir(out) / "args.json"):
             return ("--resume",)
         return ("--force",) if out.exists() and any(out.iterdir()) else ()
     if stage == "04" and read_json(out / "fingerprint.json") not in (None, fingerprint(step)):

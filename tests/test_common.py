@@ -181,3 +181,74 @@ def test_the_head_check_reads_one_pass_and_refuses_soft_capped_logits():
     model.forward = soft_capped
     with pytest.raises(UserError, match=r"'llama'.*soft-capping.*stage 0x"):
         check_head_is_plain(model, ids, "stage 0x")
+
+
+# ---------------------------------------------------------------------------------------
+# The per-sample threshold: one definition (cuset_common.sample_threshold), used by stages 02 and 03
+# ---------------------------------------------------------------------------------------
+
+
+def naive_threshold(p, valid, rho, tau_max):
+    """The per-row loop sample_threshold replaces (one device sync per row)."""
+    import torch
+
+    kappa = torch.full((p.shape[0],), tau_max, dtype=p.dtype)
+    for i in range(p.shape[0]):
+        row = p[i][valid[i]]
+        if row.numel():
+            kappa[i] = min(tau_max, torch.quantile(row, rho).item())
+    return kappa
+
+
+def skewed_rows(seed: int):
+    """p [9, 31] skewed to 0 (both sides of the min occur), valid [9, 31]: an empty, a one-token, a full row."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(9, 31, generator=g) ** 3
+    valid = torch.rand(9, 31, generator=g) < torch.rand(9, 1, generator=g)
+    valid[0], valid[1], valid[2] = False, False, True
+    valid[1, 5] = True
+    return p, valid
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sample_threshold_matches_the_per_row_loop(seed, monkeypatch):
+    import torch
+
+    from cuset_common import sample_threshold
+
+    p, valid = skewed_rows(seed)
+    for dtype in (torch.float32, torch.float64):
+        for rho, tau_max in ((0.2, 0.5), (0.0, 0.3), (1.0, 1.0), (0.37, 0.05)):
+            want = naive_threshold(p.to(dtype), valid, rho, tau_max)
+            with monkeypatch.context() as m:  # no .item(): no device sync per row (issue 9, item 7)
+                m.setattr(torch.Tensor, "item", lambda self: pytest.fail("sample_threshold called .item()"))
+                got = sample_threshold(p.to(dtype), valid, rho, tau_max)
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stages_02_and_03_threshold_with_sample_threshold(seed):
+    """Stage 02's tau_i (flat arrays, its own code path) and the token mask stage 03 keeps (keep_mask) are
+    both sample_threshold on the same probabilities: the regions are labelled with the threshold training
+    masks with."""
+    import torch
+
+    from conftest import load_script
+    from cuset_common import RHO, TAU_MAX, sample_threshold
+
+    stage02, stage03 = load_script("02_label_regions.py"), load_script("03_train_cuset.py")
+    p, valid = skewed_rows(seed)
+    p = p.double()
+    want = sample_threshold(p, valid, RHO, TAU_MAX)  # [B]
+    n_tok = valid.sum(1).numpy()
+    flat = p[valid].numpy()  # the rows' valid tokens, in order: stage 02's layout
+    tau = stage02.adaptive_thresholds(flat, np.r_[0, np.cumsum(n_tok)], RHO, TAU_MAX)
+    np.testing.assert_array_equal(tau[n_tok > 0], want.numpy()[n_tok > 0])
+    assert (tau[n_tok == 0] == 0).all()  # stage 02's assumption for an empty sample
+    no_region = torch.zeros_like(valid)
+    keep = stage03.keep_mask("cuset", p, valid, no_region, rho=RHO, tau_max=TAU_MAX, profit_threshold=0.1)
+    assert torch.equal(keep, valid & (p >= want[:, None]))
+    ap02, ap03 = stage02.parse_args([]), stage03.parse_args([])
+    assert (ap02.rho, ap02.tau_max) == (ap03.rho, ap03.tau_max) == (RHO, TAU_MAX)

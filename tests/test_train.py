@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import cuset_common.method
+
 from conftest import ROOT, load_script
 from cuset_common import (SFT_FILE, TINY_MODEL, encode_sample, load_sft, sha256_file, tokenizer_fingerprint,
                           write_artifact)
@@ -333,32 +335,6 @@ def the_error_line(err: str) -> str:
     return lines[0]
 
 
-def naive_threshold(p, valid, rho, tau_max):
-    """The per-row loop per_sample_threshold replaced (one device sync per row)."""
-    kappa = torch.full((p.shape[0],), tau_max, dtype=torch.float32)
-    for i in range(p.shape[0]):
-        row = p[i][valid[i]].float()
-        if row.numel():
-            kappa[i] = min(tau_max, torch.quantile(row, rho).item())
-    return kappa
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_vectorised_thresholds_match_the_per_row_loop(seed, monkeypatch):
-    g = torch.Generator().manual_seed(seed)
-    b, length = 9, 31
-    p = torch.rand(b, length, generator=g) ** 3  # skewed to 0, so that both sides of the min occur
-    valid = torch.rand(b, length, generator=g) < torch.rand(b, 1, generator=g)
-    valid[0], valid[1], valid[2] = False, False, True  # an empty row, a one-token row, a full row
-    valid[1, 5] = True
-    for rho, tau_max in ((0.2, 0.5), (0.0, 0.3), (1.0, 1.0), (0.37, 0.05)):
-        want = naive_threshold(p, valid, rho, tau_max)
-        with monkeypatch.context() as m:  # no .item(): no device sync per row (issue 9, item 7)
-            m.setattr(torch.Tensor, "item", lambda self: pytest.fail("per_sample_threshold called .item()"))
-            got = train.per_sample_threshold(p, valid, rho, tau_max)
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
-
-
 def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(tokenizer, small_data, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -366,8 +342,9 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(tokeniz
     samples, _ = train.tokenize_dataset(load_sft(small_data)[:4], tokenizer, MAX_LENGTH, None)
     mb = train.collate(samples, tokenizer.pad_token_id, "cpu")
     mb["region"] = torch.rand(mb["valid"].shape, generator=torch.Generator().manual_seed(0)) < 0.2
-    rows, chunk_fn = [], train._chunk_gold_logp
-    monkeypatch.setattr(train, "_chunk_gold_logp", lambda h, *rest: rows.append(h.shape[0]) or chunk_fn(h, *rest))
+    rows, chunk_fn = [], cuset_common.method._chunk_gold_logp
+    monkeypatch.setattr(cuset_common.method, "_chunk_gold_logp",
+                        lambda h, *rest: rows.append(h.shape[0]) or chunk_fn(h, *rest))
     logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
     assert sum(rows) == int(mb["valid"].sum()) < mb["valid"].numel()
     with torch.no_grad():  # the old computation: every position through the head

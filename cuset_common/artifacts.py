@@ -1,0 +1,268 @@
+"""Artifacts (a folder with tensors.safetensors + meta.json + extra files, written atomically), the
+checks that refuse foreign ones, and the one rule for every stage's --out folder."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .cli import UserError
+from .files import replace_dir_atomic
+
+SCHEMA_VERSION = 1
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's full definition (vocab, merges, specials) and chat template."""
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    spec += "\n" + str(getattr(tokenizer, "chat_template", None))
+    return hashlib.sha256(spec.encode()).hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    import platform
+
+    import numpy
+    import safetensors
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "safetensors": safetensors.__version__,
+            "numpy": numpy.__version__}
+
+
+def write_artifact(out_dir: Path, tensors: dict, meta: dict, extra_files: dict[str, str] | None = None) -> None:
+    """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in."""
+    from safetensors.numpy import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
+    try:
+        save_file({k: v for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
+        full_meta = {"schema_version": SCHEMA_VERSION, **meta, "versions": library_versions()}
+        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=2, sort_keys=False) + "\n")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        replace_dir_atomic(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_tensors: dict | None = None,
+                  sample_tensors: dict | None = None) -> tuple[dict, dict]:
+    """Load (tensors, meta) of an artifact folder; a missing, foreign or damaged one is a UserError.
+
+    token_tensors / sample_tensors: {name: numpy dtype} that must be present, 1-D, of that dtype, and as
+    long as the response tokens (sample_offsets[-1]) / the samples (len(sample_offsets) - 1).
+    """
+    from safetensors.numpy import load_file
+
+    art_dir = Path(art_dir)
+    meta_path, tensor_path = art_dir / "meta.json", art_dir / "tensors.safetensors"
+    if not meta_path.exists() or not tensor_path.exists():
+        raise UserError(f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
+                        f"run {rerun_hint} first")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{meta_path}: not valid JSON ({e}); rerun {rerun_hint}") from None
+    if not isinstance(meta, dict) or meta.get("stage") != expected_stage:
+        stage = meta.get("stage") if isinstance(meta, dict) else None
+        raise UserError(f"{art_dir}: is a {stage!r} artifact, expected {expected_stage!r}")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
+                        f"{SCHEMA_VERSION}; rerun {rerun_hint}")
+    try:
+        tensors = load_file(str(tensor_path))
+    except Exception as e:  # safetensors raises its own SafetensorError, or OSError, on a damaged file
+        raise UserError(f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
+                        f"rerun {rerun_hint}") from None
+    if token_tensors is not None or sample_tensors is not None:
+        check_flat_tensors(tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ", rerun_hint)
+    return tensors, meta
+
+
+def check_flat_tensors(t: dict, token_tensors: dict, sample_tensors: dict, meta: dict, where: str,
+                       rerun_hint: str) -> None:
+    """The artifact contract for flat per-token data: names, dtypes, lengths and sample_offsets."""
+    import numpy as np
+
+    def bad(msg: str) -> UserError:
+        return UserError(f"{where}{msg}; rerun {rerun_hint}")
+
+    for name, dtype in {**token_tensors, **sample_tensors, "sample_offsets": np.int64}.items():
+        if name not in t or t[name].dtype != dtype or t[name].ndim != 1:
+            raise bad(f"tensor {name} missing or not 1-D {np.dtype(dtype).name}")
+    off = t["sample_offsets"]
+    if len(off) == 0 or off[0] != 0 or np.any(np.diff(off) < 0):
+        raise bad("sample_offsets must start at 0 and never decrease")
+    n_tok, n_samples = int(off[-1]), len(off) - 1
+    for name in token_tensors:
+        if len(t[name]) != n_tok:
+            raise bad(f"tensor {name} has {len(t[name])} entries but sample_offsets cover {n_tok} tokens")
+    for name in sample_tensors:
+        if len(t[name]) != n_samples:
+            raise bad(f"tensor {name} has {len(t[name])} entries but there are {n_samples} samples")
+    counts = meta.get("counts") or {}
+    if counts.get("samples", n_samples) != n_samples or counts.get("response_tokens", n_tok) != n_tok:
+        raise bad(f"meta.json counts ({counts.get('samples')} samples, {counts.get('response_tokens')} tokens) "
+                  f"disagree with the tensors ({n_samples}, {n_tok})")
+
+
+def args_to_json(args) -> dict:
+    """argparse values as JSON-friendly values (paths as strings), for meta.json and resume checks."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path,
+                      restart: str = "another --out, or --force") -> None:
+    """--resume continues one run: refuse other arguments than the ones it started with (issue 9, item 5).
+
+    may_change: arguments that do not change the result (logging, --stop-after, --resume itself);
+    restart: how this stage starts a run afresh instead.
+    """
+    diff = [f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
+            for k in sorted(set(saved) | set(now)) if k not in may_change and saved.get(k) != now.get(k)]
+    if diff:
+        raise UserError(f"{where}: --resume with arguments other than the run's own ({'; '.join(diff)}); "
+                        f"resume with the same arguments, or start a new run ({restart})")
+
+
+def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:
+    """Refuse an artifact made from another model, tokenizer or data (unless --force)."""
+    wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    if wrong and not force:
+        raise UserError(f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
+                        f"rerun {rerun_hint}, or pass --force to use it anyway")
+
+
+# ---------------------------------------------------------------------------------------
+# Output folders (--out): one rule for every stage, checked before any work.
+# ---------------------------------------------------------------------------------------
+
+STAGES = ("01_profile", "02_label_regions", "03_train_cuset", "04_eval_kernels")
+# What a stage-04 run folder holds (harness/run_folder.py), and what marks a stage-03 folder that has no
+# meta.json yet (a run that is training, stopped or killed: its resume state, or one being written).
+EVAL_RUN_FILES = ("results.jsonl", "completions.jsonl", "task_checks.jsonl", "summary.json", "summary.md",
+                  "fingerprint.json")
+TRAIN_RUN_FILES = ("resume", ".resume.old", ".resume.tmp", ".final.tmp")
+# The --out folders this process writes into in place (open_out), each with whether it started over there.
+_OPENED: list[tuple[Path, bool]] = []
+
+
+def artifact_stage(folder: Path) -> str | None:
+    """The stage whose artifact (or run) the folder holds, or None: the stage its meta.json names, else
+    stage 04 or 03 by the files their runs write."""
+    try:
+        stage = json.loads((folder / "meta.json").read_text()).get("stage")
+    except (OSError, ValueError, AttributeError):
+        stage = None
+    if stage in STAGES:
+        return stage
+    for name, files in (("04_eval_kernels", EVAL_RUN_FILES), ("03_train_cuset", TRAIN_RUN_FILES)):
+        if any((folder / f).exists() for f in files):
+            return name
+    return None
+
+
+def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: bool | None,
+                  need_bytes: int = 0) -> None:
+    """Refuse an --out this stage must not replace, before any work (UserError, one line).
+
+    A stage replaces --out only if it is absent, empty, or an artifact of its own stage (of another stage
+    with --force); a file, a folder of anything else, or the folder of an input (inputs: {flag: path}) is
+    refused whatever --force says. force: None for a stage without --force. Then check_room(need_bytes).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; name a folder (the stage writes its files inside)")
+    for flag, path in inputs.items():
+        holder = Path(path).resolve() if path is not None and Path(path).exists() else None
+        if holder is not None and not holder.is_dir():
+            holder = holder.parent
+        if holder is not None and (holder == out.resolve() or out.resolve() in holder.parents):
+            raise UserError(f"--out {out} holds {flag} {path}: writing there would replace the input; "
+                            f"name another --out")
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    owner = artifact_stage(out) if entries else None
+    if entries and owner is None:
+        raise UserError(f"--out {out} holds files that are not an artifact of this project (e.g. "
+                        f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
+                        f"replace)")
+    if owner not in (None, stage) and not force:
+        hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
+        raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
+    check_room(out, need_bytes)
+
+
+def check_room(out: Path, need_bytes: int) -> None:
+    """Refuse an --out that cannot be written, or whose file system has less than need_bytes free, before the
+    work (the stage would fail only at its end). Found out by writing a temp file where --out is made or
+    replaced: in its parent (the nearest that exists), never in --out itself, which another process of the
+    same run (DDP) may be checking at the same time."""
+    out = Path(out)
+    base = next((p for p in out.absolute().parents if p.exists()), Path("/"))
+    if not base.is_dir():
+        raise UserError(f"--out {out}: {base} is a file, not a folder; name another --out")
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".cuset-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {base} ({e.strerror}); name a folder you can write to"
+                        ) from None
+    free = shutil.disk_usage(out if out.is_dir() else base).free
+    if free < need_bytes:
+        raise UserError(f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
+                        f"{free / 1e6:,.1f} MB free; free some space or name another --out")
+
+
+def aside_dir(out: Path) -> Path:
+    """Where a stage keeps the previous artifact of `out` while it writes the new one: a hidden sibling."""
+    out = Path(out).resolve()
+    return out.with_name(f".{out.name}.previous")
+
+
+def open_out(out: Path, start_over: bool) -> None:
+    """Make `out` ready for a stage that writes its artifact in place (03, 04): continue what is there, or
+    start over (--force) with the previous artifact moved to aside_dir(out), to be put back if the stage
+    fails and deleted only once it succeeds (finishes_out). A kill leaves it aside, and `out` holds the
+    killed run: a later success there deletes the aside; a later start-over discards the killed run."""
+    out, aside = Path(out), aside_dir(out)
+    if start_over and aside.exists():
+        shutil.rmtree(out, ignore_errors=True)  # the killed run's partial state; aside holds the artifact
+    elif start_over and out.is_dir() and any(out.iterdir()):
+        os.replace(out, aside)
+    out.mkdir(parents=True, exist_ok=True)
+    _OPENED.append((out, start_over))
+
+
+def finishes_out(main_fn):
+    """A stage's main that settles what open_out set aside: put back over the new, incomplete artifact if
+    main fails (an exception), deleted once main returns. An interrupt (Ctrl-C) keeps both: the new run can
+    be resumed, the previous artifact waits aside."""
+    @functools.wraps(main_fn)
+    def main(argv: list[str] | None = None) -> int:
+        try:
+            code = main_fn(argv)
+        except Exception:
+            for out, started_over in _OPENED:
+                if started_over and aside_dir(out).exists():
+                    shutil.rmtree(out, ignore_errors=True)
+                    os.replace(aside_dir(out), out)
+            raise
+        else:
+            for out, _ in _OPENED:
+                shutil.rmtree(aside_dir(out), ignore_errors=True)
+            return code
+        finally:
+            _OPENED.clear()
+    return main

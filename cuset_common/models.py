@@ -1,0 +1,144 @@
+"""Models: loading with one-line errors, and the check that logits are a plain linear head."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from .cli import UserError
+
+# What a local model folder must hold, per part: at least one file matching one of the patterns.
+MODEL_PARTS = {"tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"),
+               "model config": ("config.json",), "model weights": ("*.safetensors", "*.bin")}
+
+
+def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -> None:
+    """A local folder must exist and hold the files of each part (MODEL_PARTS); any other name must be a hub
+    id that is in the local Hugging Face cache or can be reached (check_hub_id)."""
+    path = Path(name).expanduser()
+    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+    if not looks_local:
+        check_hub_id(name)
+        return
+    if not path.is_dir():
+        raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; pass a "
+                        f"folder holding a Hugging Face model (config.json, weights, tokenizer) or a hub id")
+    for part in parts:
+        if not any(any(path.glob(pattern)) for pattern in MODEL_PARTS[part]):
+            raise UserError(f"--model {name}: this folder holds no {part} (none of "
+                            f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
+                            f"save_pretrained wrote")
+
+
+@functools.lru_cache(maxsize=None)
+def check_hub_id(name: str) -> None:
+    """Refuse in about a second a name that is neither a local folder nor a hub id we can use: not in the
+    local cache, and the hub unreachable (offline, no network) or without it. A reachable hub that has it
+    passes: from_pretrained downloads it. Without this, from_pretrained retries for about 45 s first."""
+    import huggingface_hub
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError,
+                                        RepositoryNotFoundError)
+
+    start = f"--model {name}: no local folder {name}, and hub id {name}"
+    fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
+    try:
+        files = ("config.json", "tokenizer_config.json")
+        cached = (huggingface_hub.try_to_load_from_cache(name, f) for f in files)
+        if any(isinstance(path, str) for path in cached):  # a path; else None or a "known missing" marker
+            return
+        huggingface_hub.model_info(name, timeout=2)
+    except HFValidationError as e:
+        raise UserError(f"{start} is not a valid hub id ({e}); {fix}") from None
+    except GatedRepoError:
+        return  # it exists; from_pretrained says how to get access
+    except RepositoryNotFoundError:
+        raise UserError(f"{start} is not found on the hub (or it is private: log in with `hf auth login`); "
+                        f"{fix}") from None
+    except HfHubHTTPError:
+        return  # the hub answered (an error of its own): leave the verdict to from_pretrained
+    except Exception as e:  # the HTTP client's own errors (no network, DNS, timeout), and offline mode
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        raise UserError(f"{start} is not in the local cache and the hub cannot be reached ({why}); {fix}"
+                        ) from None
+
+
+def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
+    """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the path."""
+    from transformers import AutoTokenizer
+
+    check_model_source(name, ("tokenizer",))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    except (OSError, ValueError, ImportError, KeyError) as e:
+        raise UserError(f"--model {name}: cannot load its tokenizer ({str(e).splitlines()[0] if str(e) else e!r})"
+                        ) from None
+    if need_offsets and not tokenizer.is_fast:
+        raise UserError(f"--model {name}: its tokenizer is not a fast tokenizer; character offsets are needed")
+    return tokenizer
+
+
+def load_causal_lm(name: str, dtype):
+    """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is missing."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    check_model_source(name, ("model config", "model weights"))
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
+        raise UserError(f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
+                        ) from None
+
+
+def output_head(model):
+    """(weight [V, d], bias [V] or None) of the model's output layer: logits = h @ weight.T + bias."""
+    head = model.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def check_head_is_plain(model, input_ids, stage: str) -> None:
+    """Refuse a model whose logits are not `last_hidden_state @ W.T + b` (issue 9, item 2).
+
+    The stages apply the output layer themselves, in chunks over response positions only, so a model
+    that scales (Granite's logits_scaling) or soft-caps (Gemma 2) its logits would be scored and trained
+    on the wrong distribution. Checked on one forward pass in eval mode, on up to 64 tokens: a hook
+    takes the base model's output on its way to the head. (Two passes need not agree to the last bit:
+    on CPU the first forward pass of a process can take other kernels, 1e-3 apart in the logits here.)
+    Tolerance: what rounding allows, not a guess. Each side's float32 dot product of length d (+ bias)
+    is within gamma * (|h| @ |W|.T + |b|) of the exact value, gamma = (d+1)u / (1 - (d+1)u), u = 2^-24
+    (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1), plus the rounding
+    of the model's logits to their own dtype.
+    """
+    import torch
+
+    captured = {}
+
+    def keep(_module, _inputs, out):
+        captured["hidden"] = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    was_training = model.training
+    model.eval()
+    hook = model.base_model.register_forward_hook(keep)
+    try:
+        with torch.no_grad():
+            theirs = model(input_ids=input_ids[:, :64], use_cache=False).logits  # [1, L, V]
+    finally:
+        hook.remove()
+        model.train(was_training)
+    with torch.no_grad():
+        hidden = captured["hidden"].float()  # [1, L, d]
+        weight, bias = output_head(model)
+        w = weight.float()  # [V, d]
+        b = bias.float() if bias is not None else torch.zeros(w.shape[0], device=w.device)  # [V]
+        ours = hidden @ w.t() + b  # [1, L, V]
+        d, u = hidden.shape[-1], 2.0 ** -24
+        gamma = (d + 1) * u / (1 - (d + 1) * u)
+        allowed = 2 * gamma * (hidden.abs() @ w.abs().t() + b.abs()) + torch.finfo(theirs.dtype).eps * theirs.abs()
+        err = (ours - theirs.float()).abs().flatten()
+        allowed = allowed.flatten()
+        worst = torch.argmax(err - allowed)  # the logit furthest past what rounding allows
+        diff, room = err[worst].item(), allowed[worst].item()
+    if diff > room:
+        raise UserError(f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are not "
+                        f"last_hidden_state @ lm_head.weight.T (+ bias): they differ by up to {diff:.2g}, where "
+                        f"rounding allows {room:.2g} (logit scaling or soft-capping?); {stage} applies the output "
+                        f"layer itself and does not support this model")
