@@ -31,8 +31,6 @@ from .data import (PLAIN_PROMPT_TEMPLATE, close_turn, encode_sample, end_of_turn
                    normalize_record, render_prompt_and_response, special_token_strings, strings)
 from .files import (append_jsonl, open_input, parse_json_line, read_appended_jsonl, read_jsonl,
                     replace_dir_atomic, sha256_file, write_jsonl_atomic, write_text_atomic)
-from .method import (RHO, TAU_MAX, entropy_of, gold_logprob_entropy, gold_logprobs, head_logits, row_chunks,
-                     sample_threshold)
 from .models import (MODEL_PARTS, check_head_is_plain, check_hub_id, check_model_source, load_causal_lm,
                      load_tokenizer, output_head)
 from .paths import (DATA, EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, MODES, NVCC_DEFAULT_ARCH, NVCC_FLAGS,
@@ -40,12 +38,29 @@ from .paths import (DATA, EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, MODES, NV
 from .profiling import (AUTO, for_device, make_batches, positive_or_auto)
 from .reports import (CATEGORY_COLORS, CSS, display_lines, json_safe, num, pct, region_boxes, render_html,
                       render_line, render_report, render_sample, shade)
-from .resume import (check_partial, check_resume, checkpoint_room, load_resume, load_shards, partial_dir,
-                     resume_dir, save_resume, save_shard, state_options)
-from .scale import (all_reduce_stats, decoder_layers, format_memory_plan, fsdp_micro_batch, memory_plan,
-                    setup_distributed, shard_fsdp)
 from .tasks import (KERNEL_SIGNATURE, TASK_REQUIRED, build_messages, build_prompt, fence, load_tasks,
                     signature_parts)
+
+
+# Modules that import torch at once load on first use, so that `from cuset_common import ...` stays as light
+# as a plain module (the data builders and bench scripts import it; bench/profile.py would even shadow
+# the standard library's `profile`, which torch.distributed imports).
+_LAZY = {
+    **dict.fromkeys(("RHO", "TAU_MAX", "entropy_of", "gold_logprob_entropy", "gold_logprobs", "head_logits",
+                     "row_chunks", "sample_threshold"), "method"),
+    **dict.fromkeys(("check_partial", "check_resume", "checkpoint_room", "load_resume", "load_shards",
+                     "partial_dir", "resume_dir", "save_resume", "save_shard", "state_options"), "resume"),
+    **dict.fromkeys(("all_reduce_stats", "decoder_layers", "format_memory_plan", "fsdp_micro_batch",
+                     "memory_plan", "setup_distributed", "shard_fsdp"), "scale"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
 
 __all__ = [
     "EVAL_RUN_FILES", "SCHEMA_VERSION", "STAGES", "TRAIN_RUN_FILES", "args_to_json", "artifact_stage",
