@@ -265,8 +265,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--top-p", type=float, default=0.95)
     a("--max-new-tokens", type=int, default=1024)
     a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
-    a("--threads", type=int, default=None, help="torch threads for generation (default: the CPUs this "
-                                                 "process may use; 1 is faster beside other jobs)")
+    a("--threads", type=int, default=None, help="torch threads for generating on a CPU (default: the CPUs "
+                                                 "this process may use, less one: docs/performance.md)")
     a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")

@@ -24,10 +24,9 @@ from pathlib import Path
 # the repo root instead of bench/, whose profile.py would shadow the standard library's (torch imports it)
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import cpus_available, print_table  # noqa: E402
-from cuset_common import DATA, TASKS_FILE, TINY_MODEL, build_messages, load_script, load_tasks  # noqa: E402
+from cuset_common import SMOLLM2_MODEL as SMOLLM2, TASKS_FILE, TINY_MODEL, build_messages, load_script, load_tasks  # noqa: E402
 from harness.generation import generate  # noqa: E402
 
-SMOLLM2 = DATA / "models" / "smollm2-135m-instruct"
 VARIANTS = {"plain": "plain model.generate loop (anchor)", "stage04": "stage 04 generate()"}
 
 

@@ -34,7 +34,8 @@ from .files import (append_jsonl, open_input, parse_json_line, read_appended_jso
 from .models import (MODEL_PARTS, check_head_is_plain, check_hub_id, check_model_source, load_causal_lm,
                      load_tokenizer, output_head)
 from .paths import (DATA, EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, MODES, NVCC_DEFAULT_ARCH, NVCC_FLAGS,
-                    NVCC_NATIVE_ARCH, ROOT, SFT_FILE, SFT_KERNEL_FILE, SYSTEM_PROMPT, TASKS_FILE, TINY_MODEL)
+                    NVCC_NATIVE_ARCH, ROOT, SFT_FILE, SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE,
+                    SMOLLM2_MODEL, SYSTEM_PROMPT, TASKS_FILE, TINY_MODEL)
 from .profiling import (AUTO, for_device, make_batches, positive_or_auto)
 from .reports import (CATEGORY_COLORS, CSS, display_lines, json_safe, num, pct, region_boxes, render_html,
                       render_line, render_report, render_sample, shade)
@@ -75,7 +76,8 @@ __all__ = [
     "head_logits", "row_chunks", "sample_threshold", "MODEL_PARTS", "check_head_is_plain", "check_hub_id",
     "check_model_source", "load_causal_lm", "load_tokenizer", "output_head", "DATA", "EVAL_SFT_FILE",
     "EVAL_SFT_KERNEL_FILE", "LEVELS", "MODES", "NVCC_DEFAULT_ARCH", "NVCC_FLAGS", "NVCC_NATIVE_ARCH",
-    "ROOT", "SFT_FILE", "SFT_KERNEL_FILE", "SYSTEM_PROMPT", "TASKS_FILE", "TINY_MODEL", "AUTO",
+    "ROOT", "SFT_FILE", "SFT_KERNEL_FILE", "SFT_KERNEL_ORIGINALS_FILE", "SMOLLM2_MODEL", "SYSTEM_PROMPT",
+    "TASKS_FILE", "TINY_MODEL", "AUTO",
     "for_device", "make_batches", "positive_or_auto", "CATEGORY_COLORS", "CSS", "display_lines",
     "json_safe", "num", "pct", "region_boxes", "render_html", "render_line", "render_report",
     "render_sample", "shade", "check_partial", "check_resume", "checkpoint_room", "load_resume",

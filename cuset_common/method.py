@@ -1,11 +1,9 @@
 """The formulas two stages share, defined once: the per-sample threshold (stage 02's tau_i, stage 03's
 kappa_i) and the output layer applied chunk by chunk to the gold token (stages 01 and 03).
 
-The stage files state each formula in their docstrings and call these (docs/method.md). Stage 01 takes
-log p(gold) from the log-softmax it needs for the entropy anyway; stage 03 takes it as
-logit(gold) - logsumexp, under a checkpoint per chunk. The two agree to float rounding, not to the last
-bit, so each stage keeps its own (the artifacts and checkpoints stay what they were); what they share is
-the head itself (head_logits) and the chunking (row_chunks).
+The stage files state each formula in their docstrings and call these (docs/method.md). Both stages take
+log p(gold) the same way, gold_log_softmax of float32 logits chunk by chunk: stage 01 without grad (it
+needs the whole log-softmax for the entropy too), stage 03 under a checkpoint per chunk.
 """
 from __future__ import annotations
 
@@ -68,16 +66,21 @@ def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_r
             logits = head(hidden[lo:lo + chunk_rows])  # [n, V]
         logits = logits.float()  # [n, V] float32
         correct.append(logits.argmax(-1) == gold[lo:lo + chunk_rows])  # [n] bool
-        logp = torch.log_softmax(logits, dim=-1)  # [n, V] float32
-        logp_gold.append(logp.gather(1, gold[lo:lo + chunk_rows, None])[:, 0])  # [n]
+        logp, gold_logp = gold_log_softmax(logits, gold[lo:lo + chunk_rows])  # [n, V], [n]
+        logp_gold.append(gold_logp)
         entropy.append(entropy_of(logp))  # [n]
     return torch.cat(logp_gold), torch.cat(entropy), torch.cat(correct)
 
 
+def gold_log_softmax(logits: torch.Tensor, gold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p = log_softmax(logits) [n, V] and log p(gold) [n] of float32 logits [n, V], gold ids [n]."""
+    logp = torch.log_softmax(logits, dim=-1)  # [n, V]
+    return logp, logp.gather(1, gold[:, None])[:, 0]
+
+
 def _chunk_gold_logp(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      labels: torch.Tensor) -> torch.Tensor:
-    logits = head_logits(hidden, weight, bias)  # [n, V], only ever one chunk of it
-    return logits.gather(1, labels[:, None]).squeeze(1) - torch.logsumexp(logits, dim=1)
+    return gold_log_softmax(head_logits(hidden, weight, bias), labels)[1]  # one [n, V] chunk at a time
 
 
 def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,

@@ -10,11 +10,14 @@ SFT_FILE = DATA / "sft" / "train.jsonl"  # standalone mode: whole programs
 # Kernel mode, with renamed copies of each train task (data/build_sft.py). The default data of
 # stages 01-03: on the bundled tiny model, the only SFT data after which answers compile (README).
 SFT_KERNEL_FILE = DATA / "sft" / "train_kernel.jsonl"
+# The same without the copies: the training data of a real model, which needs none (--preset cpu-real).
+SFT_KERNEL_ORIGINALS_FILE = DATA / "sft" / "train_kernel_originals.jsonl"
 # Held-out SFT data: the same records from the `eval` split (held-out ops; no renamed copies), so that
 # stage 01 can score a trained checkpoint on tasks it never saw (experiments/compare.py).
 EVAL_SFT_FILE = DATA / "sft" / "eval.jsonl"
 EVAL_SFT_KERNEL_FILE = DATA / "sft" / "eval_kernel.jsonl"
 TINY_MODEL = DATA / "models" / "tiny-cuda-lm"
+SMOLLM2_MODEL = DATA / "models" / "smollm2-135m-instruct"  # built by data/build_smollm2.py
 
 # nvcc: fixed flags for every compile (reference programs, harnesses, candidates). Without a
 # GPU nvcc only decides compile_error, which does not depend on the architecture, so we compile

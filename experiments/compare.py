@@ -6,7 +6,12 @@ with the checkpoint on the held-out data (token metrics) and 04 in kernel and st
 verdicts). Each stage is called as a subprocess (`python 0N_*.py ...`, output in <run>/log.txt); this
 file only decides what to run and aggregates the artifacts: the method lives in the stages.
 
+An objective may name a regions variant after a dot: `cuset.no-snap` trains cuset on regions that stage 02
+made with --no-snap-lines (REGION_VARIANTS), for data whose snapped regions cover much of each response.
+With --eval-base (preset cpu-real) stage 04 also evaluates the untrained base model, a row of its own.
+
     python experiments/compare.py --preset cpu-quick                  # tiny model, 2 CPU cores (see --help)
+    python data/build_smollm2.py && python experiments/compare.py --preset cpu-real   # a real model, hours
     python experiments/compare.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --out runs/compare-qwen1.5b
     python experiments/compare.py --preset cpu-quick --objectives sft,cuset --seeds 1   # a smaller look
     python experiments/compare.py --help
@@ -51,13 +56,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE, TINY_MODEL,  # noqa: E402
-                          UserError, args_to_json, load_script, partial_dir, read_appended_jsonl, read_artifact,
-                          resume_dir, run_main, sha256_file, write_text_atomic)
+from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
+                          SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, UserError, args_to_json,
+                          load_script, partial_dir, read_appended_jsonl, read_artifact, resume_dir, run_main,
+                          sha256_file, write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")
-HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_FILE: EVAL_SFT_FILE}  # training data -> its held-out twin
+HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE: EVAL_SFT_KERNEL_FILE,
+            SFT_FILE: EVAL_SFT_FILE}  # training data -> its held-out twin
+REGION_VARIANTS = {"no-snap": ["--no-snap-lines"]}  # `<objective>.<variant>`: stage 02 arguments of its regions
 PRESETS = {  # per stage: arguments appended to its command line (--profile-args etc. replace them)
     "full": {"objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
              "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
@@ -65,6 +73,12 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
     "cpu-quick": {"objectives": ("sft", "profit", "cuset"), "seeds": 2, "profile": [], "regions": [],
                   "train": ["--max-steps", "100"], "eval": ["--levels", "1", "--backend", "emulate"],
                   "standalone": ["--max-new-tokens", "512"]},
+    # The scratch run of the issue that asked for this preset: sft on the 102 records, 12 steps of 8 at lr 1e-4,
+    # wrote kernels of which 14/40 compiled and 4/40 passed at level 1 (docs/comparison.md).
+    "cpu-real": {"model": SMOLLM2_MODEL, "data": SFT_KERNEL_ORIGINALS_FILE, "modes": ("kernel",), "eval_base": True,
+                 "objectives": ("sft", "profit", "cuset", "cuset.no-snap"), "seeds": 2, "profile": [], "regions": [],
+                 "train": ["--lr", "1e-4", "--epochs", "1"], "eval": ["--levels", "1,2,3", "--backend", "emulate"],
+                 "standalone": []},
 }
 PRESET_NOTES = {"full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
 --lr 1e-5 --epochs 3; stage 04 levels 1-3 of the 40 eval tasks, 5 samples at temperature 0.8 (pass@1 and
@@ -74,7 +88,13 @@ pass@5), backend auto. For a real model on a GPU: docs/comparison.md estimates i
 under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are
 longer: on the tiny model standalone mode only exercises the path). Measured end to end on 2 idle cores
 (2026-11-30): 30 min 22 s (base stages 78 s; per run 244-341 s: stage 03 176-203 s, stage 01 on the
-held-out data 7-11 s, stage 04 28-80 s per mode)."""}
+held-out data 7-11 s, stage 04 28-80 s per mode).""",
+                "cpu-real": """SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then
+sft, profit, cuset on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about
+half of this model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed
+copies, 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks
+(120 prompts, greedy) under the emulate backend. Hours: about 35-40 min per run on 2 cores (docs/comparison.md
+has the measured times)."""}
 PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
 UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll", "all.acc")  # token metrics with a paired bootstrap
@@ -96,13 +116,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--preset", choices=tuple(PRESETS), default="full", help=PRESET_HELP)
-    a("--model", default=str(TINY_MODEL), help="base model: hub id or local folder (default: the bundled tiny model)")
-    a("--data", type=Path, default=SFT_KERNEL_FILE, help="training SFT JSONL of stages 01-03 (default: %(default)s)")
+    a("--model", default=None, help="base model: hub id or local folder (default: the preset's; the bundled tiny "
+                                    "model, SmolLM2 for cpu-real)")
+    a("--data", type=Path, default=None, help=f"training SFT JSONL of stages 01-03 (default: the preset's; "
+                                              f"{SFT_KERNEL_FILE.relative_to(ROOT)} but for cpu-real)")
     a("--eval-data", type=Path, default=None, help="held-out SFT JSONL (default: the held-out twin of --data)")
     a("--out", type=Path, default=None, help="output folder (default: runs/compare-<preset>)")
-    a("--objectives", default=None, help="comma-separated objectives (default: the preset's)")
+    a("--objectives", default=None, help="comma-separated objectives, each optionally with a regions variant "
+                                         f"({', '.join(REGION_VARIANTS)}): cuset.no-snap (default: the preset's)")
     a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
-    a("--modes", default=",".join(MODES), help="stage 04 modes (default: %(default)s)")
+    a("--modes", default=None, help="stage 04 modes (default: the preset's; both but for cpu-real)")
+    a("--eval-base", action=argparse.BooleanOptionalAction, default=None,
+      help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real)")
     a("--max-length", type=int, default=2048, help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
     for stage in ("profile", "regions", "train", "eval", "standalone"):
         a(f"--{stage}-args", default=None, help=f"extra arguments of the {stage} stage, one string "
@@ -115,12 +140,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
-    args.modes = args.modes.split(",")
+    args.modes = args.modes.split(",") if args.modes else list(preset.get("modes", MODES))
+    args.eval_base = preset.get("eval_base", False) if args.eval_base is None else args.eval_base
+    args.model = args.model or str(preset.get("model", TINY_MODEL))
+    args.data = args.data or preset.get("data", SFT_KERNEL_FILE)
+    if args.model == str(SMOLLM2_MODEL) and not (SMOLLM2_MODEL / "config.json").is_file():
+        raise UserError(f"{SMOLLM2_MODEL}: not built; run `python data/build_smollm2.py` (about a minute)")
     for stage in ("profile", "regions", "train", "eval", "standalone"):
         given = getattr(args, f"{stage}_args")
         setattr(args, f"{stage}_args", shlex.split(given) if given is not None else list(preset[stage]))
-    if bad := [o for o in args.objectives if o not in OBJECTIVES] + [m for m in args.modes if m not in MODES]:
-        raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}; "
+    if bad := [o for o in args.objectives if not known_objective(o)] + [m for m in args.modes if m not in MODES]:
+        raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, those "
+                        f"that use regions with a variant ({', '.join(REGION_VARIANTS)}) after a dot; "
                         f"modes: {', '.join(MODES)}")
     if "sft" not in args.objectives or len(set(args.objectives)) < len(args.objectives) or min(args.seeds, args.bootstrap) < 1:
         raise UserError("--objectives must include sft (the differences are to sft), each objective once; --seeds and "
@@ -134,6 +165,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise UserError(f"{path}: no such file")
     args.out = args.out or Path("runs") / f"compare-{args.preset}"
     return args
+
+
+def known_objective(label: str) -> bool:
+    """`sft`, `cuset`, ... or `cuset.no-snap`: a variant only where the objective uses regions."""
+    objective, _, variant = label.partition(".")
+    return objective in OBJECTIVES and (not variant or (variant in REGION_VARIANTS
+                                                         and objective in stage_module("03").REGION_OBJECTIVES))
+
+
+def regions_dir(base: Path, variant: str) -> Path:
+    return base / (f"regions.{variant}" if variant else "regions")
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,30 +198,41 @@ def plan(args) -> tuple[list[dict], list[dict]]:
     base, m = args.out / "base", ["--model", args.model]
     ml = ["--max-length", str(args.max_length)]
     steps = []
+    variants = sorted({label.partition(".")[2] for label in args.objectives} - {""})
     for tag, data in (("", args.data), ("-heldout", args.eval_data)):
-        prof, reg = base / f"profile{tag}", base / f"regions{tag}"
-        steps += [{"stage": "01", "out": prof, "inputs": [],
-                   "argv": [*m, "--data", str(data), "--out", str(prof), *ml, *args.profile_args]},
-                  {"stage": "02", "out": reg, "inputs": [prof / "meta.json"],
-                   "argv": [*m, "--data", str(data), "--profile", str(prof), "--out", str(reg), *args.regions_args]}]
+        prof = base / f"profile{tag}"
+        steps.append({"stage": "01", "out": prof, "inputs": [],
+                      "argv": [*m, "--data", str(data), "--out", str(prof), *ml, *args.profile_args]})
+        for variant in [""] + (variants if not tag else []):  # variants of the training data's regions only
+            reg = regions_dir(base, variant) if not tag else base / f"regions{tag}"
+            steps.append({"stage": "02", "out": reg, "inputs": [prof / "meta.json"],
+                          "argv": [*m, "--data", str(data), "--profile", str(prof), "--out", str(reg),
+                                   *args.regions_args, *REGION_VARIANTS.get(variant, [])]})
+    steps += [eval_step(args, args.model, base, mode) for mode in args.modes if args.eval_base]
     runs = []
-    for objective in args.objectives:
+    for label in args.objectives:
+        objective, _, variant = label.partition(".")
         for seed in range(args.seeds):
-            d = args.out / f"{objective}-seed{seed}"
-            ckpt, held = d / "ckpt", d / "profile-heldout"
+            d = args.out / f"{label}-seed{seed}"
+            ckpt, held, regions = d / "ckpt", d / "profile-heldout", regions_dir(base, variant)
             uses_regions = objective in stage_module("03").REGION_OBJECTIVES
-            run = [{"stage": "03", "out": ckpt, "inputs": [base / "regions" / "meta.json"] if uses_regions else [],
-                    "argv": [*m, "--data", str(args.data), "--regions", str(base / "regions"), "--objective", objective,
+            run = [{"stage": "03", "out": ckpt, "inputs": [regions / "meta.json"] if uses_regions else [],
+                    "argv": [*m, "--data", str(args.data), "--regions", str(regions), "--objective", objective,
                              "--seed", str(seed), "--out", str(ckpt), *ml, *args.train_args]},
                    {"stage": "01", "out": held, "inputs": [ckpt / "meta.json"],
                     "argv": ["--model", str(ckpt), "--data", str(args.eval_data), "--out", str(held), *ml,
                              *args.profile_args]}]
-            run += [{"stage": "04", "out": d / f"eval-{mode}", "inputs": [ckpt / "meta.json"],
-                     "argv": ["--model", str(ckpt), "--mode", mode, "--split", "eval", "--out", str(d / f"eval-{mode}"),
-                              *args.eval_args, *(args.standalone_args if mode == "standalone" else [])]}
-                    for mode in args.modes]
-            runs.append({"name": d.name, "objective": objective, "seed": seed, "dir": d, "steps": run})
+            run += [eval_step(args, str(ckpt), d, mode, [ckpt / "meta.json"]) for mode in args.modes]
+            runs.append({"name": d.name, "objective": label, "seed": seed, "dir": d, "steps": run})
     return steps, runs
+
+
+def eval_step(args, model: str, folder: Path, mode: str, inputs: list[Path] = ()) -> dict:
+    """Stage 04 on the eval split in one mode, into <folder>/eval-<mode>."""
+    out = folder / f"eval-{mode}"
+    return {"stage": "04", "out": out, "inputs": list(inputs),
+            "argv": ["--model", model, "--mode", mode, "--split", "eval", "--out", str(out), *args.eval_args,
+                     *(args.standalone_args if mode == "standalone" else [])]}
 
 
 def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
@@ -277,7 +330,7 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
           f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}", flush=True)
     if pending and args.preset == "full" and stage_module("04").gpu_name() is None:
         print("[compare] note: the full preset is sized for a real model on a GPU and none is listed here; "
-              "--preset cpu-quick is the CPU one", flush=True)
+              "--presets cpu-quick and cpu-real are the CPU ones", flush=True)
     calls, t0, done_now, run_seconds = 0, time.time(), 0, []
     for i, (name, steps, folder) in enumerate(groups):
         label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
@@ -402,10 +455,11 @@ def aggregate(args, runs: list[dict]) -> dict:
     groups = {"all": np.ones(len(sample_of), bool), "sensitive": bt["sensitive"] > 0,
               "base_hard": bt["confidence"] < reg["tau"][sample_of], "base_region": reg["region_id"] >= 0}
     groups |= {f"cat.{name}": bt["sensitive"] == code for code, name in names.items()}
-    per_run, backends, ks = {"base": {"objective": "base", "metrics": token_metrics(bt, groups, sample_of, n)[0]}}, set(), set()
-    for r in runs:
-        metrics, units = token_metrics(read_profile(r["dir"] / "profile-heldout", base)[0], groups, sample_of, n)
-        for mode in args.modes:
+    per_run, backends, ks = {}, set(), set()
+    base_run = {"name": "base", "objective": "base", "seed": 0, "dir": base_dir, "profile": bt}
+    for r in [base_run] + [r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]} for r in runs]:
+        metrics, units = token_metrics(r["profile"], groups, sample_of, n)
+        for mode in args.modes if r is not base_run or args.eval_base else ():
             km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{mode}", mode)
             metrics, units, backends, ks = metrics | km, units | ku, backends | {backend}, ks | {k}
         per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics, "units": units}
@@ -416,7 +470,19 @@ def aggregate(args, runs: list[dict]) -> dict:
                         "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
                     for k in rows[0]}
     return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends), "k": sorted(ks),
-            "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n}
+            "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n,
+            "region_coverage": region_coverage(args)}
+
+
+def region_coverage(args) -> dict[str, float]:
+    """Share of the training data's response tokens inside regions, per regions variant stage 03 read."""
+    variants = [""] + sorted({label.partition(".")[2] for label in args.objectives} - {""})
+    out = {}
+    for v in variants:
+        folder = regions_dir(args.out / "base", v)
+        t, _ = read_artifact(folder, "02_label_regions", "experiments/compare.py", token_tensors={"region_id": np.int32})
+        out[folder.name] = float((t["region_id"] >= 0).mean())
+    return out
 
 
 def paired(args, per_run: dict) -> dict:
@@ -430,7 +496,7 @@ def paired(args, per_run: dict) -> dict:
             return np.nanmean(np.stack(units), axis=0)
     out = {}
     keys = [k for k in next(v for v in per_run.values() if v["objective"] == "sft")["units"]]
-    for o in (o for o in args.objectives if o != "sft"):
+    for o in [o for o in args.objectives if o != "sft"] + (["base"] if args.eval_base else []):
         out[o] = {}
         for key in keys:
             a, b = seed_mean(o, key), seed_mean("sft", key)
@@ -495,17 +561,21 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
                                                               if "emulated" in res["backends"] else "") + ".",
              "", f"Preset {args.preset} (options on the command line override it; the commands below are what ran): "
              + " ".join(PRESET_NOTES[args.preset].split()),
-             "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model (token metrics only).",
+             "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model"
+             + (" (greedy decoding: one run)." if args.eval_base else " (token metrics only)."),
+             "", "Regions stage 03 read, share of the training data's response tokens inside them: "
+             + ", ".join(f"`{k}` {100 * v:.1f}%" for k, v in res["region_coverage"].items())
+             + " (`.no-snap`: stage 02 with --no-snap-lines; cuset's token mask is its regions).",
              "", "## Held-out token metrics (stage 01 on the held-out data)", "",
              *table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
              f"## Kernel verdicts (stage 04, eval split; {k} sample(s) per prompt)", "",
-             *table(kernel_cols, args.objectives, lambda o, c: cell(t[o][c])), "",
+             *table(kernel_cols, (["base"] if args.eval_base else []) + args.objectives, lambda o, c: cell(t[o][c])), "",
              "## Paired differences to sft (95% bootstrap interval)", "",
              f"Per held-out sample (token metrics: the sample's mean over its tokens of that kind) or per prompt "
              f"(pass@1: task x level), the objective's value minus sft's, each averaged over seeds; the mean over "
              f"units and a percentile interval from {args.bootstrap} resamples of the units (seed 0).", "",
              *table(list(res["paired"][next(iter(res["paired"]))]) if res["paired"] else [],
-                    [o for o in args.objectives if o != "sft"], diff), "",
+                    list(res["paired"]), diff), "",
              "## Held-out NLL per CUDA-sensitivity category", "",
              *table([c[4:-4] for c in cats], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])), "", figure_note, "",
              "## Columns", "", *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],

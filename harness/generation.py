@@ -23,7 +23,7 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str
     import torch
 
     device = pick_device(args.device)
-    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(args.threads or default_threads())
     tok = load_tokenizer(args.model, need_offsets=False, padding_side="left")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -52,6 +52,14 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str
                  for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
         on_batch({job: text for job, text in batch.items() if job in wanted})
         progress(len(chunk))
+
+
+def default_threads() -> int:
+    """Torch threads for generating on a CPU: the CPUs this process may use, less one. Decoding one token
+    at a time gains little from a second thread (SmolLM2-135M, 2 idle cores: 11.3 tok/s on 1 thread,
+    11.0 on 2) and loses much beside another busy process, whose core the threads then wait for (1.2
+    against 4.9 tok/s; docs/performance.md, bench/generate.py)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def stop_when_complete(tok, prompt_len: int, complete: Callable[[str], bool]):

@@ -252,3 +252,21 @@ def test_stages_02_and_03_threshold_with_sample_threshold(seed):
     assert torch.equal(keep, valid & (p >= want[:, None]))
     ap02, ap03 = stage02.parse_args([]), stage03.parse_args([])
     assert (ap02.rho, ap02.tau_max) == (ap03.rho, ap03.tau_max) == (RHO, TAU_MAX)
+
+
+def test_stages_01_and_03_take_the_gold_log_prob_from_one_function():
+    """Stage 01's profile (no grad, with entropy) and stage 03's loss (checkpointed chunks, with grad) give
+    log p(gold) bit for bit alike, over chunk sizes that split the rows unevenly: one formula, two callers."""
+    import torch
+
+    from cuset_common import gold_logprob_entropy, gold_logprobs, head_logits
+
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(37, 16, generator=g), torch.randn(50, 16, generator=g) * 3
+    gold = torch.randint(0, 50, (37,), generator=g)
+    want = torch.log_softmax(hidden @ weight.t(), -1).gather(1, gold[:, None])[:, 0]  # [37]
+    for chunk in (1, 8, 37, 64):
+        profiled, _, _ = gold_logprob_entropy(lambda h: head_logits(h, weight, None), hidden, gold, chunk, False)
+        trained = gold_logprobs(hidden.requires_grad_(), weight, gold, chunk)
+        assert torch.equal(profiled, trained.detach()), chunk
+        torch.testing.assert_close(trained.detach(), want)

@@ -179,7 +179,35 @@ def test_misaligned_profiles_are_refused(micro, tmp_path):
             compare.read_profile(copy, base)
 
 
+def test_a_regions_variant_and_the_base_model_get_steps_rows_and_differences(tmp_path):
+    """cuset.no-snap trains on regions stage 02 made with --no-snap-lines; --eval-base evaluates the base model,
+    which gets kernel rows and a paired difference to sft; the region coverage of each variant is reported."""
+    train, held, out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "out"
+    train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:6]))
+    held.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:2]))
+    argv = ["--preset", "cpu-real", "--model", str(ROOT / "data" / "models" / "tiny-cuda-lm"), "--seeds", "1",
+            "--objectives", "sft,cuset.no-snap", "--data", str(train), "--eval-data", str(held), "--out", str(out),
+            "--max-length", "512", "--regions-args", "--permutations 10 --html-samples 1",
+            "--train-args", "--max-steps 1 --batch-size 2 --micro-batch-size 2",
+            "--eval-args", "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 1"]
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "compare.py"), *argv], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res, base = json.loads((out / "comparison.json").read_text()), out / "base"
+    assert json.loads((base / "regions.no-snap" / "meta.json").read_text())["args"]["snap_lines"] is False
+    trained_on = json.loads((out / "cuset.no-snap-seed0" / "ckpt" / "meta.json").read_text())["args"]["regions"]
+    assert Path(trained_on) == base / "regions.no-snap"
+    for variant in ("regions", "regions.no-snap"):
+        inside = load_file(str(base / variant / "tensors.safetensors"))["region_id"] >= 0
+        assert math.isclose(res["region_coverage"][variant], inside.mean(), rel_tol=1e-9)
+    rows = [json.loads(x) for x in (base / "eval-kernel" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and res["table"]["base"]["kernel.pass@1"]["mean"] == float(rows[0]["outcome"] == "pass")
+    assert set(res["paired"]) == {"cuset.no-snap", "base"} and "kernel.pass@1" in res["paired"]["base"]
+    assert not (out / "sft-seed0" / "eval-standalone").exists()  # the preset's modes: kernel only
+
+
 @pytest.mark.parametrize("argv,msg", [(["--objectives", "sft,bogus"], "unknown objective"),
+                                      (["--objectives", "sft.no-snap"], "unknown objective"),
                                       (["--objectives", "cuset"], "must include sft"),
                                       (["--data", "nowhere.jsonl"], "pass --eval-data")])
 def test_bad_options_exit_2_with_one_line(argv, msg, capsys):

@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import ROOT, load_script
-from cuset_common import SFT_KERNEL_FILE, TASKS_FILE, load_tasks
+from conftest import load_script
+from cuset_common import SFT_KERNEL_FILE, SMOLLM2_MODEL as BUILT, TASKS_FILE, load_tasks
 
-BUILT = ROOT / "data" / "models" / "smollm2-135m-instruct"
 SAMPLES = 3  # kernel-mode training records: minutes on 2 cores, not tens
 
 
