@@ -26,7 +26,8 @@ Inputs -> outputs
 Commands
   python 01_profile.py                                   # tiny model + bundled data, CPU, seconds
   python 01_profile.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl --max-length 4096
-  python 01_profile.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl --max-length 4096 --resume
+  python 01_profile.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl --max-length 4096 \
+--resume
                                                          # after a kill: the same arguments + --resume
   python 01_profile.py --help
 
@@ -64,7 +65,6 @@ derived from one: `float* yr = y + row * cols; yr[j] = v`).
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import re
 import shutil
@@ -75,12 +75,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_head_is_plain, check_out_dir, check_partial, check_ranges, encode_sample, for_device,
-                          gold_logprob_entropy, head_logits, load_causal_lm, load_sft, load_shards, load_tokenizer,
-                          make_batches, output_head, partial_dir, pick_device, positive_or_auto, run_main,
-                          save_shard, sha256_file, tokenizer_fingerprint, write_artifact)
-from cuset_common.cuda_source import COMPARISON, code_view, device_functions, expr_edge, match_paren, outside_brackets
+from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, args_to_json,
+                          check_head_is_plain, check_out_dir, check_partial, check_ranges,
+                          check_response_tokens, encode_sample, for_device, gold_logprob_entropy,
+                          head_logits, line_indices, load_causal_lm, load_sft, load_shards, load_tokenizer,
+                          make_batches, output_head, partial_dir, pick_device, positive_or_auto,
+                          print_profile_summary, run_main, save_shard, sha256_file, tokenizer_fingerprint,
+                          write_artifact)
+from cuset_common.cuda_source import (COMPARISON, code_view, device_functions, expr_edge, match_paren,
+                                      outside_brackets)
 
 STAGE = "01_profile"
 CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: "synchronization",
@@ -91,8 +94,9 @@ CATEGORIES = {1: "signature", 2: "indexing", 3: "guard", 4: "shared_memory", 5: 
 PRIORITY = (5, 6, 4, 8, 1, 2, 7, 3, 9)
 RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
-TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "argmax_correct": np.uint8,
-                "sensitive": np.uint8, "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}
+TOKEN_DTYPES = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16,
+                "argmax_correct": np.uint8, "sensitive": np.uint8, "char_start": np.int32,
+                "char_end": np.int32, "line_index": np.int32}
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,9 +109,10 @@ LEXEMES = {  # category -> regex over the code view; \b keeps `threads` or `inde
     2: r"\b(?:threadIdx|blockIdx|blockDim|gridDim)\b(?:\s*\.\s*[xyz]\b)?|\bwarpSize\b",
     4: r"\b(?:extern\s+)?__shared__\b",
     5: (r"\b(?:__syncthreads(?:_count|_and|_or)?|__syncwarp|__threadfence(?:_block|_system)?"
-        r"|cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize)\b|\bcg::sync\b|\.\s*sync\s*\(\s*\)"),
-    6: (r"\b__shfl(?:_up|_down|_xor)?_sync\b|\b__(?:ballot|any|all|match_any|match_all)_sync\b|\b__activemask\b"
-        r"|\batomic(?:Add|Sub|Max|Min|CAS|Exch|And|Or|Xor|Inc|Dec)(?:_block|_system)?\b"),
+        r"|cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize)\b|\bcg::sync\b"
+        r"|\.\s*sync\s*\(\s*\)"),
+    6: (r"\b__shfl(?:_up|_down|_xor)?_sync\b|\b__(?:ballot|any|all|match_any|match_all)_sync\b"
+        r"|\b__activemask\b|\batomic(?:Add|Sub|Max|Min|CAS|Exch|And|Or|Xor|Inc|Dec)(?:_block|_system)?\b"),
     7: r"<<<[^;]*?>>>|<<<|>>>|\bdim3\b",  # the whole launch configuration <<<grid, block, smem>>>
     8: r"\bcuda(?:Malloc|Memcpy|Free|Memset)\w*\b",
 }
@@ -115,7 +120,7 @@ BUILTIN = re.compile(r"\b(?:threadIdx|blockIdx|blockDim|gridDim|warpSize)\b")
 INT_TYPE = (r"(?:const\s+)?(?:unsigned\s+|signed\s+)?"
             r"(?:int|long\s+long|long|size_t|int64_t|uint64_t|int32_t|uint32_t|unsigned|auto)")
 TOP, NO_PAREN = r"[^;{}(),]*", r"[^;{}()]*"
-ASSIGN = re.compile(  # `int i = ...;`, `i += stride)` ending a for header, `a = ..., b = ...;`; 2 paren levels
+ASSIGN = re.compile(  # `int i = ...;`, `i += stride)` (for header), `a = ..., b = ...;`; 2 paren levels
     rf"(?:\b(?P<type>{INT_TYPE})\s+)?(?<![\w.\]>])(?P<name>[A-Za-z_]\w*)\s*(?P<op>[+\-*/%&|^]|<<|>>)?=(?!=)"
     rf"(?P<rhs>{TOP}(?:\({NO_PAREN}(?:\({NO_PAREN}\){NO_PAREN})*\){TOP})*)[;),]")
 NON_INT_DECL = re.compile(r"\b(?:float|double|half|__half|__nv_bfloat16|bool|char|float[1-4]|double[1-4])\b"
@@ -123,7 +128,7 @@ NON_INT_DECL = re.compile(r"\b(?:float|double|half|__half|__nv_bfloat16|bool|cha
 CEIL_DIV = re.compile(r"\(\s*[\w.]+(?:\s*\*\s*[\w.]+)*\s*\+\s*([\w.]+)\s*(?:-\s*1\s*)?\)\s*/\s*([\w.]+)")
 CONDITION = re.compile(r"\b(if|while|for)\s*\(")  # ternary conditions are found from their `?`
 LEADING = re.compile(r"\s*(?:return\b)?\s*")  # what may precede a ?: condition in its expression
-PTR_DECL = re.compile(  # `const float* __restrict__ xr = x + row * cols;`; data is const if `const` precedes the *
+PTR_DECL = re.compile(  # `const float* __restrict__ xr = x + row * cols;`; const data: `const` before the *
     r"(?<![\w.>])(?P<c1>const\s+)?(?:unsigned\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?(?P<c2>\s+const)?\s*"
     r"(?:\*\s*(?:(?:const|__restrict__|__restrict)\b)?\s*)+(?P<name>[A-Za-z_]\w*)\s*=(?!=)(?P<rhs>[^;]*);")
 STORE_OP = re.compile(r"\s*(?:[+\-*/%&|^]|<<|>>)?=(?!=)")
@@ -144,10 +149,12 @@ def index_assignments(body: str, params: str) -> tuple[set[str], list[tuple[int,
         known, hits = set(names), []
         for a in ASSIGN.finditer(body):
             rhs = outside_brackets(a["rhs"])
-            uses = BUILTIN.search(rhs) or names & set(re.findall(r"\w+", rhs)) or (a["op"] and a["name"] in names)
-            if uses and a["name"] not in not_int and (a["type"] or a["name"] in names or BUILTIN.search(rhs)):
+            uses = (BUILTIN.search(rhs) or names & set(re.findall(r"\w+", rhs))
+                    or (a["op"] and a["name"] in names))
+            if uses and a["name"] not in not_int and (a["type"] or a["name"] in names
+                                                      or BUILTIN.search(rhs)):
                 names.add(a["name"])
-                hits.append((a.start(), a.end() - (body[a.end() - 1] in "),")))  # not the `)` or `,` after it
+                hits.append((a.start(), a.end() - (body[a.end() - 1] in "),")))  # not the `)`/`,` after it
         if names == known:
             break
     return names, hits
@@ -177,7 +184,8 @@ def pointer_offset_spans(body: str, ptrs: set[str], uses_index) -> list[tuple[in
     spans = [d.span() for d in PTR_DECL.finditer(body) if uses_index(d["rhs"])]
     if ptrs:
         alt = "|".join(map(re.escape, sorted(ptrs)))
-        for p in re.finditer(rf"(?<!\.)(?<!->)\b(?:{alt})\s*[+-]=?(?![+\-=>])", body):  # not a member `s.x + 1`
+        # not a member `s.x + 1`
+        for p in re.finditer(rf"(?<!\.)(?<!->)\b(?:{alt})\s*[+-]=?(?![+\-=>])", body):
             end = expr_edge(body, p.end(), 1)
             if uses_index(body[p.end():end]):
                 spans.append((p.start(), end))
@@ -203,7 +211,8 @@ def conditions(body: str) -> list[tuple[bool, str, int, int]]:
 
 
 def is_guard(cond: str, index: re.Pattern, in_loop_header: bool) -> bool:
-    """The guard rule (docs/method.md "CUDA sensitivity", category 3; our reconstruction): a guard is a bounds check on an index.
+    """The guard rule (docs/method.md "CUDA sensitivity", category 3; our reconstruction): a guard is a
+    bounds check on an index.
 
     In an if or ?: condition: any comparison involving an index variable or builtin (which threads or
     elements act: `i < n`, `tid == 0`, `lane < 16`). In a loop header (for test, while condition): only a
@@ -217,7 +226,8 @@ def is_guard(cond: str, index: re.Pattern, in_loop_header: bool) -> bool:
         return bool(COMPARISON.search(cond) and (index.search(cond) or BUILTIN.search(cond)))
     for part in re.split(r"&&|\|\|", cond):
         sides = COMPARISON.split(part, maxsplit=1)
-        if len(sides) == 2 and any(index.search(a) and not CONSTANT.fullmatch(b) for a, b in (sides, sides[::-1])):
+        if len(sides) == 2 and any(index.search(a) and not CONSTANT.fullmatch(b)
+                                   for a, b in (sides, sides[::-1])):
             return True
     return False
 
@@ -250,9 +260,11 @@ def structural_spans(code: str) -> dict[int, list[tuple[int, int]]]:
     for kind, params, lo, hi in device_functions(code):
         body = code[lo:hi]
         idx, assigns = index_assignments(body, params)
-        index = re.compile(r"\b(?:" + "|".join(["threadIdx", "blockIdx", *map(re.escape, sorted(idx))]) + r")\b")
+        index = re.compile(r"\b(?:" + "|".join(["threadIdx", "blockIdx", *map(re.escape, sorted(idx))])
+                           + r")\b")
         ptrs, outs = pointers(body, params)
-        found = {2: assigns + pointer_offset_spans(body, ptrs, lambda e: index.search(e) or BUILTIN.search(e)),
+        found = {2: assigns + pointer_offset_spans(body, ptrs,
+                                                   lambda e: index.search(e) or BUILTIN.search(e)),
                  3: [(a, b) for loop, cond, a, b in conditions(body) if is_guard(cond, index, loop)]
                  + ([r.span() for r in re.finditer(r"\breturn\s*;", body)] if kind == "global" else []),
                  9: write_back_spans(body, outs) if kind == "global" else []}
@@ -275,7 +287,7 @@ def category_masks(text: str) -> dict[int, np.ndarray]:
 
 
 def tag_tokens(text: str, spans: list[tuple[int, int]]) -> np.ndarray:
-    """Category code (uint8 [T]) of each token span (start, end) in `text`: first overlapping one in PRIORITY."""
+    """Category code (uint8 [T]) of each token span (start, end) in `text`: first overlapping in PRIORITY."""
     tags = np.zeros(len(spans), dtype=np.uint8)
     if not spans:
         return tags
@@ -297,13 +309,6 @@ def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
     return [encode_sample(tokenizer, rec, max_length) for rec in records]
 
 
-def check_response_tokens(encs: list[dict], args: argparse.Namespace) -> None:
-    """Refuse data none of whose samples keeps a response token: its profile would hold nothing."""
-    if not any(e["spans"] for e in encs):
-        raise UserError(f"{args.data}: none of its {len(encs)} samples keeps a response token within "
-                        f"--max-length {args.max_length} (the prompts fill it); raise --max-length")
-
-
 def room_needed(encs: list[dict]) -> int:
     """Bytes of the artifact (TOKEN_DTYPES per token; samples.jsonl, the response texts with JSON escapes,
     counted twice), plus the shards in <out>.partial (float32 confidence and entropy, uint8 argmax per
@@ -316,7 +321,7 @@ def room_needed(encs: list[dict]) -> int:
 @torch.no_grad()
 def score_batch(body, head, encs: list[dict], pad_id: int, device: str, chunk_rows: int,
                 use_bf16: bool) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(confidence [n_i], entropy [n_i], argmax_correct [n_i] uint8) for each sample of one right-padded batch."""
+    """(confidence [n_i], entropy [n_i], argmax_correct [n_i] uint8) per sample of one right-padded batch."""
     lengths = [len(e["input_ids"]) for e in encs]
     ids = torch.full((len(encs), max(lengths)), pad_id, dtype=torch.long)  # [B, L]
     mask = torch.zeros_like(ids)  # [B, L]
@@ -327,13 +332,17 @@ def score_batch(body, head, encs: list[dict], pad_id: int, device: str, chunk_ro
     with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=use_bf16):
         hidden = body(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, L, H]
     # position t predicts token t + 1: keep only the positions that predict response tokens
-    rows_b = torch.cat([torch.full((lengths[b] - e["response_start"],), b) for b, e in enumerate(encs)])  # [N]
-    rows_t = torch.cat([torch.arange(e["response_start"] - 1, lengths[b] - 1) for b, e in enumerate(encs)])  # [N]
+    rows_b = torch.cat([torch.full((lengths[b] - e["response_start"],), b)
+                        for b, e in enumerate(encs)])  # [N]
+    rows_t = torch.cat([torch.arange(e["response_start"] - 1, lengths[b] - 1)
+                        for b, e in enumerate(encs)])  # [N]
     rows_b, rows_t = rows_b.to(device), rows_t.to(device)
-    logp, ent, ok = gold_logprob_entropy(head, hidden[rows_b, rows_t], ids[rows_b, rows_t + 1], chunk_rows, use_bf16)
+    logp, ent, ok = gold_logprob_entropy(head, hidden[rows_b, rows_t], ids[rows_b, rows_t + 1],
+                                         chunk_rows, use_bf16)
     conf, ent, ok = logp.exp().cpu().numpy(), ent.cpu().numpy(), ok.cpu().numpy().astype(np.uint8)
     cuts = np.cumsum([0] + [lengths[b] - e["response_start"] for b, e in enumerate(encs)])
-    return [(conf[cuts[b]:cuts[b + 1]], ent[cuts[b]:cuts[b + 1]], ok[cuts[b]:cuts[b + 1]]) for b in range(len(encs))]
+    return [(conf[cuts[b]:cuts[b + 1]], ent[cuts[b]:cuts[b + 1]], ok[cuts[b]:cuts[b + 1]])
+            for b in range(len(encs))]
 
 
 def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str, use_bf16: bool,
@@ -347,14 +356,17 @@ def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device
     batches = make_batches(encs, for_device("batch_size", args.batch_size, device), args.batch_tokens)
     chunk_rows = for_device("chunk_rows", args.chunk_rows, device)
     if batches:
-        check_head_is_plain(model, torch.tensor([encs[batches[0][0]]["input_ids"]], device=device), "01_profile.py")
+        check_head_is_plain(model, torch.tensor([encs[batches[0][0]]["input_ids"]], device=device),
+                            "01_profile.py")
     results = [(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)) for _ in encs]
     partial = partial_dir(args.out)
     start = load_shards(partial, batches, encs, results) if args.resume else 0
-    sizes = [sum(len(encs[i]["input_ids"]) for i in b) for b in batches]  # tokens per batch, padding excluded
+    # tokens per batch, padding excluded
+    sizes = [sum(len(encs[i]["input_ids"]) for i in b) for b in batches]
     done0, total = sum(sizes[:start]), sum(sizes)
     if start:
-        print(f"[profile] resuming at batch {start + 1}/{len(batches)}: {done0}/{total} tokens done", flush=True)
+        print(f"[profile] resuming at batch {start + 1}/{len(batches)}: {done0}/{total} tokens done",
+              flush=True)
     done, unsaved, t0 = done0, start, time.time()
     last_log = last_save = t0
     for k in range(start, len(batches)):
@@ -366,19 +378,13 @@ def profile(model, tokenizer, encs: list[dict], args: argparse.Namespace, device
             rate = (done - done0) / max(time.time() - t0, 1e-9)
             eta = (total - done) / max(rate, 1e-9)
             print(f"[profile] batch {k + 1}/{len(batches)}  {done}/{total} tokens  {rate:,.0f} tok/s  "
-                  f"ETA {eta // 60:.0f}m{eta % 60:02.0f}s" + (f"  (resumed at batch {start + 1})" if start else ""),
-                  flush=True)
+                  f"ETA {eta // 60:.0f}m{eta % 60:02.0f}s"
+                  + (f"  (resumed at batch {start + 1})" if start else ""), flush=True)
             last_log = time.time()
         if time.time() - last_save >= args.save_every and k < len(batches) - 1:
             save_shard(partial, run, batches, unsaved, k + 1, results)
             unsaved, last_save = k + 1, time.time()
     return results, start
-
-
-def line_indices(text: str, starts: list[int]) -> list[int]:
-    """0-based line number of each character offset in text."""
-    newlines = [i for i, c in enumerate(text) if c == "\n"]
-    return [bisect.bisect_left(newlines, s) for s in starts]
 
 
 def build_artifact(records, encs, results) -> tuple[dict[str, np.ndarray], list[dict], dict]:
@@ -397,32 +403,15 @@ def build_artifact(records, encs, results) -> tuple[dict[str, np.ndarray], list[
         cols["char_end"].append(np.asarray([e for _, e in spans], dtype=np.int32))
         cols["line_index"].append(np.asarray(line_indices(enc["response_text"], starts), dtype=np.int32))
         offsets.append(offsets[-1] + len(spans))
-        samples.append({"index": i, "id": rec["id"], "line": rec["line"], "response_text": enc["response_text"],
-                        "n_prompt_tokens": enc["response_start"], "n_response_tokens": len(spans),
-                        "truncated": bool(enc["truncated"])})
+        samples.append({"index": i, "id": rec["id"], "line": rec["line"],
+                        "response_text": enc["response_text"], "n_prompt_tokens": enc["response_start"],
+                        "n_response_tokens": len(spans), "truncated": bool(enc["truncated"])})
     tensors = {k: np.concatenate(v).astype(TOKEN_DTYPES[k]) for k, v in cols.items()}  # each [T]
     tensors["sample_offsets"] = np.asarray(offsets, dtype=np.int64)
     counts = {"samples": len(samples), "response_tokens": int(offsets[-1]),
               "truncated": sum(s["truncated"] for s in samples),
               "no_response": sum(s["n_response_tokens"] == 0 for s in samples)}
     return tensors, samples, counts
-
-
-def print_summary(tensors: dict[str, np.ndarray], counts: dict, out: Path) -> None:
-    conf, sens = tensors["confidence"], tensors["sensitive"]
-    print(f"[profile] {counts['samples']} samples, {counts['response_tokens']} response tokens, "
-          f"{counts['truncated']} truncated, {counts['no_response']} without response tokens")
-    if len(conf):
-        entropy = tensors["entropy"].astype(np.float32).mean()
-        print(f"[profile] mean confidence {conf.mean():.3f}, mean entropy {entropy:.3f} nats, "
-              f"token accuracy (argmax = gold) {tensors['argmax_correct'].mean():.1%}, "
-              f"CUDA-sensitive {(sens > 0).mean():.1%} of tokens")
-    for code, name in CATEGORIES.items():
-        sel = sens == code
-        if sel.any():
-            print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {conf[sel].mean():.3f}")
-    print(f"[profile] wrote {out}")
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -432,8 +421,10 @@ def print_summary(tensors: dict[str, np.ndarray], counts: dict, out: Path) -> No
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
-    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL file (default: %(default)s)")
+    ap.add_argument("--model", type=str, default=str(TINY_MODEL),
+                    help="hub id or local folder (%(default)s)")
+    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE,
+                    help="SFT JSONL file (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
     ap.add_argument("--max-length", type=int, default=2048,
                     help="tokens per sample, prompt included; longer samples are truncated and counted")
@@ -442,8 +433,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-tokens", type=int, default=16384,
                     help="most padded tokens per batch (fewer samples per batch when they are long)")
     ap.add_argument("--chunk-rows", type=positive_or_auto, default="auto",
-                    help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a time; "
-                         "auto: 128 on a CPU, 1024 on a GPU")
+                    help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a "
+                         "time; auto: 128 on a CPU, 1024 on a GPU")
     ap.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                     help="auto: bf16 autocast on a GPU, fp32 on CPU")
@@ -482,16 +473,17 @@ def main(argv: list[str] | None = None) -> int:
     tensors, samples, counts = build_artifact(records, encs, results)
 
     meta = {"stage": STAGE, "args": run["args"], "model": args.model,
-            "tokenizer_fingerprint": run["tokenizer_fingerprint"], "data": {"path": str(args.data), "sha256": data_sha},
-            "max_length": args.max_length, "counts": counts,
-            "categories": {str(k): v for k, v in CATEGORIES.items()}, "chat_template": bool(tokenizer.chat_template),
-            "category_priority": [CATEGORIES[c] for c in PRIORITY], "device": device, "precision": run["precision"],
-            "batch_size": for_device("batch_size", args.batch_size, device),
+            "tokenizer_fingerprint": run["tokenizer_fingerprint"],
+            "data": {"path": str(args.data), "sha256": data_sha}, "max_length": args.max_length,
+            "counts": counts, "categories": {str(k): v for k, v in CATEGORIES.items()},
+            "chat_template": bool(tokenizer.chat_template),
+            "category_priority": [CATEGORIES[c] for c in PRIORITY], "device": device,
+            "precision": run["precision"], "batch_size": for_device("batch_size", args.batch_size, device),
             "chunk_rows": for_device("chunk_rows", args.chunk_rows, device), "resumed_at_batch": resumed_at}
     samples_text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
     write_artifact(args.out, tensors, meta, extra_files={"samples.jsonl": samples_text})
     shutil.rmtree(partial_dir(args.out), ignore_errors=True)  # only once the artifact is in place
-    print_summary(tensors, counts, args.out)
+    print_profile_summary(tensors, counts, args.out, CATEGORIES)
     return 0
 
 

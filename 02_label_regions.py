@@ -16,7 +16,8 @@ Inputs -> outputs:
                           region_start / region_end int64 [R] (flat token index, end exclusive),
                           tau / sample_mass / sample_weight float32 [S], sample_offsets int64 [S+1]
      meta.json            stage, args, model, tokenizer_fingerprint, data, max_length, categories,
-                          profile {path (absolute), meta_sha256, tensors_sha256}, counts, finding (the report's figures)
+                          profile {path (absolute), meta_sha256, tensors_sha256}, counts, finding \
+(the report's figures)
      report.md            the finding (also printed)
      regions.html         self-contained page: tokens shaded by confidence, regions outlined
 
@@ -36,14 +37,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError, args_to_json,
-                          check_meta_matches, check_out_dir, check_ranges, json_safe, load_tokenizer, num, pct,
-                          read_artifact, read_jsonl, render_html, render_report, render_sample, run_main,
-                          sample_threshold, sha256_file, tokenizer_fingerprint, write_artifact)
+from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
+                          args_to_json, check_meta_matches, check_out_dir, check_ranges, json_safe,
+                          load_tokenizer, num, pct, read_artifact, read_jsonl, render_html, render_report,
+                          render_sample, run_main, sample_threshold, sha256_file, tokenizer_fingerprint,
+                          write_artifact)
 
 STAGE = "02_label_regions"
-PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "sensitive": np.uint8,
-                   "char_start": np.int32, "char_end": np.int32, "line_index": np.int32}  # all [T]
+PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16,
+                   "sensitive": np.uint8, "char_start": np.int32, "char_end": np.int32,
+                   "line_index": np.int32}  # all [T]
 LEVEL = 0.05  # significance level the report's plain sentence reads its tests at (per category: after Holm)
 THRESHOLD_ROWS = 256  # samples padded into one [rows, longest] block for sample_threshold
 
@@ -53,25 +56,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         pass
 
     ap = ArgumentParser(description=__doc__, formatter_class=Formatter)
-    ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder")
-    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder")
-    ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)")
+    ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile",
+                    help="stage-01 artifact folder")
+    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions",
+                    help="regions artifact folder")
+    ap.add_argument("--model", type=str, default=str(TINY_MODEL),
+                    help="model of the profile (hub id or folder)")
     ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL the profile was made from")
-    ap.add_argument("--rho", type=float, default=RHO, help="quantile of a sample's p0 for its threshold tau_i")
+    ap.add_argument("--rho", type=float, default=RHO,
+                    help="quantile of a sample's p0 for its threshold tau_i")
     ap.add_argument("--tau-max", type=float, default=TAU_MAX, help="upper bound on tau_i")
     ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
     ap.add_argument("--alpha", type=float, default=1.0, help="weight slope: w = 1 + alpha * m / mean(m)")
     ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
     ap.add_argument("--weight-norm", choices=("token-mean", "none"), default="token-mean",
-                    help="token-mean: rescale w to token-weighted mean 1 (the sft loss scale); none: keep clipped w")
+                    help="token-mean: rescale w to token-weighted mean 1 (the sft "
+                         "loss scale); none: keep clipped w")
     ap.add_argument("--snap-lines", action=argparse.BooleanOptionalAction, default=True,
                     help="extend regions to whole source lines")
     ap.add_argument("--permutations", type=int, default=200, help="draws of each permutation null")
     ap.add_argument("--seed", type=int, default=0, help="seed of the permutation nulls")
-    ap.add_argument("--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)")
+    ap.add_argument("--html-samples", type=int, default=8,
+                    help="samples on the HTML page (highest region mass)")
     ap.add_argument("--force", action="store_true",
-                    help="use a profile made from other inputs anyway; replace another stage's artifact "
-                         "in --out")
+                    help="use a profile made from other inputs anyway; replace "
+                         "another stage's artifact in --out")
     args = ap.parse_args(argv)
     check_ranges(ap, args, {"rho": "[0, 1]", "tau_max": "(0, 1]", "gap": "[0, inf)", "alpha": "[0, inf)",
                             "w_max": "[1, inf)", "permutations": "[0, inf)", "seed": "[0, inf)",
@@ -98,7 +107,8 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     seen = {"model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
             "data_sha256": (meta.get("data") or {}).get("sha256"),
             "tokenizer_fingerprint": meta.get("tokenizer_fingerprint")}
-    expected = {"model": args.model, "data_sha256": sha256_file(args.data), "tokenizer_fingerprint": fingerprint}
+    expected = {"model": args.model, "data_sha256": sha256_file(args.data),
+                "tokenizer_fingerprint": fingerprint}
     check_meta_matches(seen, expected, args.profile, hint, args.force)
     try:
         samples = [s for _, s in read_jsonl(args.profile / "samples.jsonl")]
@@ -109,7 +119,8 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     check_profile_tensors(tensors, len(samples), args.profile, hint)
     names = {int(k): v for k, v in sorted((meta.get("categories") or {}).items(), key=lambda kv: int(kv[0]))}
     if not set(np.unique(tensors["sensitive"]).tolist()) <= {0, *names}:
-        raise UserError(f"{args.profile}: meta.json 'categories' lacks a code used in 'sensitive'; rerun {hint}")
+        raise UserError(f"{args.profile}: meta.json 'categories' lacks a code "
+                        f"used in 'sensitive'; rerun {hint}")
     return tensors, meta, samples, names
 
 
@@ -151,7 +162,8 @@ def adaptive_thresholds(p: np.ndarray, offsets: np.ndarray, rho: float, tau_max:
     return np.where(n_tok > 0, tau, 0.0)
 
 
-def grow_regions(low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
+def grow_regions(low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray,
+                 gap: int) -> tuple[np.ndarray, np.ndarray]:
     """Grow each seed over low-confidence neighbours (p0 < tau_i), bridging <= gap confident tokens.
 
     Low tokens chain when they are in the same sample and at most gap + 1 positions apart; a
@@ -171,7 +183,8 @@ def grow_regions(low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray, gap: 
 
 
 def snap_to_lines(starts: np.ndarray, ends: np.ndarray, line_index: np.ndarray, sample_of: np.ndarray):
-    """Extend [start, end) to every token on a line the region touches (a token's line: that of its first char).
+    """Extend [start, end) to every token on a line the region touches (a token's line: that of its first
+    char).
 
     The key (sample, line) never decreases along the flat arrays, so a sorted search finds a
     line's first and last token without crossing into another sample.
@@ -202,14 +215,15 @@ def label_tokens(starts: np.ndarray, ends: np.ndarray, n_tokens: int) -> np.ndar
 
 
 def region_categories(region_id: np.ndarray, sensitive: np.ndarray, n_regions: int) -> np.ndarray:
-    """Majority category of each region's sensitive tokens, uint8 [R]; a tie goes to the lower code (assumption)."""
+    """Majority category of each region's sensitive tokens, uint8 [R]; a tie: the lower code (assumption)."""
     inside = (region_id >= 0) & (sensitive > 0)
     counts = np.bincount(region_id[inside].astype(np.int64) * 10 + sensitive[inside],
                          minlength=n_regions * 10).reshape(n_regions, 10)
     return (np.argmax(counts[:, 1:], axis=1) + 1).astype(np.uint8)  # argmax picks the first maximum
 
 
-def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n_tok: np.ndarray) -> np.ndarray:
+def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray,
+                n_tok: np.ndarray) -> np.ndarray:
     """m_i = sum over sample i's region tokens of (1 - p0), divided by n_i; [S] (0 for an empty sample)."""
     summed = np.bincount(sample_of, weights=(1.0 - p) * (region_id >= 0), minlength=len(n_tok))
     return summed / np.maximum(n_tok, 1)
@@ -239,8 +253,10 @@ def sample_weights(mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: flo
 
 NULLS = {  # name: (tokens the statistic is on, what the null moves, what a rejection shows)
     "a": ("sensitive", "confidences shuffled within each sample", "low confidence comes in runs"),
-    "b": ("sensitive", "tags rotated within each sample", "sensitive low tokens cluster more than other low tokens"),
-    "c": ("non-sensitive", "confidences shuffled within each sample", "the same without tags (control for a)"),
+    "b": ("sensitive", "tags rotated within each sample",
+          "sensitive low tokens cluster more than other low tokens"),
+    "c": ("non-sensitive", "confidences shuffled within each sample",
+          "the same without tags (control for a)"),
 }
 
 
@@ -276,7 +292,8 @@ def low_share_gap(counts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 
 def shuffled_confidence_null(p, tau_t, codes, sample_of, gap: int, n_perm: int, rng) -> np.ndarray:
-    """Nulls (a) and (c): run_counts [n_perm, 2, 10] with each sample's confidences shuffled over its positions.
+    """Nulls (a) and (c): run_counts [n_perm, 2, 10] with each sample's confidences shuffled over its
+    positions.
 
     Tags, positions and each sample's tau stay fixed and low confidence may land anywhere, so a
     rejection says low confidence comes in runs, for whatever tokens the statistic is on; it says
@@ -306,8 +323,8 @@ def rotated_tags_null(low, multi, codes, off, sample_of, n_perm: int, rng) -> np
 
 
 def p_value(observed: float, null: np.ndarray, side: str = "greater") -> float:
-    """Permutation p-value (1 + #{draws at least as extreme}) / (1 + #draws) over the draws where the statistic
-    is defined; side "greater", "less" or "two" (twice the smaller one-sided p, at most 1)."""
+    """Permutation p-value (1 + #{draws at least as extreme}) / (1 + #draws) over the draws where the
+    statistic is defined; side "greater", "less" or "two" (twice the smaller one-sided p, at most 1)."""
     null = null[~np.isnan(null)]
     if np.isnan(observed) or len(null) == 0:
         return float("nan")
@@ -318,7 +335,7 @@ def p_value(observed: float, null: np.ndarray, side: str = "greater") -> float:
 
 
 def holm(p) -> np.ndarray:
-    """Holm's step-down adjustment of a family of p-values; NaN (not tested) stays NaN, outside the family."""
+    """Holm's step-down adjustment of a family of p-values; NaN (untested) stays NaN, outside the family."""
     p = np.asarray(p, dtype=np.float64)
     order = np.flatnonzero(~np.isnan(p))
     order = order[np.argsort(p[order], kind="stable")]
@@ -342,8 +359,8 @@ def spread(x) -> dict[str, float]:
 
 def against(observed: float, null: np.ndarray, side: str = "greater") -> dict[str, float]:
     """A statistic against its null draws: observed, null mean and sd, permutation p."""
-    return {"observed": float(observed), "null_mean": mean(null), "null_sd": spread(null[~np.isnan(null)])["sd"],
-            "p": p_value(observed, null, side)}
+    return {"observed": float(observed), "null_mean": mean(null),
+            "null_sd": spread(null[~np.isnan(null)])["sd"], "p": p_value(observed, null, side)}
 
 
 def compute_finding(v: dict, names: dict[int, str], args) -> dict:
@@ -360,8 +377,9 @@ def compute_finding(v: dict, names: dict[int, str], args) -> dict:
     p_a, p_b = ([p_value(obs_c[c], null[:, c]) for c in names] for null in (a_c, b_c))
     per_cat = {name: {"code": c, "tokens": int(tokens[c]), "low_conf_tokens": int(obs[1, c]),
                       "low_conf_share": mean(low[codes == c]), "mean_p": mean(p[codes == c]),
-                      "clustered_share": float(obs_c[c]), "null_a_mean": mean(a_c[:, c]), "p_a": pa, "p_a_holm": ha,
-                      "null_b_mean": mean(b_c[:, c]), "p_b": pb, "p_b_holm": hb, "regions": int((v["cats"] == c).sum())}
+                      "clustered_share": float(obs_c[c]), "null_a_mean": mean(a_c[:, c]), "p_a": pa,
+                      "p_a_holm": ha, "null_b_mean": mean(b_c[:, c]), "p_b": pb, "p_b_holm": hb,
+                      "regions": int((v["cats"] == c).sum())}
                for (c, name), pa, ha, pb, hb in zip(names.items(), p_a, holm(p_a), p_b, holm(p_b))}
     nulls = {k: {**dict(zip(("tokens", "moves", "rejection_shows"), NULLS[k])), **against(o, null)}
              for k, o, null in (("a", obs_s, a_s), ("b", obs_s, b_s), ("c", obs_c[0], a_c[:, 0]))}
@@ -372,15 +390,18 @@ def compute_finding(v: dict, names: dict[int, str], args) -> dict:
         "low_share": {"sensitive": mean(low[sens]), "other": mean(low[~sens]),
                       **against(low_share_gap(obs, tokens), low_share_gap(null_b, tokens), "two"),
                       "test": "sensitive minus other, against the tag rotations of null (b), two-sided"},
-        "above_tau_max_sensitive": mean(p[sens] >= args.tau_max), "above_tau_max_other": mean(p[~sens] >= args.tau_max),
+        "above_tau_max_sensitive": mean(p[sens] >= args.tau_max),
+        "above_tau_max_other": mean(p[~sens] >= args.tau_max),
         "mean_entropy_sensitive": mean(v["entropy"][sens]), "mean_entropy_other": mean(v["entropy"][~sens]),
         "per_category": per_cat,
         "regions": {"count": len(starts), "tokens": int(in_region.sum()),
                     "samples_with_regions": int(np.unique(sample_of[in_region]).size),
-                    "length_tokens": spread(ends - starts), "length_lines": spread(line[ends - 1] - line[starts] + 1)},
+                    "length_tokens": spread(ends - starts),
+                    "length_lines": spread(line[ends - 1] - line[starts] + 1)},
         "weights": {"norm": args.weight_norm, "samples": int(has.sum()), **spread(w[has]),
-                    "samples_above_1": int(np.sum(w[has] > 1.0)), "samples_below_1": int(np.sum(w[has] < 1.0)),
-                    "mean_mass": mean(v["mass"][has]), "token_weighted_mean": float((w * v["n_tok"]).sum() / len(p))},
+                    "samples_above_1": int(np.sum(w[has] > 1.0)),
+                    "samples_below_1": int(np.sum(w[has] < 1.0)), "mean_mass": mean(v["mass"][has]),
+                    "token_weighted_mean": float((w * v["n_tok"]).sum() / len(p))},
     }
     f["conclusion"] = conclusion(f)
     return f
@@ -391,7 +412,8 @@ def conclusion(f: dict) -> str:
     (a) and (c) for runs at all, (b) for the CUDA-specific claim (per category after Holm), the low share."""
     a, b, c, ls = f["nulls"]["a"], f["nulls"]["b"], f["nulls"]["c"], f["low_share"]
     if b["p"] != b["p"]:  # NaN: no draws
-        return "No permutation test was run (--permutations 0), so this data supports no claim about clustering."
+        return ("No permutation test was run (--permutations 0), so this data "
+                "supports no claim about clustering.")
     sa, sb, sc, sl = (q < LEVEL for q in (a["p"], b["p"], c["p"], ls["p"]))
     runs = ("low confidence comes in runs, for sensitive and non-sensitive tokens alike" if sa and sc else
             "low-confidence sensitive tokens come in runs, non-sensitive ones do not" if sa else
@@ -399,13 +421,13 @@ def conclusion(f: dict) -> str:
             "low confidence does not come in runs")
     vs = f"{pct(b['observed'])} in runs vs {pct(b['null_mean'])}, b: p = {num(b['p'], 4)}"
     cats = ", ".join(n for n, cat in f["per_category"].items() if cat["p_b_holm"] < LEVEL) or "none"
-    spec = (f"low-confidence sensitive tokens {'sit' if sb else 'do not sit'} in runs {'' if sb else 'significantly '}"
-            f"more than their tags rotated over the same confidences ({vs}), so it "
-            f"{'supports' if sb else 'does not support'} that CUDA-sensitive low-confidence tokens cluster specially "
-            f"(categories that do after Holm: {cats})")
+    spec = (f"low-confidence sensitive tokens {'sit' if sb else 'do not sit'} in runs "
+            f"{'' if sb else 'significantly '}more than their tags rotated over the same confidences "
+            f"({vs}), so it {'supports' if sb else 'does not support'} that CUDA-sensitive low-confidence "
+            f"tokens cluster specially (categories that do after Holm: {cats})")
     how = ("more" if ls["observed"] > 0 else "less") if sl else "neither more nor less"
-    return (f"At level {LEVEL}: {runs} (a: p = {num(a['p'], 4)}, c: p = {num(c['p'], 4)}); {spec}; and sensitive "
-            f"tokens are {how} often low-confidence than other tokens ({pct(ls['sensitive'])} vs "
+    return (f"At level {LEVEL}: {runs} (a: p = {num(a['p'], 4)}, c: p = {num(c['p'], 4)}); {spec}; and "
+            f"sensitive tokens are {how} often low-confidence than other tokens ({pct(ls['sensitive'])} vs "
             f"{pct(ls['other'])}, p = {num(ls['p'], 4)}).")
 
 
@@ -435,10 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     mass = region_mass(p, region_id, sample_of, n_tok)  # [S]
     weight = sample_weights(mass, n_tok, args.alpha, args.w_max, args.weight_norm)  # [S]
 
-    v = {"off": off, "n_tok": n_tok, "sample_of": sample_of, "p": p, "entropy": t["entropy"].astype(np.float64),
-         "sensitive": sensitive, "line": line_index, "cs": t["char_start"], "ce": t["char_end"], "tau": tau,
-         "tau_t": tau[sample_of], "region_id": region_id, "starts": starts, "ends": ends, "cats": cats,
-         "mass": mass, "weight": weight}
+    v = {"off": off, "n_tok": n_tok, "sample_of": sample_of, "p": p,
+         "entropy": t["entropy"].astype(np.float64), "sensitive": sensitive, "line": line_index,
+         "cs": t["char_start"], "ce": t["char_end"], "tau": tau, "tau_t": tau[sample_of],
+         "region_id": region_id, "starts": starts, "ends": ends, "cats": cats, "mass": mass,
+         "weight": weight}
     finding = compute_finding(v, names, args)
     report = render_report(finding, args, len(samples))
     shown = np.argsort(-mass, kind="stable")[: args.html_samples].tolist()  # highest region mass first
@@ -448,11 +471,14 @@ def main(argv: list[str] | None = None) -> int:
                "tau": tau.astype(np.float32), "sample_mass": mass.astype(np.float32),
                "sample_weight": weight.astype(np.float32), "sample_offsets": off.astype(np.int64)}
     out_meta = {"stage": STAGE, "args": args_to_json(args),
-                **{k: meta.get(k) for k in ("model", "tokenizer_fingerprint", "data", "max_length", "categories")},
-                "profile": {"path": str(args.profile.resolve()), "meta_sha256": sha256_file(args.profile / "meta.json"),
+                **{k: meta.get(k)
+                   for k in ("model", "tokenizer_fingerprint", "data", "max_length", "categories")},
+                "profile": {"path": str(args.profile.resolve()),
+                            "meta_sha256": sha256_file(args.profile / "meta.json"),
                             "tensors_sha256": sha256_file(args.profile / "tensors.safetensors")},
                 "counts": {"samples": len(n_tok), "response_tokens": len(p), "regions": len(starts),
-                           "region_tokens": int((region_id >= 0).sum()), "seeds": int((low & (sensitive > 0)).sum())},
+                           "region_tokens": int((region_id >= 0).sum()),
+                           "seeds": int((low & (sensitive > 0)).sum())},
                 "finding": json_safe(finding)}
     write_artifact(args.out, tensors, out_meta, {"report.md": report, "regions.html": page})
     print(report)

@@ -50,13 +50,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError, all_reduce_stats,
-                          args_to_json, check_head_is_plain, check_meta_matches, check_out_dir, check_ranges,
-                          check_resume, check_room, checkpoint_room, encode_sample, end_of_turn_ids, finishes_out, format_memory_plan,
-                          fsdp_micro_batch, gold_logprobs, library_versions, load_causal_lm, load_resume, load_sft,
-                          load_tokenizer, memory_plan, open_out, output_head, read_artifact, run_main, sample_threshold,
-                          save_resume, setup_distributed, sha256_file, shard_fsdp, state_options,
-                          tokenizer_fingerprint, write_text_atomic)
+from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
+                          all_reduce_stats, args_to_json, check_head_is_plain, check_meta_matches,
+                          check_ranges, check_resume, check_room, check_train_out, checkpoint_room,
+                          encode_sample, end_of_turn_ids, finishes_out, format_memory_plan, fsdp_micro_batch,
+                          gold_logprobs, library_versions, load_causal_lm, load_resume, load_sft,
+                          load_tokenizer, log_step, memory_plan, open_out, output_head, read_artifact,
+                          run_main, sample_threshold, save_resume, setup_distributed, sha256_file,
+                          shard_fsdp, state_options, tokenizer_fingerprint, write_text_atomic)
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
@@ -77,7 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--regions", type=Path, default=DEFAULT_REGIONS, help="stage-02 artifact (default: %(default)s)")
     a("--objective", choices=OBJECTIVES, default="cuset")
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/ckpt-<objective>)")
-    a("--max-length", type=int, default=None, help="tokens per sample (default: the regions artifact's, else 1024)")
+    a("--max-length", type=int, default=None,
+      help="tokens per sample (default: the regions artifact's, else 1024)")
     a("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")
     a("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
     a("--batch-size", type=int, default=8, help="global batch in samples per optimizer step")
@@ -92,17 +94,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--tau-max", type=float, default=TAU_MAX, help="upper bound of kappa_i (docs/method.md)")
     a("--mask-source", choices=("online", "profile"), default="online",
       help="p for kappa and the mask: the current model's, or the stage-01 profile's (p0) the regions used")
-    a("--norm", choices=("all", "kept"), default="all", help="N counts all response tokens or only kept ones")
+    a("--norm", choices=("all", "kept"), default="all",
+      help="N counts all response tokens or only kept ones")
     a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
     a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
     a("--grad-checkpointing", action="store_true", help="recompute activations in backward")
-    a("--fsdp", action="store_true", help="under torchrun: shard weights, gradients and optimizer state (FSDP2)")
+    a("--fsdp", action="store_true",
+      help="under torchrun: shard weights, gradients and optimizer state (FSDP2)")
     a("--param-dtype", choices=("fp32", "bf16"), default="fp32",
-      help="weights as gathered for compute under --fsdp; bf16 keeps fp32 shards (master) and fp32 optimizer state")
+      help="weights as gathered for compute under --fsdp; bf16 keeps fp32 shards (master) and fp32 "
+           "optimizer state")
     a("--fsdp-keep-gathered", action="store_true",
-      help="--fsdp: no all-gather or reduce-scatter between a step's micro-batches, for full weights and grads")
+      help="--fsdp: no all-gather or reduce-scatter between a step's micro-batches, for full weights "
+           "and grads")
     a("--save-every", type=int, default=50, help="steps between resume checkpoints")
-    a("--stop-after", type=int, default=None, help="stop after this many steps in this invocation (time slices)")
+    a("--stop-after", type=int, default=None,
+      help="stop after this many steps in this invocation (time slices)")
     a("--resume", action="store_true", help="continue from --out/resume")
     a("--force", action="store_true", help="start over in --out (its previous content is deleted only "
                                             "once the new run succeeds); accept regions/profile artifacts "
@@ -114,7 +121,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
     check_ranges(ap, args, RANGES)
     if (args.param_dtype == "bf16" or args.fsdp_keep_gathered) and not args.fsdp:
-        ap.error("--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun --nproc_per_node 1)")
+        ap.error("--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun "
+                 "--nproc_per_node 1)")
     return args
 
 
@@ -153,14 +161,16 @@ def objective_loss(logp: torch.Tensor, valid: torch.Tensor, region: torch.Tensor
     nll = -logp
     p = logp.detach().exp()
     p_mask = p if p_mask is None else p_mask
-    keep = keep_mask(objective, p_mask, valid, region, rho=rho, tau_max=tau_max, profit_threshold=profit_threshold)
+    keep = keep_mask(objective, p_mask, valid, region, rho=rho, tau_max=tau_max,
+                     profit_threshold=profit_threshold)
     w = weight if objective in ("cuset", "cuset-weight") else torch.ones_like(weight)
     coef = keep.float() * w[:, None].float()  # [B, L]
     if objective == "dft":
         coef = coef * p
     loss = (coef * nll).sum() / n_tokens
-    stats = {"tokens": valid.sum().item(), "kept": keep.sum().item(), "region": (region & valid).sum().item(),
-             "weight_sum": (w[:, None] * valid).sum().item(), "nll_sum": (nll * valid).sum().item()}
+    stats = {"tokens": valid.sum().item(), "kept": keep.sum().item(),
+             "region": (region & valid).sum().item(), "weight_sum": (w[:, None] * valid).sum().item(),
+             "nll_sum": (nll * valid).sum().item()}
     return loss, stats
 
 
@@ -181,12 +191,13 @@ def load_regions(args, tok_fp: str, data_sha: str) -> dict | None:
     if not (args.regions / "meta.json").exists():
         raise UserError(f"--objective {args.objective} needs the regions artifact of stage 02, not found at "
                         f"{args.regions}; run {hint}, or pass --regions")
-    tensors, meta = read_artifact(args.regions, "02_label_regions", hint, token_tensors={"region_id": np.int32},
+    tensors, meta = read_artifact(args.regions, "02_label_regions", hint,
+                                  token_tensors={"region_id": np.int32},
                                   sample_tensors={"sample_weight": np.float32})
     expected = {"tokenizer_fingerprint": tok_fp, "data_sha256": data_sha}
     check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        "data_sha256": (meta.get("data") or {}).get("sha256")}, expected, args.regions, hint,
-                       args.force)
+                        "data_sha256": (meta.get("data") or {}).get("sha256")},
+                       expected, args.regions, hint, args.force)
     out = {"meta": meta, "offsets": tensors["sample_offsets"], "region": tensors["region_id"] >= 0,
            "weight": tensors["sample_weight"]}
     if args.mask_source == "profile":
@@ -206,14 +217,16 @@ def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expec
     hint = f"python 01_profile.py --out {prof_dir}, then python 02_label_regions.py --profile {prof_dir} " \
            f"--out {args.regions}, with this --model and --data"
     if not (prof_dir / "meta.json").exists() and not prof_dir.is_absolute():
-        raise UserError(f"{args.regions} was labelled on the profile {prof_dir}, relative to the folder stage 02 "
-                        f"ran in; not found from here ({Path.cwd()}): run from that folder, or rerun {hint}")
+        raise UserError(f"{args.regions} was labelled on the profile {prof_dir}, relative to the folder "
+                        f"stage 02 ran in; not found from here ({Path.cwd()}): run from that folder, or "
+                        f"rerun {hint}")
     prof, meta = read_artifact(prof_dir, "01_profile", hint, token_tensors={"confidence": np.float32})
     if sha256_file(prof_dir / "meta.json") != rec.get("meta_sha256") and not args.force:
-        raise UserError(f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json sha256 "
-                        f"differs from the one stage 02 recorded); rerun {hint}, or pass --force")
+        raise UserError(f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json "
+                        f"sha256 differs from the one stage 02 recorded); rerun {hint}, or pass --force")
     check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        "data_sha256": (meta.get("data") or {}).get("sha256")}, expected, prof_dir, hint, args.force)
+                        "data_sha256": (meta.get("data") or {}).get("sha256")},
+                       expected, prof_dir, hint, args.force)
     # Not overridable by --force: with other offsets, p0 would be read for the wrong tokens.
     if not np.array_equal(prof["sample_offsets"], offsets):
         raise UserError(f"{prof_dir}: its samples and response tokens ({len(prof['sample_offsets']) - 1}, "
@@ -222,7 +235,8 @@ def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expec
     return prof["confidence"]
 
 
-def tokenize_dataset(records: list[dict], tokenizer, max_length: int, regions: dict | None) -> tuple[list[dict], int]:
+def tokenize_dataset(records: list[dict], tokenizer, max_length: int,
+                     regions: dict | None) -> tuple[list[dict], int]:
     """encode_sample for every record (the same tokenization as stage 01), plus its region slice.
 
     Returns (samples, skipped): a sample whose prompt fills max_length has no response token and is
@@ -237,8 +251,9 @@ def tokenize_dataset(records: list[dict], tokenizer, max_length: int, regions: d
         if regions is not None:
             lo, hi = int(regions["offsets"][i]), int(regions["offsets"][i + 1])
             if hi - lo != n_resp:
-                raise UserError(f"{rec.get('id')}: {n_resp} response tokens here but {hi - lo} in the regions "
-                                f"artifact; rerun stages 01 and 02 with the same --max-length and data")
+                raise UserError(f"{rec.get('id')}: {n_resp} response tokens here but {hi - lo} in the "
+                                "regions artifact; rerun stages 01 and 02 with the same --max-length "
+                                "and data")
             s.update(region=regions["region"][lo:hi], weight=float(regions["weight"][i]),
                      p0=regions["p0"][lo:hi] if "p0" in regions else None)
         skipped += n_resp == 0
@@ -314,17 +329,6 @@ RESUME_MAY_CHANGE = {"out", "resume", "force", "save_every", "stop_after", "micr
                      "grad_checkpointing", "fsdp", "fsdp_keep_gathered"}
 
 
-def check_out(args) -> None:
-    """--out, before any work: the rule of every stage (check_out_dir), and a folder with a run in it is
-    continued with --resume or started over with --force, never silently."""
-    regions = args.regions if uses_regions(args) else None
-    inputs = {"--data": args.data, "--model": Path(args.model), "--regions": regions}
-    check_out_dir(args.out, "03_train_cuset", inputs, args.force)
-    if args.out.is_dir() and any(args.out.iterdir()) and not (args.resume or args.force):
-        raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, --force to "
-                        f"start over (the previous one is kept until the new one finishes), or another --out")
-
-
 @torch.no_grad()
 def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) -> float:
     """--norm kept: N = kept tokens of the global batch, from a no-grad pass with the same weights."""
@@ -337,27 +341,14 @@ def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) 
     return float(all_reduce_stats({"kept": kept}, world)["kept"])
 
 
-def log_step(step: int, total: int, stats: dict, optimizer, tokens_seen: float, t_start: float, steps_run: int) -> str:
-    elapsed = time.time() - t_start
-    n = max(stats["tokens"], 1)
-    row = {"step": step, "loss": round(stats["loss"], 6), "nll": round(stats["nll_sum"] / n, 6),
-           "masked_share": round(1 - stats["kept"] / n, 4), "region_share": round(stats["region"] / n, 4),
-           "weight_mean": round(stats["weight_sum"] / n, 4), "lr": optimizer.param_groups[0]["lr"],
-           "tokens": int(stats["tokens"])}
-    eta = elapsed / steps_run * (total - step)
-    print(f"step {step:>5}/{total} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | masked {row['masked_share']:.1%} "
-          f"| region {row['region_share']:.1%} | w {row['weight_mean']:.3f} | lr {row['lr']:.2e} "
-          f"| {tokens_seen / elapsed:,.0f} tok/s | ETA {eta:,.0f}s", flush=True)
-    return json.dumps(row) + "\n"
-
-
-def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, max_length: int, rank: int) -> None:
+def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, max_length: int,
+               rank: int) -> None:
     """Model + tokenizer + meta.json, written to a temp folder and then moved into --out (by rank 0; under
     --fsdp every process takes part in gathering the weights)."""
     weights = get_model_state_dict(model, options=state_options(args)) if args.fsdp else None
     if rank != 0:
         return
-    if weights is not None:  # gathered tensors no longer share storage: keep tied weights once, as on one GPU
+    if weights is not None:  # gathered tensors share no storage: keep tied weights once, as on one GPU
         names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
         weights = {k: v for k, v in weights.items() if k in names}
     tmp = args.out / ".final.tmp"
@@ -367,9 +358,11 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, ma
     model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     regions_file = args.regions / "tensors.safetensors"
-    regions_sha = sha256_file(regions_file) if regions_file.exists() and args.objective in REGION_OBJECTIVES else None
-    meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective, "args": args_to_json(args),
-            "model": args.model, "tokenizer_fingerprint": tok_fp, "data": {"path": str(args.data), "sha256": data_sha},
+    regions_sha = (sha256_file(regions_file) if regions_file.exists() and args.objective in REGION_OBJECTIVES
+                   else None)
+    meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective,
+            "args": args_to_json(args), "model": args.model, "tokenizer_fingerprint": tok_fp,
+            "data": {"path": str(args.data), "sha256": data_sha},
             "regions": {"path": str(args.regions), "sha256": regions_sha}, "max_length": max_length,
             "final_step": step, "versions": library_versions()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -388,15 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup_distributed(args.device, args.fsdp)
     if args.batch_size % (world * args.micro_batch_size):
-        raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x --micro-batch-size "
-                        f"({world} x {args.micro_batch_size})")
+        raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x "
+                        f"--micro-batch-size ({world} x {args.micro_batch_size})")
     torch.manual_seed(args.seed)
 
     # Load and validate inputs before any work.
     if args.resume:
         check_resume(args, RESUME_MAY_CHANGE)
     records = load_sft(args.data)
-    check_out(args)
+    check_train_out(args, args.regions if uses_regions(args) else None)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -408,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{regions['meta']['max_length']}; region masks would not line up")
     samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
     if len(samples) < args.batch_size:
-        raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: prompt "
-                        f"fills --max-length), fewer than --batch-size {args.batch_size}; "
+        raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: "
+                        f"prompt fills --max-length), fewer than --batch-size {args.batch_size}; "
                         + ("raise --max-length" if skipped else "lower --batch-size"))
     model = load_causal_lm(args.model, torch.float32).to(device)
     check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
@@ -426,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fsdp:
         shard_fsdp(net, args)  # parameters become DTensor shards; the optimizer below sees only the shards
     elif world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
+        net = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[device] if device.startswith("cuda") else None)
     opt_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
     optimizer = opt_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
@@ -435,10 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
     step, log_lines = load_resume(args, model, optimizer, rank) if args.resume else (0, [])
     if rank == 0:
-        print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token within "
-              f"max_length) | max_length {max_length} | {total} steps of "
-              f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) | "
-              f"device {device}" + (f" | resumed at step {step}" if step else ""))
+        print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token "
+              f"within max_length) | max_length {max_length} | {total} steps of "
+              f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) "
+              f"| device {device}" + (f" | resumed at step {step}" if step else ""))
         print(format_memory_plan(plan, args, world), flush=True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
     knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
@@ -448,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         batch_ids = batch_order(len(samples), args.batch_size, step // steps_per_epoch, args.seed)[
             step % steps_per_epoch]
         mine = batch_ids[rank::world]  # this process's share of the global batch
-        micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]], tokenizer.pad_token_id, device)
+        micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]],
+                         tokenizer.pad_token_id, device)
                  for i in range(0, len(mine), args.micro_batch_size)]
         # N: response tokens of the whole global batch, before masking (docs/method.md "Objectives").
         n_all = sum(len(samples[j]["input_ids"]) - samples[j]["start"] for j in batch_ids)

@@ -9,13 +9,13 @@ and HTML page) lives here so that the stage reads as one story. Modules:
   cli        UserError, run_main, the argument parser and its range checks, the device
   files      atomic writes, JSONL reading with file:line errors, sha256
   tasks      CUDABench tasks and the prompt builder (data/build_sft.py and 04_eval_kernels.py word alike)
-  artifacts  artifact folders (tensors + meta.json), the checks on them, the rule for --out folders
+  artifacts  artifact folders (tensors + meta.json), the checks on them, the rules for --out folders
   data       SFT records in any supported form, and the tokenization every stage uses
   models     loading models and tokenizers with one-line errors; the plain-head check
   method     formulas stages 01-03 share: sample_threshold, gold_logprobs, and their defaults
   resume     the state a killed run continues from (stage 01's shards, stage 03's resume/ folder)
-  scale      distributed setup, FSDP2 sharding and the memory plan (stage 03)
-  profiling  stage 01's batching: auto batch size and chunk rows per device, the batch plan
+  scale      distributed setup, FSDP2 sharding, the memory plan and the step log (stage 03)
+  profiling  stage 01's batching (auto batch size and chunk rows per device, the batch plan), summary
   reports    stage 02's report.md and regions.html
   cuda_source reading CUDA C++ for stage 01's tagger (imported as cuset_common.cuda_source)
 
@@ -23,8 +23,8 @@ and HTML page) lives here so that the stage reads as one story. Modules:
 """
 from .artifacts import (EVAL_RUN_FILES, SCHEMA_VERSION, STAGES, TRAIN_RUN_FILES, args_to_json,
                         artifact_stage, aside_dir, check_flat_tensors, check_meta_matches, check_out_dir,
-                        check_resume_args, check_room, finishes_out, library_versions, open_out,
-                        read_artifact, tokenizer_fingerprint, write_artifact)
+                        check_resume_args, check_room, check_train_out, finishes_out, library_versions,
+                        open_out, read_artifact, tokenizer_fingerprint, write_artifact)
 from .cli import (ArgumentParser, UserError, check_ranges, describe, load_script, pick_device, run_main,
                   within)
 from .data import (PLAIN_PROMPT_TEMPLATE, close_turn, encode_sample, end_of_turn_ids, load_sft,
@@ -36,7 +36,8 @@ from .models import (MODEL_PARTS, check_head_is_plain, check_hub_id, check_model
 from .paths import (DATA, EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, MODES, NVCC_DEFAULT_ARCH, NVCC_FLAGS,
                     NVCC_NATIVE_ARCH, ROOT, SFT_FILE, SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE,
                     SMOLLM2_MODEL, SYSTEM_PROMPT, TASKS_FILE, TINY_MODEL)
-from .profiling import (AUTO, for_device, make_batches, positive_or_auto)
+from .profiling import (AUTO, check_response_tokens, for_device, line_indices, make_batches,
+                        positive_or_auto, print_profile_summary)
 from .reports import (CATEGORY_COLORS, CSS, display_lines, json_safe, num, pct, region_boxes, render_html,
                       render_line, render_report, render_sample, shade)
 from .tasks import (KERNEL_SIGNATURE, TASK_REQUIRED, build_messages, build_prompt, fence, load_tasks,
@@ -52,7 +53,7 @@ _LAZY = {
     **dict.fromkeys(("check_partial", "check_resume", "checkpoint_room", "load_resume", "load_shards",
                      "partial_dir", "resume_dir", "save_resume", "save_shard", "state_options"), "resume"),
     **dict.fromkeys(("all_reduce_stats", "decoder_layers", "format_memory_plan", "fsdp_micro_batch",
-                     "memory_plan", "setup_distributed", "shard_fsdp"), "scale"),
+                     "log_step", "memory_plan", "setup_distributed", "shard_fsdp"), "scale"),
 }
 
 
@@ -63,25 +64,25 @@ def __getattr__(name: str):
 
     return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
 
-__all__ = [
-    "EVAL_RUN_FILES", "SCHEMA_VERSION", "STAGES", "TRAIN_RUN_FILES", "args_to_json", "artifact_stage",
-    "aside_dir", "check_flat_tensors", "check_meta_matches", "check_out_dir", "check_resume_args",
-    "check_room", "finishes_out", "library_versions", "open_out", "read_artifact", "tokenizer_fingerprint",
-    "write_artifact", "ArgumentParser", "UserError", "check_ranges", "describe", "load_script",
-    "pick_device", "run_main", "within", "PLAIN_PROMPT_TEMPLATE", "close_turn", "encode_sample",
-    "end_of_turn_ids", "load_sft", "normalize_record", "render_prompt_and_response",
-    "special_token_strings", "strings", "append_jsonl", "open_input", "parse_json_line",
-    "read_appended_jsonl", "read_jsonl", "replace_dir_atomic", "sha256_file", "write_jsonl_atomic",
-    "write_text_atomic", "RHO", "TAU_MAX", "entropy_of", "gold_logprob_entropy", "gold_logprobs",
-    "head_logits", "row_chunks", "sample_threshold", "MODEL_PARTS", "check_head_is_plain", "check_hub_id",
-    "check_model_source", "load_causal_lm", "load_tokenizer", "output_head", "DATA", "EVAL_SFT_FILE",
-    "EVAL_SFT_KERNEL_FILE", "LEVELS", "MODES", "NVCC_DEFAULT_ARCH", "NVCC_FLAGS", "NVCC_NATIVE_ARCH",
-    "ROOT", "SFT_FILE", "SFT_KERNEL_FILE", "SFT_KERNEL_ORIGINALS_FILE", "SMOLLM2_MODEL", "SYSTEM_PROMPT",
-    "TASKS_FILE", "TINY_MODEL", "AUTO",
-    "for_device", "make_batches", "positive_or_auto", "CATEGORY_COLORS", "CSS", "display_lines",
-    "json_safe", "num", "pct", "region_boxes", "render_html", "render_line", "render_report",
-    "render_sample", "shade", "check_partial", "check_resume", "checkpoint_room", "load_resume",
-    "load_shards", "partial_dir", "resume_dir", "save_resume", "save_shard", "state_options",
-    "all_reduce_stats", "decoder_layers", "format_memory_plan", "fsdp_micro_batch", "memory_plan",
-    "setup_distributed", "shard_fsdp", "KERNEL_SIGNATURE", "TASK_REQUIRED", "build_messages",
-    "build_prompt", "fence", "load_tasks", "signature_parts"]
+__all__ = ["EVAL_RUN_FILES", "SCHEMA_VERSION", "STAGES", "TRAIN_RUN_FILES", "args_to_json", "artifact_stage",
+           "aside_dir", "check_flat_tensors", "check_meta_matches", "check_out_dir", "check_resume_args",
+           "check_room", "check_train_out", "finishes_out", "library_versions", "open_out", "read_artifact",
+           "tokenizer_fingerprint", "write_artifact", "ArgumentParser", "UserError", "check_ranges",
+           "describe", "load_script", "pick_device", "run_main", "within", "PLAIN_PROMPT_TEMPLATE",
+           "close_turn", "encode_sample", "end_of_turn_ids", "load_sft", "normalize_record",
+           "render_prompt_and_response", "special_token_strings", "strings", "append_jsonl", "open_input",
+           "parse_json_line", "read_appended_jsonl", "read_jsonl", "replace_dir_atomic", "sha256_file",
+           "write_jsonl_atomic", "write_text_atomic", "RHO", "TAU_MAX", "entropy_of", "gold_logprob_entropy",
+           "gold_logprobs", "head_logits", "row_chunks", "sample_threshold", "MODEL_PARTS",
+           "check_head_is_plain", "check_hub_id", "check_model_source", "load_causal_lm", "load_tokenizer",
+           "output_head", "DATA", "EVAL_SFT_FILE", "EVAL_SFT_KERNEL_FILE", "LEVELS", "MODES",
+           "NVCC_DEFAULT_ARCH", "NVCC_FLAGS", "NVCC_NATIVE_ARCH", "ROOT", "SFT_FILE", "SFT_KERNEL_FILE",
+           "SFT_KERNEL_ORIGINALS_FILE", "SMOLLM2_MODEL", "SYSTEM_PROMPT", "TASKS_FILE", "TINY_MODEL", "AUTO",
+           "check_response_tokens", "for_device", "line_indices", "make_batches", "positive_or_auto",
+           "print_profile_summary", "CATEGORY_COLORS", "CSS", "display_lines", "json_safe", "num", "pct",
+           "region_boxes", "render_html", "render_line", "render_report", "render_sample", "shade",
+           "check_partial", "check_resume", "checkpoint_room", "load_resume", "load_shards", "partial_dir",
+           "resume_dir", "save_resume", "save_shard", "state_options", "all_reduce_stats", "decoder_layers",
+           "format_memory_plan", "fsdp_micro_batch", "log_step", "memory_plan", "setup_distributed",
+           "shard_fsdp", "KERNEL_SIGNATURE", "TASK_REQUIRED", "build_messages", "build_prompt", "fence",
+           "load_tasks", "signature_parts"]

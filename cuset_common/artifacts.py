@@ -37,7 +37,8 @@ def library_versions() -> dict[str, str]:
             "numpy": numpy.__version__}
 
 
-def write_artifact(out_dir: Path, tensors: dict, meta: dict, extra_files: dict[str, str] | None = None) -> None:
+def write_artifact(out_dir: Path, tensors: dict, meta: dict,
+                   extra_files: dict[str, str] | None = None) -> None:
     """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in."""
     from safetensors.numpy import save_file
 
@@ -86,7 +87,8 @@ def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_ten
         raise UserError(f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
                         f"rerun {rerun_hint}") from None
     if token_tensors is not None or sample_tensors is not None:
-        check_flat_tensors(tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ", rerun_hint)
+        check_flat_tensors(tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ",
+                           rerun_hint)
     return tensors, meta
 
 
@@ -113,8 +115,8 @@ def check_flat_tensors(t: dict, token_tensors: dict, sample_tensors: dict, meta:
             raise bad(f"tensor {name} has {len(t[name])} entries but there are {n_samples} samples")
     counts = meta.get("counts") or {}
     if counts.get("samples", n_samples) != n_samples or counts.get("response_tokens", n_tok) != n_tok:
-        raise bad(f"meta.json counts ({counts.get('samples')} samples, {counts.get('response_tokens')} tokens) "
-                  f"disagree with the tensors ({n_samples}, {n_tok})")
+        raise bad(f"meta.json counts ({counts.get('samples')} samples, {counts.get('response_tokens')} "
+                  f"tokens) disagree with the tensors ({n_samples}, {n_tok})")
 
 
 def args_to_json(args) -> dict:
@@ -136,9 +138,11 @@ def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path,
                         f"resume with the same arguments, or start a new run ({restart})")
 
 
-def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool) -> None:
+def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str,
+                       force: bool) -> None:
     """Refuse an artifact made from another model, tokenizer or data (unless --force)."""
-    wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}"
+             for k, v in expected.items() if meta.get(k) != v]
     if wrong and not force:
         raise UserError(f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
                         f"rerun {rerun_hint}, or pass --force to use it anyway")
@@ -196,7 +200,7 @@ def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: 
     if entries and owner is None:
         raise UserError(f"--out {out} holds files that are not an artifact of this project (e.g. "
                         f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
-                        f"replace)")
+                        "replace)")
     if owner not in (None, stage) and not force:
         hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
         raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
@@ -266,3 +270,14 @@ def finishes_out(main_fn):
         finally:
             _OPENED.clear()
     return main
+
+
+def check_train_out(args, regions: Path | None) -> None:
+    """Stage 03's --out, before any work: the rule of every stage (check_out_dir), and a folder with a run
+    in it is continued with --resume or started over with --force, never silently."""
+    inputs = {"--data": args.data, "--model": Path(args.model), "--regions": regions}
+    check_out_dir(args.out, "03_train_cuset", inputs, args.force)
+    if args.out.is_dir() and any(args.out.iterdir()) and not (args.resume or args.force):
+        raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, --force "
+                        "to start over (the previous one is kept until the new "
+                        "one finishes), or another --out")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 FUNC_HEAD, BEFORE_BODY = re.compile(r"\b__(global|device)__\b"), re.compile(r"[^;{]*")
-LITERAL = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)|\"(?:\\.|[^\"\\\n])*\"?|(?<!\w)'(?:\\.|[^'\\\n]){1,4}'", re.S)
+LITERAL = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)|\"(?:\\.|[^\"\\\n])*\"?|(?<!\w)'(?:\\.|[^'\\\n]){1,4}'",
+                     re.S)
 BLANK = re.compile(r"[^\n]")  # blanking keeps newlines, so offsets and line numbers stay valid
 COMPARISON = re.compile(r"<=|>=|==|!=|(?<![<>\-])[<>](?![<>=])")
 
@@ -61,7 +62,8 @@ def expr_edge(code: str, pos: int, step: int) -> int:
             depth -= 1
         elif depth == 0 and (c in ";,{}?" or (c == ":" and "::" not in code[max(j - 1, 0):j + 2])
                              or is_assignment(code, j)
-                             or (step > 0 and (COMPARISON.match(code, j) or code.startswith(("&&", "||"), j)))):
+                             or (step > 0 and (COMPARISON.match(code, j)
+                                               or code.startswith(("&&", "||"), j)))):
             break
         j += step
     return j if step > 0 else j + 1

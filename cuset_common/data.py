@@ -19,18 +19,19 @@ def normalize_record(obj: dict, where: str) -> dict:
     rid = str(obj.get("id", where))
     if "messages" in obj:
         msgs = obj["messages"]
-        ok = (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                     and m.get("role") in ("system", "user", "assistant")
-                                                     for m in msgs))
+        ok = (isinstance(msgs, list) and msgs
+              and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                      and m.get("role") in ("system", "user", "assistant") for m in msgs))
         if not ok or msgs[-1]["role"] != "assistant":
-            raise UserError(f"{where}: 'messages' must be a list of {{role, content}} turns ending with an "
-                            f"assistant turn")
+            raise UserError(f"{where}: 'messages' must be a list of {{role, content}} "
+                            f"turns ending with an assistant turn")
         prompt, response = msgs[:-1], msgs[-1]["content"]  # contents checked above
     elif "prompt" in obj and "completion" in obj:
         user, response = strings(where, obj["prompt"], obj["completion"])
         prompt = [{"role": "user", "content": user}]
     elif "instruction" in obj and "output" in obj:
-        instruction, extra, response = strings(where, obj["instruction"], obj.get("input", ""), obj["output"])
+        instruction, extra, response = strings(where, obj["instruction"], obj.get("input", ""),
+                                               obj["output"])
         prompt = [{"role": "user", "content": instruction + (f"\n\n{extra}" if extra else "")}]
     elif "text" in obj:
         prompt, (response,) = [], strings(where, obj["text"])
@@ -38,8 +39,8 @@ def normalize_record(obj: dict, where: str) -> dict:
         raise UserError(f"{where}: unknown record form (keys: {', '.join(sorted(obj)) or 'none'}); expected "
                         f"'messages', 'prompt'+'completion', 'instruction'+'input'+'output', or 'text'")
     if not response.strip():  # its tokens would be the end-of-turn token alone: nothing to profile or learn
-        raise UserError(f"{where}: the response (the answer to learn) is empty; write it, or remove the "
-                        f"record")
+        raise UserError(f"{where}: the response (the answer to learn) is empty; "
+                        f"write it, or remove the record")
     return {"id": rid, "prompt_messages": prompt, "response": response}
 
 
@@ -51,7 +52,8 @@ def strings(where: str, *fields) -> tuple[str, ...]:
 
 
 def load_sft(path: Path) -> list[dict]:
-    records = [normalize_record(obj, f"{path}:{lineno}") | {"line": lineno} for lineno, obj in read_jsonl(path)]
+    records = [normalize_record(obj, f"{path}:{lineno}") | {"line": lineno}
+               for lineno, obj in read_jsonl(path)]
     if not records:
         raise UserError(f"{path}: no records")
     return records
@@ -103,10 +105,11 @@ def close_turn(tokenizer, response: str, content: str) -> str:
 def end_of_turn_ids(tokenizer) -> list[int]:
     """Token ids that end an assistant turn: eos, and the special token the chat template closes a turn
     with (ChatML's `<|im_end|>` in a tokenizer whose eos is another token). Generation stops at any."""
-    _, response = render_prompt_and_response(tokenizer, {"prompt_messages": [{"role": "user", "content": "?"}],
-                                                         "response": "x"})
+    probe = {"prompt_messages": [{"role": "user", "content": "?"}], "response": "x"}
+    _, response = render_prompt_and_response(tokenizer, probe)
     ids = {tokenizer.eos_token_id} - {None}
-    ids |= {tokenizer.convert_tokens_to_ids(s) for s in special_token_strings(tokenizer) if response.endswith(s)}
+    ids |= {tokenizer.convert_tokens_to_ids(s)
+            for s in special_token_strings(tokenizer) if response.endswith(s)}
     return sorted(i for i in ids if i is not None and i != tokenizer.unk_token_id)
 
 
@@ -126,9 +129,11 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
     room = max(0, max_length - len(prompt_ids))
     truncated = len(resp_ids) > room
     start, spans = len(prompt_ids), spans[:room]
-    if start == 0 and spans:  # `text` form: nothing predicts the first token, it is context only (assumption)
+    # `text` form: nothing predicts the first token, it is context only (assumption)
+    if start == 0 and spans:
         start, spans = 1, spans[1:]
     # a prompt that alone fills max_length leaves no response token: nothing of it is worth a forward
     # pass, so it is cut to max_length too and the stages skip and count the sample (issue 9, item 4)
-    return {"input_ids": (prompt_ids + resp_ids[:room])[:max_length], "response_start": min(start, max_length),
-            "spans": spans, "response_text": response_text, "truncated": truncated}
+    return {"input_ids": (prompt_ids + resp_ids[:room])[:max_length],
+            "response_start": min(start, max_length), "spans": spans, "response_text": response_text,
+            "truncated": truncated}

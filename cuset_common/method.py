@@ -29,7 +29,8 @@ def sample_threshold(p: torch.Tensor, valid: torch.Tensor, rho: float, tau_max: 
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """float32 logits [n, V] of hidden states [n, d]: h @ weight.T + bias, what check_head_is_plain checks."""
+    """float32 logits [n, V] of hidden states [n, d]: h @ weight.T + bias, what check_head_is_plain
+    checks."""
     return F.linear(hidden, weight, bias).float()
 
 
@@ -40,9 +41,9 @@ def row_chunks(n_rows: int, chunk_rows: int) -> range:
 
 
 def entropy_of(logp: torch.Tensor) -> torch.Tensor:
-    """-sum p log p per row of log-probs [n, V] -> [n], as torch.special.entr sums it, at less cost: entr takes a
-    log per logit again (on a CPU it cost more than the log-softmax itself). A -inf logit (p = 0, log p = -inf)
-    makes 0 * -inf = nan; only those rows, rare, are summed with entr, whose entr(0) = 0."""
+    """-sum p log p per row of log-probs [n, V] -> [n], as torch.special.entr sums it, at less cost: entr
+    takes a log per logit again (on a CPU it cost more than the log-softmax itself). A -inf logit (p = 0,
+    log p = -inf) makes 0 * -inf = nan; only those rows, rare, are summed with entr, whose entr(0) = 0."""
     entropy = -logp.exp().mul_(logp).sum(-1)  # [n]; in place on the new p
     bad = entropy.isnan()
     if bad.any():

@@ -20,8 +20,9 @@ def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -
         check_hub_id(name)
         return
     if not path.is_dir():
-        raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; pass a "
-                        f"folder holding a Hugging Face model (config.json, weights, tokenizer) or a hub id")
+        raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; "
+                        "pass a folder holding a Hugging Face model (config.json, weights, tokenizer) or a "
+                        "hub id")
     for part in parts:
         if not any(any(path.glob(pattern)) for pattern in MODEL_PARTS[part]):
             raise UserError(f"--model {name}: this folder holds no {part} (none of "
@@ -39,7 +40,8 @@ def check_hub_id(name: str) -> None:
                                         RepositoryNotFoundError)
 
     start = f"--model {name}: no local folder {name}, and hub id {name}"
-    fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
+    fix = ("pass the folder that holds the model, or a hub id that exists (with "
+           "network access to download it)")
     try:
         files = ("config.json", "tokenizer_config.json")
         cached = (huggingface_hub.try_to_load_from_cache(name, f) for f in files)
@@ -62,17 +64,20 @@ def check_hub_id(name: str) -> None:
 
 
 def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
-    """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the path."""
+    """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the
+    path."""
     from transformers import AutoTokenizer
 
     check_model_source(name, ("tokenizer",))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
-        raise UserError(f"--model {name}: cannot load its tokenizer ({str(e).splitlines()[0] if str(e) else e!r})"
+        raise UserError(f"--model {name}: cannot load its tokenizer "
+                        f"({str(e).splitlines()[0] if str(e) else e!r})"
                         ) from None
     if need_offsets and not tokenizer.is_fast:
-        raise UserError(f"--model {name}: its tokenizer is not a fast tokenizer; character offsets are needed")
+        raise UserError(f"--model {name}: its tokenizer is not a fast "
+                        "tokenizer; character offsets are needed")
     return tokenizer
 
 
@@ -85,7 +90,8 @@ def load_causal_lm(name: str, dtype):
     try:
         return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
-        raise UserError(f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
+        raise UserError(f"--model {name}: cannot load the model "
+                        f"({str(e).splitlines()[0] if str(e) else e!r})"
                         ) from None
 
 
@@ -132,13 +138,14 @@ def check_head_is_plain(model, input_ids, stage: str) -> None:
         ours = hidden @ w.t() + b  # [1, L, V]
         d, u = hidden.shape[-1], 2.0 ** -24
         gamma = (d + 1) * u / (1 - (d + 1) * u)
-        allowed = 2 * gamma * (hidden.abs() @ w.abs().t() + b.abs()) + torch.finfo(theirs.dtype).eps * theirs.abs()
+        allowed = (2 * gamma * (hidden.abs() @ w.abs().t() + b.abs())
+                   + torch.finfo(theirs.dtype).eps * theirs.abs())
         err = (ours - theirs.float()).abs().flatten()
         allowed = allowed.flatten()
         worst = torch.argmax(err - allowed)  # the logit furthest past what rounding allows
         diff, room = err[worst].item(), allowed[worst].item()
     if diff > room:
-        raise UserError(f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are not "
-                        f"last_hidden_state @ lm_head.weight.T (+ bias): they differ by up to {diff:.2g}, where "
-                        f"rounding allows {room:.2g} (logit scaling or soft-capping?); {stage} applies the output "
-                        f"layer itself and does not support this model")
+        raise UserError(f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are "
+                        "not last_hidden_state @ lm_head.weight.T (+ bias): they differ by up to "
+                        f"{diff:.2g}, where rounding allows {room:.2g} (logit scaling or soft-capping?); "
+                        f"{stage} applies the output layer itself and does not support this model")

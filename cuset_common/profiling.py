@@ -1,7 +1,14 @@
-"""Stage 01's batching: `auto` batch sizes and chunk rows per device, and the batch plan (docs/performance.md)."""
+"""Stage 01's plumbing: `auto` batch sizes and chunk rows per device, the batch plan (docs/performance.md),
+the check that some sample keeps a response token, line numbers of token offsets, the printed summary."""
 from __future__ import annotations
 
 import argparse
+import bisect
+from pathlib import Path
+
+import numpy as np
+
+from .cli import UserError
 
 AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device
 
@@ -40,3 +47,34 @@ def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[l
         batches.append(order[pos:pos + size])
         pos += size
     return batches
+
+
+def check_response_tokens(encs: list[dict], args: argparse.Namespace) -> None:
+    """Refuse data none of whose samples keeps a response token: its profile would hold nothing."""
+    if not any(e["spans"] for e in encs):
+        raise UserError(f"{args.data}: none of its {len(encs)} samples keeps a response token within "
+                        f"--max-length {args.max_length} (the prompts fill it); raise --max-length")
+
+
+def line_indices(text: str, starts: list[int]) -> list[int]:
+    """0-based line number of each character offset in text."""
+    newlines = [i for i, c in enumerate(text) if c == "\n"]
+    return [bisect.bisect_left(newlines, s) for s in starts]
+
+
+def print_profile_summary(tensors: dict[str, np.ndarray], counts: dict, out: Path,
+                          categories: dict[int, str]) -> None:
+    """Stage 01's closing lines: counts, mean confidence, entropy and accuracy, and each category."""
+    conf, sens = tensors["confidence"], tensors["sensitive"]
+    print(f"[profile] {counts['samples']} samples, {counts['response_tokens']} response tokens, "
+          f"{counts['truncated']} truncated, {counts['no_response']} without response tokens")
+    if len(conf):
+        entropy = tensors["entropy"].astype(np.float32).mean()
+        print(f"[profile] mean confidence {conf.mean():.3f}, mean entropy {entropy:.3f} nats, "
+              f"token accuracy (argmax = gold) {tensors['argmax_correct'].mean():.1%}, "
+              f"CUDA-sensitive {(sens > 0).mean():.1%} of tokens")
+    for code, name in categories.items():
+        sel = sens == code
+        if sel.any():
+            print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {conf[sel].mean():.3f}")
+    print(f"[profile] wrote {out}")

@@ -31,28 +31,32 @@ def render_report(f: dict, args, n_samples: int) -> str:
     lt, ll = r["length_tokens"], r["length_lines"]
     both = lambda q, h: f"{num(q, 4)} ({num(h, 4)})"  # noqa: E731  raw p (Holm-adjusted p)
     out = ["# CuSeT stage 02: regions and the finding", "",
-           f"Profile `{args.profile}`: {n_samples} samples, {f['tokens']} response tokens. Low confidence: p0 < tau_i "
-           f"= min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high confidence: the rest. Gap {args.gap}, "
-           f"line snapping {'on' if args.snap_lines else 'off'}.", "",
+           f"Profile `{args.profile}`: {n_samples} samples, {f['tokens']} response tokens. Low confidence: "
+           f"p0 < tau_i = min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high confidence: the "
+           f"rest. Gap {args.gap}, line snapping {'on' if args.snap_lines else 'off'}.", "",
            f"**What this data supports.** {f['conclusion']}", "",
            "## Level 1: how confidently are CUDA-sensitive tokens predicted?", "",
-           f"- sensitive tokens: {f['sensitive_tokens']} ({pct(f['sensitive_tokens'] / f['tokens'])} of response "
-           f"tokens); low-confidence: **{pct(ls['sensitive'])}** of them, {pct(ls['other'])} of other tokens",
-           f"- about rho = {args.rho} of each sample is low-confidence by construction, so only the difference is "
-           f"evidence: {num(100 * ls['observed'], 1)} points; with the tags rotated within samples (null b's draws) "
-           f"{num(100 * ls['null_mean'], 1)} points, two-sided p = {num(ls['p'], 4)}",
+           f"- sensitive tokens: {f['sensitive_tokens']} ({pct(f['sensitive_tokens'] / f['tokens'])} of "
+           f"response tokens); low-confidence: **{pct(ls['sensitive'])}** of them, "
+           f"{pct(ls['other'])} of other tokens",
+           f"- about rho = {args.rho} of each sample is low-confidence by construction, so only the "
+           f"difference is evidence: {num(100 * ls['observed'], 1)} points; with the tags rotated within "
+           f"samples (null b's draws) {num(100 * ls['null_mean'], 1)} points, two-sided p = "
+           f"{num(ls['p'], 4)}",
            f"- p0 >= {args.tau_max}: {pct(f['above_tau_max_sensitive'])} of sensitive tokens, "
-           f"{pct(f['above_tau_max_other'])} of other tokens; mean entropy {num(f['mean_entropy_sensitive'])} vs "
-           f"{num(f['mean_entropy_other'])} nats", "",
+           f"{pct(f['above_tau_max_other'])} of other tokens; mean entropy "
+           f"{num(f['mean_entropy_sensitive'])} vs {num(f['mean_entropy_other'])} nats", "",
            "## Level 2: do low-confidence sensitive tokens cluster into regions?", "",
            f"Statistic: the share of low-confidence tokens in multi-token runs (another low token within "
-           f"{args.gap + 1} positions), against three nulls ({f['permutations']} draws each, seed {f['seed']}; "
-           f"one-sided p of observed >= null).", "",
+           f"{args.gap + 1} positions), against three nulls ({f['permutations']} draws each, seed "
+           f"{f['seed']}; one-sided p of observed >= null).", "",
            "| null | tokens | moves | a rejection shows | observed | null mean (sd) | p |",
            "|---|---|---|---|---:|---:|---:|"]
     out += [f"| ({k}) | {n['tokens']} | {n['moves']} | {n['rejection_shows']} | {pct(n['observed'])} | "
-            f"{pct(n['null_mean'])} ({pct(n['null_sd'])}) | {num(n['p'], 4)} |" for k, n in f["nulls"].items()]
-    out += ["", "Per category: low-confidence tokens (share), share in runs, null means, p raw (Holm-adjusted over "
+            f"{pct(n['null_mean'])} ({pct(n['null_sd'])}) | {num(n['p'], 4)} |"
+            for k, n in f["nulls"].items()]
+    out += ["", "Per category: low-confidence tokens (share), share in runs, null means, p raw "
+                "(Holm-adjusted over "
             "the categories).", "",
             "| category | tokens | mean p0 | low-conf | in runs | null a | p a | null b | p b | regions |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -67,22 +71,25 @@ def render_report(f: dict, args, n_samples: int) -> str:
                 f">= {int(m / f['level'] + 1e-9)}."]
     cats = ", ".join(f"{n} {c['regions']} ({pct(c['regions'] / r['count'])})"
                      for n, c in f["per_category"].items() if c["regions"])
-    why = (f"token-mean 1 keeps the cuset loss on the sft scale (one learning rate serves both); the price: samples "
-           f"with little or no region mass end below 1, down-weighted against sft by up to {num(1 / w['min'], 2)}x "
-           f"(--weight-norm none keeps w in [1, {args.w_max}])" if w["norm"] == "token-mean" else
-           f"not normalised: the cuset loss is about {num(w['token_weighted_mean'], 2)}x the sft scale at the same "
-           f"learning rate (--weight-norm token-mean rescales it to 1)")
+    why = ("token-mean 1 keeps the cuset loss on the sft scale (one learning rate serves both); the price: "
+           "samples with little or no region mass end below 1, down-weighted against sft by up to "
+           f"{num(1 / w['min'], 2)}x (--weight-norm none keeps w in [1, {args.w_max}])"
+           if w["norm"] == "token-mean" else
+           f"not normalised: the cuset loss is about {num(w['token_weighted_mean'], 2)}x the sft scale at "
+           f"the same learning rate (--weight-norm token-mean rescales it to 1)")
     out += ["", "## Regions", "",
-            f"- {r['count']} regions in {r['samples_with_regions']} of {n_samples} samples, covering {r['tokens']} "
-            f"tokens ({pct(r['tokens'] / f['tokens'])})",
-            f"- length: mean {num(lt['mean'], 1)} tokens (median {num(lt['median'], 1)}, max {num(lt['max'], 0)}), "
-            f"mean {num(ll['mean'], 2)} lines (max {num(ll['max'], 0)})",
+            f"- {r['count']} regions in {r['samples_with_regions']} of {n_samples} samples, covering "
+            f"{r['tokens']} tokens ({pct(r['tokens'] / f['tokens'])})",
+            f"- length: mean {num(lt['mean'], 1)} tokens (median {num(lt['median'], 1)}, max "
+            f"{num(lt['max'], 0)}), mean {num(ll['mean'], 2)} lines (max {num(ll['max'], 0)})",
             f"- categories: {cats or 'none'}", "", "## Sample weights", "",
-            f"- w = clip(1 + {args.alpha} * m / mean(m), 1, {args.w_max}), normalisation {w['norm']}: token-weighted "
-            f"mean {num(w['token_weighted_mean'], 4)}; mean region mass m {num(w['mean_mass'], 4)}",
-            f"- min {num(w['min'])}, p10 {num(w['p10'])}, median {num(w['median'])}, p90 {num(w['p90'])}, max "
-            f"{num(w['max'])}; of {w['samples']} samples {w['samples_above_1']} end above 1, {w['samples_below_1']} "
-            f"({pct(w['samples_below_1'] / max(w['samples'], 1))}) below 1", f"- {why}", ""]
+            f"- w = clip(1 + {args.alpha} * m / mean(m), 1, {args.w_max}), normalisation {w['norm']}: "
+            f"token-weighted mean {num(w['token_weighted_mean'], 4)}; mean region mass m "
+            f"{num(w['mean_mass'], 4)}",
+            f"- min {num(w['min'])}, p10 {num(w['p10'])}, median {num(w['median'])}, p90 {num(w['p90'])}, "
+            f"max {num(w['max'])}; of {w['samples']} samples {w['samples_above_1']} end above 1, "
+            f"{w['samples_below_1']} ({pct(w['samples_below_1'] / max(w['samples'], 1))}) below 1",
+            f"- {why}", ""]
     return "\n".join(out)
 
 
@@ -96,15 +103,18 @@ body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1280px;color
 h1{font-size:22px;margin:0 0 4px}h2{font-size:15px;margin:0}
 .legend,.sample{border:1px solid #e5e7eb;border-radius:8px;padding:12px 16px;margin:14px 0;background:#fff}
 .legend p{margin:4px 0}.chip{display:inline-block;margin:2px 10px 2px 0;white-space:nowrap}
-.sw{display:inline-block;min-width:3.4em;text-align:center;font-size:12px;border:1px solid #e5e7eb;margin-right:-1px}
+.sw{display:inline-block;min-width:3.4em;text-align:center;font-size:12px;border:1px solid #e5e7eb;\
+margin-right:-1px}
 .meta{color:#6b7280;font-size:12.5px;margin:2px 0 10px}
-.code{font:12.5px/1.55 ui-monospace,Menlo,Consolas,monospace;background:#fafafa;border-radius:6px;padding:8px 0}
+.code{font:12.5px/1.55 ui-monospace,Menlo,Consolas,monospace;background:#fafafa;border-radius:6px;\
+padding:8px 0}
 .ln{display:flex;white-space:pre-wrap;overflow-wrap:anywhere}
 .no{flex:0 0 3.2em;text-align:right;padding-right:10px;color:#9ca3af;user-select:none}
 .src{flex:1;padding-right:11.5em}
 .box{position:relative;margin:5px 6px 5px 0;border-radius:4px;box-shadow:0 0 0 2px var(--c);
      background:color-mix(in srgb,var(--c) 6%,transparent)}
-.lbl{position:absolute;right:5px;top:2px;white-space:nowrap;font:600 10.5px/15px system-ui,sans-serif;color:#fff;
+.lbl{position:absolute;right:5px;top:2px;white-space:nowrap;font:600 10.5px/15px system-ui,sans-serif;\
+color:#fff;
      padding:0 6px;border-radius:3px;background:var(--c)}
 .s{border-bottom:2px solid var(--c)}.lo{font-weight:700}
 .trunc{color:#9ca3af;font-style:italic;padding-left:3.9em}
@@ -145,7 +155,8 @@ def display_lines(text: str, cs: np.ndarray, ce: np.ndarray) -> list[list[tuple[
 
 
 def region_boxes(los: list[int], his: list[int]) -> list[tuple[int, int, list[int]]]:
-    """Group regions (line ranges lo..hi, in order) into boxes (lo, hi, members): overlapping ranges share one."""
+    """Group regions (line ranges lo..hi, in order) into boxes (lo, hi, members): overlapping ranges share
+    one."""
     boxes: list[tuple[int, int, list[int]]] = []
     for r, (lo, hi) in enumerate(zip(los, his)):
         if boxes and lo <= boxes[-1][1]:
@@ -156,7 +167,8 @@ def region_boxes(los: list[int], his: list[int]) -> list[tuple[int, int, list[in
 
 
 def render_line(k: int, pieces: list[tuple[str, int]], a: int, v: dict, names: dict[int, str]) -> str:
-    """One source line: each token piece shaded by p0, underlined when sensitive, bold when low, with a tooltip."""
+    """One source line: each token piece shaded by p0, underlined when sensitive, bold when low, with a
+    tooltip."""
     spans = []
     for text, t in pieces:
         if t < 0:
@@ -177,17 +189,20 @@ def render_sample(i: int, s: dict, v: dict, names: dict[int, str]) -> str:
     a, b = int(v["off"][i]), int(v["off"][i + 1])
     lines = display_lines(s["response_text"], v["cs"][a:b], v["ce"][a:b])
     rs = np.flatnonzero((v["starts"] >= a) & (v["starts"] < b))  # this sample's regions
-    boxes = region_boxes([int(v["line"][v["starts"][r]]) for r in rs], [int(v["line"][v["ends"][r] - 1]) for r in rs])
+    boxes = region_boxes([int(v["line"][v["starts"][r]]) for r in rs],
+                         [int(v["line"][v["ends"][r] - 1]) for r in rs])
     out, n = [], 0
     for lo, hi, members in boxes + [(len(lines), len(lines), [])]:
         out += [render_line(k, lines[k], a, v, names) for k in range(n, min(lo, len(lines)))]
         if members:
             cats = [int(v["cats"][rs[m]]) for m in members]
-            by_cat = {c: [f"R{rs[m]}" for m, cm in zip(members, cats) if cm == c] for c in cats}  # first-seen order
+            by_cat = {c: [f"R{rs[m]}"
+                          for m, cm in zip(members, cats) if cm == c] for c in cats}  # first-seen order
             label = " · ".join(f"{' '.join(ids)} {names[c]}" for c, ids in by_cat.items())
             out.append(f'<div class="box" style="--c:{CATEGORY_COLORS[cats[0]]}"><span class="lbl">'
                        f'{html.escape(label)}</span>'
-                       + "".join(render_line(k, lines[k], a, v, names) for k in range(lo, hi + 1)) + "</div>")
+                       + "".join(render_line(k, lines[k], a, v, names)
+                                 for k in range(lo, hi + 1)) + "</div>")
         n = hi + 1
     head = (f"<h2>#{i} · {html.escape(str(s.get('id')))}</h2><div class='meta'>{b - a} response tokens · "
             f"τ = {v['tau'][i]:.3g} · {len(rs)} regions · mass {v['mass'][i]:.4f} · "
@@ -199,18 +214,18 @@ def render_sample(i: int, s: dict, v: dict, names: dict[int, str]) -> str:
 def render_html(sections: list[str], f: dict, args, names: dict[int, str]) -> str:
     swatches = "".join(f"<span class='sw' style='background:{shade(q)}'>{q:g}</span>"
                        for q in (1e-4, 1e-3, 0.01, 0.1, 0.5, 1))
-    chips = "".join(f'<span class="chip"><span class="s" style="--c:{CATEGORY_COLORS[c]}">{c} {html.escape(n)}'
-                    f'</span></span>' for c, n in names.items())
+    chips = "".join(f'<span class="chip"><span class="s" style="--c:{CATEGORY_COLORS[c]}">{c} '
+                    f'{html.escape(n)}</span></span>' for c, n in names.items())
     snap = "snapped to whole lines" if args.snap_lines else "not snapped to lines"
     legend = (f"<div class='legend'><p><b>Confidence</b> p0 of the gold token (log scale): {swatches} "
-              f"<span class='lo'>bold</span>: below the sample's τ. Hover a token for p0, category, region.</p>"
-              f"<p><b>CUDA-sensitive</b> tokens are underlined in their category colour: {chips}</p>"
-              f"<p><b>Regions</b>, outlined and labelled with id and category "
-              f"(<span class='lbl' style='--c:#2563eb;position:static'>R3 indexing</span>): runs of low-confidence "
-              f"tokens (p0 &lt; τ = min({args.tau_max}, quantile {args.rho} of the sample)) around sensitive ones, "
-              f"bridging up to {args.gap} confident tokens, {snap}.</p>"
+              "<span class='lo'>bold</span>: below the sample's τ. Hover a token for p0, category, "
+              "region.</p><p><b>CUDA-sensitive</b> tokens are underlined in their category colour: "
+              f"{chips}</p><p><b>Regions</b>, outlined and labelled with id and category "
+              "(<span class='lbl' style='--c:#2563eb;position:static'>R3 indexing</span>): runs of "
+              f"low-confidence tokens (p0 &lt; τ = min({args.tau_max}, quantile {args.rho} of the sample)) "
+              f"around sensitive ones, bridging up to {args.gap} confident tokens, {snap}.</p>"
               f"<p>Finding: {html.escape(f['conclusion'])}</p></div>")
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>CuSeT regions</title>"
-            f"<style>{CSS}</style></head><body><h1>CuSeT stage 02: low-confidence CUDA-sensitive regions</h1>"
-            f"<div class='meta'>profile {html.escape(str(args.profile))} · samples shown: {len(sections)}, "
-            f"highest region mass first</div>{legend}{''.join(sections)}</body></html>\n")
+            f"<style>{CSS}</style></head><body><h1>CuSeT stage 02: low-confidence CUDA-sensitive "
+            f"regions</h1><div class='meta'>profile {html.escape(str(args.profile))} · samples shown: "
+            f"{len(sections)}, highest region mass first</div>{legend}{''.join(sections)}</body></html>\n")

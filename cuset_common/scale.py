@@ -1,7 +1,9 @@
-"""Stage 03 at scale: distributed setup, FSDP2 sharding and the memory plan (docs/scale.md)."""
+"""Stage 03 at scale: distributed setup, FSDP2 sharding and the memory plan (docs/scale.md); its step log."""
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -14,7 +16,8 @@ def setup_distributed(device_arg: str, fsdp: bool) -> tuple[int, int, str]:
     """(rank, world size, device) of this process; one process unless torchrun started it (or --fsdp)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if fsdp and "RANK" not in os.environ:
-        raise UserError("--fsdp runs under torchrun (one GPU: torchrun --nproc_per_node 1 03_train_cuset.py ...)")
+        raise UserError("--fsdp runs under torchrun (one GPU: torchrun "
+                        "--nproc_per_node 1 03_train_cuset.py ...)")
     if world == 1 and not fsdp:
         return 0, 1, pick_device(device_arg)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -44,10 +47,11 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def shard_fsdp(net, args) -> None:
-    """FSDP2: one fully_shard unit per decoder layer of net.model, then the root, net itself (embeddings, final
-    norm, head).
+    """FSDP2: one fully_shard unit per decoder layer of net.model, then the root, net itself (embeddings,
+    final norm, head).
 
-    The root's forward is stage 03's GoldLogProbs, so the output layer's weight is all-gathered with the root once per
+    The root's forward is stage 03's GoldLogProbs, so the output layer's weight is all-gathered with the root
+    once per
     micro-batch (and again for backward) and the chunked head computes with the full [V, d] weight, as on one
     GPU: one V x d all-gather per pass, V x d x (2 or 4) bytes while gathered (in the memory plan). Gradients
     are reduce-scattered in float32 and averaged over processes, like DDP's. bf16: weights are gathered in
@@ -61,7 +65,8 @@ def shard_fsdp(net, args) -> None:
 
 def fsdp_micro_batch(net, last: bool, args) -> None:
     """--fsdp-keep-gathered: until a step's last micro-batch, weights stay gathered and gradients add up
-    unsharded (no collective); the last reduce-scatters the sum. Otherwise each micro-batch reduce-scatters."""
+    unsharded (no collective); the last reduce-scatters the sum. Otherwise each micro-batch
+    reduce-scatters."""
     if args.fsdp and args.fsdp_keep_gathered:
         net.set_requires_gradient_sync(last)
         net.set_reshard_after_backward(last)
@@ -72,16 +77,19 @@ def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[s
 
     weights 4P, or under --fsdp 4P/W float32 shards + the root and two layers gathered in pb (all P with
     --fsdp-keep-gathered); gradients 4P (+ 4P DDP buckets), or 4P/W + the root's and one layer's in pb (4P
-    unsharded when kept gathered); AdamW's float32 m, v 8P (/W). Activations (Llama-style): a = 8h + 4h_kv + 4I
+    unsharded when kept gathered); AdamW's float32 m, v 8P (/W). Activations (Llama-style): a = 8h + 4h_kv +
+    4I
     values per layer and token (norm inputs and outputs, q, k, v, attention output; MLP gate, up, activation,
-    product) x layers x micro-batch x max_length x 4 B on CPU, 2 under autocast or bf16; checkpointing keeps h
-    per layer and token + one layer's a; fused attention (no L^2). The head: 3 [chunk, V] float32 blocks. CUDA's
-    foreach AdamW: a 4P (/W) temporary in the step. total = state + max(activations + head, step).
+    product) x layers x micro-batch x max_length x 4 B on CPU, 2 under autocast or bf16; checkpointing keeps
+    h
+    per layer and token + one layer's a; fused attention (no L^2). The head: 3 [chunk, V] float32 blocks.
+    CUDA's foreach AdamW: a 4P (/W) temporary in the step. total = state + max(activations + head, step).
     """
     cfg, layers = model.config, decoder_layers(model)
     params = sum(p.numel() for p in model.parameters())  # tied weights once
     sizes = [sum(p.numel() for p in m.parameters()) for m in layers] or [0]
-    root, pb, shard = params - sum(sizes), (2 if args.param_dtype == "bf16" else 4), (world if args.fsdp else 1)
+    root, pb = params - sum(sizes), (2 if args.param_dtype == "bf16" else 4)
+    shard = world if args.fsdp else 1
     h, tokens = cfg.hidden_size, args.micro_batch_size * max_length
     h_kv = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * (
         getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads)
@@ -89,7 +97,8 @@ def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[s
     ab = 2 if (device.startswith("cuda") or args.param_dtype == "bf16") else 4
     shards = f"4 B x P / {world} shards"
     if not args.fsdp:
-        w, g = (4 * params, "4 B x P"), (4 * params * min(world, 2), "4 B x P" + " + DDP buckets" * (world > 1))
+        w, g = (4 * params,
+                "4 B x P"), (4 * params * min(world, 2), "4 B x P" + " + DDP buckets" * (world > 1))
     elif args.fsdp_keep_gathered:
         w = (4 * params / world + pb * params, f"{shards} + {pb} B x P gathered")
         g = (4 * params / world + 4 * params, f"{shards} + 4 B x P unsharded")
@@ -112,6 +121,24 @@ def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[s
 
 def format_memory_plan(plan: dict, args, world: int) -> str:
     mode = f"fsdp over {world}" if args.fsdp else (f"ddp over {world}" if world > 1 else "one process")
-    return "\n".join([f"memory plan per process ({mode}, weights {args.param_dtype}, {args.optimizer}, micro-batch "
-                      f"{args.micro_batch_size}{', grad checkpointing' if args.grad_checkpointing else ''}):"]
+    checkpointing = ", grad checkpointing" if args.grad_checkpointing else ""
+    return "\n".join([f"memory plan per process ({mode}, weights {args.param_dtype}, {args.optimizer}, "
+                      f"micro-batch {args.micro_batch_size}{checkpointing}):"]
                      + [f"  {name:<13}{b / 2**30:>9.3f} GiB  {how}" for name, (b, how) in plan.items()])
+
+
+def log_step(step: int, total: int, stats: dict, optimizer, tokens_seen: float, t_start: float,
+             steps_run: int) -> str:
+    """Print stage 03's progress line for a step; return its log.jsonl row."""
+    elapsed = time.time() - t_start
+    n = max(stats["tokens"], 1)
+    row = {"step": step, "loss": round(stats["loss"], 6), "nll": round(stats["nll_sum"] / n, 6),
+           "masked_share": round(1 - stats["kept"] / n, 4), "region_share": round(stats["region"] / n, 4),
+           "weight_mean": round(stats["weight_sum"] / n, 4), "lr": optimizer.param_groups[0]["lr"],
+           "tokens": int(stats["tokens"])}
+    eta = elapsed / steps_run * (total - step)
+    print(f"step {step:>5}/{total} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
+          f"masked {row['masked_share']:.1%} | region {row['region_share']:.1%} | "
+          f"w {row['weight_mean']:.3f} | lr {row['lr']:.2e} | {tokens_seen / elapsed:,.0f} tok/s | "
+          f"ETA {eta:,.0f}s", flush=True)
+    return json.dumps(row) + "\n"

@@ -47,16 +47,19 @@ def build_prompt(task: dict, level: int, mode: str) -> str:
         raise ValueError(f"mode must be one of {MODES}, got {mode}")
     parts = [f"Task: {task['task_name']}", task[f"level{level}_prompt"].strip(), ""]
     if mode == "standalone":
-        parts += ["Inputs (raw little-endian binary files, row-major):", *_buffer_lines(task["inputs"], "read from"),
+        parts += ["Inputs (raw little-endian binary files, row-major):",
+                  *_buffer_lines(task["inputs"], "read from"),
                   "Outputs:", *_buffer_lines(task["outputs"], "write to"), "",
-                  "Write a complete CUDA C++ program with a main function that reads the inputs, computes the "
-                  "outputs on the GPU and writes them. Reply with the whole program in one ```cpp code block."]
+                  "Write a complete CUDA C++ program with a main function that reads the inputs, computes "
+                  "the outputs on the GPU and writes them. Reply with the whole "
+                  "program in one ```cpp code block."]
     else:
         km = task.get("kernel_mode")
         if not km:
             raise UserError(f"task {task['id']} has no kernel_mode harness; use --mode standalone")
         parts += ["Inputs:", *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}" for b in task["inputs"]],
-                  "Outputs:", *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}" for b in task["outputs"]], "",
+                  "Outputs:", *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}"
+                                for b in task["outputs"]], "",
                   "Write only the CUDA kernel(s) with exactly these signatures, plus any __device__ helpers "
                   "and constants they need:", *[f"  {s}" for s in km["signatures"]],
                   f"The host code is fixed: {km['launch']}",

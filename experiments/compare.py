@@ -65,7 +65,8 @@ OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")
 HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE: EVAL_SFT_KERNEL_FILE,
             SFT_FILE: EVAL_SFT_FILE}  # training data -> its held-out twin
-REGION_VARIANTS = {"no-snap": ["--no-snap-lines"]}  # `<objective>.<variant>`: stage 02 arguments of its regions
+# `<objective>.<variant>`: stage 02 arguments of its regions
+REGION_VARIANTS = {"no-snap": ["--no-snap-lines"]}
 PRESETS = {  # per stage: arguments appended to its command line (--profile-args etc. replace them)
     "full": {"objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
              "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
@@ -73,38 +74,44 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
     "cpu-quick": {"objectives": ("sft", "profit", "cuset"), "seeds": 2, "profile": [], "regions": [],
                   "train": ["--max-steps", "100"], "eval": ["--levels", "1", "--backend", "emulate"],
                   "standalone": ["--max-new-tokens", "512"]},
-    # The scratch run of the issue that asked for this preset: sft on the 102 records, 12 steps of 8 at lr 1e-4,
-    # wrote kernels of which 14/40 compiled and 4/40 passed at level 1 (docs/comparison.md).
-    "cpu-real": {"model": SMOLLM2_MODEL, "data": SFT_KERNEL_ORIGINALS_FILE, "modes": ("kernel",), "eval_base": True,
-                 "objectives": ("sft", "profit", "cuset", "cuset.no-snap"), "seeds": 2, "profile": [], "regions": [],
-                 "train": ["--lr", "1e-4", "--epochs", "1"], "eval": ["--levels", "1,2,3", "--backend", "emulate"],
-                 "standalone": []},
+    # The scratch run of the issue that asked for this preset: sft on the 102 records, 12 steps of 8 at lr
+    # 1e-4, wrote kernels of which 14/40 compiled and 4/40 passed at level 1 (docs/comparison.md).
+    "cpu-real": {"model": SMOLLM2_MODEL, "data": SFT_KERNEL_ORIGINALS_FILE, "modes": ("kernel",),
+                 "eval_base": True, "objectives": ("sft", "profit", "cuset", "cuset.no-snap"), "seeds": 2,
+                 "profile": [], "regions": [], "train": ["--lr", "1e-4", "--epochs", "1"],
+                 "eval": ["--levels", "1,2,3", "--backend", "emulate"], "standalone": []},
 }
 PRESET_NOTES = {"full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
 --lr 1e-5 --epochs 3; stage 04 levels 1-3 of the 40 eval tasks, 5 samples at temperature 0.8 (pass@1 and
 pass@5), backend auto. For a real model on a GPU: docs/comparison.md estimates its time.""",
-                "cpu-quick": """the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
+                "cpu-quick": """\
+the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
 --max-steps 100 (800 of the 1,020 training samples, batches of 8); stage 04 level 1 of the 40 eval tasks
 under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are
 longer: on the tiny model standalone mode only exercises the path). Measured end to end on 2 idle cores
 (2026-11-30): 30 min 22 s (base stages 78 s; per run 244-341 s: stage 03 176-203 s, stage 01 on the
 held-out data 7-11 s, stage 04 28-80 s per mode).""",
-                "cpu-real": """SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then
+                "cpu-real": """\
+SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then
 sft, profit, cuset on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about
-half of this model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed
+half of this model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records \
+without renamed
 copies, 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks
-(120 prompts, greedy) under the emulate backend. Hours: about 35-40 min per run on 2 cores (docs/comparison.md
+(120 prompts, greedy) under the emulate backend. Hours: about 35-40 min per run on 2 \
+cores (docs/comparison.md
 has the measured times)."""}
-PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items())
+PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}"
+                        for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
-UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll", "all.acc")  # token metrics with a paired bootstrap
+UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll",
+                "all.acc")  # token metrics with a paired bootstrap
 COLUMNS = {
     "all": "every response token of the held-out data",
     "sensitive": "CUDA-sensitive tokens (stage 01's tagger, any category)",
     "base_hard": "tokens the base model found hard: base confidence below the sample's threshold tau_i "
                  "(stage 02 on the base model's held-out profile, as stored)",
-    "base_region": "tokens inside the base model's low-confidence CUDA-sensitive regions (stage 02 on the "
-                   "held-out data)",
+    "base_region": "tokens inside the base model's low-confidence CUDA-sensitive regions "
+                   "(stage 02 on the held-out data)",
     "nll": "mean negative log-likelihood of the gold token, nats per token (confidences below float32's "
            "smallest normal count as that: at most 87.3)",
     "acc": "token accuracy: share of tokens whose argmax is the gold token",
@@ -116,26 +123,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--preset", choices=tuple(PRESETS), default="full", help=PRESET_HELP)
-    a("--model", default=None, help="base model: hub id or local folder (default: the preset's; the bundled tiny "
-                                    "model, SmolLM2 for cpu-real)")
+    a("--model", default=None, help="base model: hub id or local folder (default: the preset's; the bundled "
+                                    "tiny model, SmolLM2 for cpu-real)")
     a("--data", type=Path, default=None, help=f"training SFT JSONL of stages 01-03 (default: the preset's; "
                                               f"{SFT_KERNEL_FILE.relative_to(ROOT)} but for cpu-real)")
-    a("--eval-data", type=Path, default=None, help="held-out SFT JSONL (default: the held-out twin of --data)")
+    a("--eval-data", type=Path, default=None,
+      help="held-out SFT JSONL (default: the held-out twin of --data)")
     a("--out", type=Path, default=None, help="output folder (default: runs/compare-<preset>)")
-    a("--objectives", default=None, help="comma-separated objectives, each optionally with a regions variant "
-                                         f"({', '.join(REGION_VARIANTS)}): cuset.no-snap (default: the preset's)")
+    a("--objectives", default=None, help="comma-separated objectives, each optionally with a regions "
+                                         f"variant ({', '.join(REGION_VARIANTS)}): "
+                                         "cuset.no-snap (default: the preset's)")
     a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
     a("--modes", default=None, help="stage 04 modes (default: the preset's; both but for cpu-real)")
     a("--eval-base", action=argparse.BooleanOptionalAction, default=None,
       help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real)")
-    a("--max-length", type=int, default=2048, help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
+    a("--max-length", type=int, default=2048,
+      help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
     for stage in ("profile", "regions", "train", "eval", "standalone"):
         a(f"--{stage}-args", default=None, help=f"extra arguments of the {stage} stage, one string "
                                                  f"(default: the preset's)" if stage != "standalone" else
           "extra arguments of stage 04 in standalone mode only, after --eval-args (default: the preset's)")
-    a("--bootstrap", type=int, default=2000, help="bootstrap resamples of the paired differences (default: %(default)s)")
-    a("--stop-after", type=int, default=None, help="stop after N stage calls in this invocation (time slices; "
-                                                   "tests use it to interrupt a comparison deterministically)")
+    a("--bootstrap", type=int, default=2000,
+      help="bootstrap resamples of the paired differences (default: %(default)s)")
+    a("--stop-after", type=int, default=None, help="stop after N stage calls in this invocation (time "
+                                                   "slices; tests use it to interrupt a comparison "
+                                                   "deterministically)")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
@@ -149,13 +161,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for stage in ("profile", "regions", "train", "eval", "standalone"):
         given = getattr(args, f"{stage}_args")
         setattr(args, f"{stage}_args", shlex.split(given) if given is not None else list(preset[stage]))
-    if bad := [o for o in args.objectives if not known_objective(o)] + [m for m in args.modes if m not in MODES]:
-        raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, those "
-                        f"that use regions with a variant ({', '.join(REGION_VARIANTS)}) after a dot; "
+    if bad := ([o for o in args.objectives if not known_objective(o)]
+               + [m for m in args.modes if m not in MODES]):
+        raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, "
+                        f"those that use regions with a variant ({', '.join(REGION_VARIANTS)}) after a dot; "
                         f"modes: {', '.join(MODES)}")
-    if "sft" not in args.objectives or len(set(args.objectives)) < len(args.objectives) or min(args.seeds, args.bootstrap) < 1:
-        raise UserError("--objectives must include sft (the differences are to sft), each objective once; --seeds and "
-                        "--bootstrap must be >= 1")
+    if ("sft" not in args.objectives or len(set(args.objectives)) < len(args.objectives)
+            or min(args.seeds, args.bootstrap) < 1):
+        raise UserError("--objectives must include sft (the differences are to sft), each objective once; "
+                        "--seeds and --bootstrap must be >= 1")
     if args.eval_data is None:
         args.eval_data = HELD_OUT.get(args.data.resolve())
         if args.eval_data is None:
@@ -170,8 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def known_objective(label: str) -> bool:
     """`sft`, `cuset`, ... or `cuset.no-snap`: a variant only where the objective uses regions."""
     objective, _, variant = label.partition(".")
-    return objective in OBJECTIVES and (not variant or (variant in REGION_VARIANTS
-                                                         and objective in stage_module("03").REGION_OBJECTIVES))
+    return objective in OBJECTIVES and (not variant or (
+        variant in REGION_VARIANTS and objective in stage_module("03").REGION_OBJECTIVES))
 
 
 def regions_dir(base: Path, variant: str) -> Path:
@@ -182,7 +196,8 @@ def regions_dir(base: Path, variant: str) -> Path:
 # Steps: one stage call each, skipped when its artifact matches, continued when interrupted
 # ---------------------------------------------------------------------------------------
 
-STAGES = {"01": "01_profile.py", "02": "02_label_regions.py", "03": "03_train_cuset.py", "04": "04_eval_kernels.py"}
+STAGES = {"01": "01_profile.py", "02": "02_label_regions.py", "03": "03_train_cuset.py",
+          "04": "04_eval_kernels.py"}
 _modules: dict[str, object] = {}
 
 
@@ -217,8 +232,9 @@ def plan(args) -> tuple[list[dict], list[dict]]:
             ckpt, held, regions = d / "ckpt", d / "profile-heldout", regions_dir(base, variant)
             uses_regions = objective in stage_module("03").REGION_OBJECTIVES
             run = [{"stage": "03", "out": ckpt, "inputs": [regions / "meta.json"] if uses_regions else [],
-                    "argv": [*m, "--data", str(args.data), "--regions", str(regions), "--objective", objective,
-                             "--seed", str(seed), "--out", str(ckpt), *ml, *args.train_args]},
+                    "argv": [*m, "--data", str(args.data), "--regions", str(regions),
+                             "--objective", objective, "--seed", str(seed), "--out", str(ckpt), *ml,
+                             *args.train_args]},
                    {"stage": "01", "out": held, "inputs": [ckpt / "meta.json"],
                     "argv": ["--model", str(ckpt), "--data", str(args.eval_data), "--out", str(held), *ml,
                              *args.profile_args]}]
@@ -260,7 +276,8 @@ def read_json(path: Path) -> dict | None:
 
 
 def fingerprint(step: dict) -> dict:
-    """What stage 04 would record in fingerprint.json for this step (its own function, on its own parsing)."""
+    """What stage 04 would record in fingerprint.json for this step (its own function, on its own
+    parsing)."""
     mod = stage_module("04")
     now = mod.parse_args(step["argv"])
     return mod.run_fingerprint(now, mod.resolve_backend(now.backend, mod.gpu_name()))
@@ -270,7 +287,8 @@ def finished(step: dict) -> bool:
     """The step's artifact exists, matches what would be run now, and is newer than what it reads."""
     mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
     stamp = out / ("summary.json" if stage == "04" else "meta.json")
-    if not stamp.exists() or any(not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime for p in step["inputs"]):
+    if not stamp.exists() or any(not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime
+                                 for p in step["inputs"]):
         return False
     if stage == "04":
         return read_json(out / "fingerprint.json") == fingerprint(step)
@@ -280,17 +298,20 @@ def finished(step: dict) -> bool:
     weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
     if stage == "03" and not (meta.get("final_step") and any((out / w).exists() for w in weights)):
         return False
-    return stage == "02" or meta.get("data", {}).get("sha256") == data_sha256(str(now.data), now.data.stat().st_mtime_ns)
+    return stage == "02" or (meta.get("data", {}).get("sha256")
+                             == data_sha256(str(now.data), now.data.stat().st_mtime_ns))
 
 
 def continuation(step: dict, log) -> tuple[str, ...]:
     """Arguments that continue an interrupted step, or start it over where it cannot continue: another run's
-    state, or one older than what the step reads (a checkpoint or regions made again since), is not resumed."""
+    state, or one older than what the step reads (a checkpoint or regions made again since), is not
+    resumed."""
     mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
 
     def resumable(state: Path) -> bool:
         saved = read_json(state)
-        return saved is not None and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime for p in step["inputs"]) and \
+        return saved is not None and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime
+                                             for p in step["inputs"]) and \
             same_args(saved.get("args", saved), mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE)
     if stage == "01" and (partial_dir(out) / "state.json").exists():
         if resumable(partial_dir(out) / "state.json"):
@@ -307,8 +328,9 @@ def continuation(step: dict, log) -> tuple[str, ...]:
 
 
 def die_with_parent() -> None:
-    """In the stage's process before it starts (Linux): SIGTERM when this command dies, even by SIGKILL, so that
-    a rerun never races a stage left running (the stages write atomically; a rerun continues what it left)."""
+    """In the stage's process before it starts (Linux): SIGTERM when this command dies, even by SIGKILL, so
+    that a rerun never races a stage left running (the stages write atomically; a rerun continues what it
+    left)."""
     try:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -327,7 +349,8 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     groups = [("base", base_steps, args.out / "base")] + [(r["name"], r["steps"], r["dir"]) for r in runs]
     pending = [g for g in groups if not all(finished(s) for s in g[1])]
     print(f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
-          f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}", flush=True)
+          f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}",
+          flush=True)
     if pending and args.preset == "full" and stage_module("04").gpu_name() is None:
         print("[compare] note: the full preset is sized for a real model on a GPU and none is listed here; "
               "--presets cpu-quick and cpu-real are the CPU ones", flush=True)
@@ -339,7 +362,8 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
             continue
         runs_left = sum(g[0] != "base" for g in pending[done_now:])  # this one included
         eta = f"ETA {hms(np.mean(run_seconds) * runs_left)}" if run_seconds else "ETA after the first run"
-        print(f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed {hms(time.time() - t0)} | {eta}",
+        print(f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed "
+              f"{hms(time.time() - t0)} | {eta}",
               flush=True)
         t_group = time.time()
         folder.mkdir(parents=True, exist_ok=True)
@@ -351,22 +375,26 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
                 print(f"[compare]   {key}: finished, skipped", flush=True)
                 continue
             if args.stop_after is not None and calls >= args.stop_after:
-                print(f"[compare] stopped after {calls} stage calls (--stop-after); rerun the same command to "
-                      f"continue", flush=True)
+                print(f"[compare] stopped after {calls} stage calls (--stop-after); rerun the same command "
+                      f"to continue", flush=True)
                 return base_steps, runs, calls, True
             with open(folder / "log.txt", "a") as log:
-                cmd = command(step, continuation(step, lambda msg: print(f"[compare]   {msg}", file=log, flush=True)))
+                cmd = command(step, continuation(
+                    step, lambda msg: print(f"[compare]   {msg}", file=log, flush=True)))
                 print(f"[compare]   {shown(cmd)}   (log: {folder / 'log.txt'})", flush=True)
                 print(f"\n$ {shown(cmd)}", file=log, flush=True)
                 t = time.time()
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent).returncode
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=die_with_parent).returncode
             calls += 1
             timings[key] = round(time.time() - t, 1)
             write_text_atomic(timings_path, json.dumps(timings, indent=2) + "\n")
             if rc != 0:
                 tail = "".join((folder / "log.txt").read_text().splitlines(keepends=True)[-15:])
-                raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of {folder / 'log.txt'}:\n{tail}")
-            if step["stage"] == "03" and finished(step):  # its resume state (weights + AdamW: 18 GB for 1.5B) is
+                raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of "
+                                f"{folder / 'log.txt'}:\n{tail}")
+            # its resume state (weights + AdamW: 18 GB for 1.5B) is
+            if step["stage"] == "03" and finished(step):
                 for old in ("resume", ".resume.old"):     # of no use once the checkpoint is written
                     shutil.rmtree(step["out"] / old, ignore_errors=True)
         done_now += 1
@@ -379,23 +407,27 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
 # Aggregation: token metrics from the profiles, kernel verdicts from stage 04's summaries
 # ---------------------------------------------------------------------------------------
 
-PROFILE = {"confidence": np.float32, "argmax_correct": np.uint8, "sensitive": np.uint8, "token_ids": np.int32}
+PROFILE = {"confidence": np.float32, "argmax_correct": np.uint8, "sensitive": np.uint8,
+           "token_ids": np.int32}
 
 
 def read_profile(path: Path, base: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
     """A stage-01 profile; with `base`, refused unless it lines up with the base model's token by token."""
-    t, meta = read_artifact(path, "01_profile", f"experiments/compare.py (stage 01 into {path})", token_tensors=PROFILE)
+    t, meta = read_artifact(path, "01_profile", f"experiments/compare.py (stage 01 into {path})",
+                            token_tensors=PROFILE)
     if base is not None:
         bt, bmeta = base
         for what, get in (("tokenizer", lambda m: m.get("tokenizer_fingerprint")),
                           ("data", lambda m: (m.get("data") or {}).get("sha256"))):
             if get(meta) != get(bmeta):
-                raise UserError(f"{path}: made with another {what} (meta.json) than the base model's held-out "
-                                f"profile; token metrics align the two token by token: profile both with the same "
-                                f"tokenizer and --eval-data")
-        if not (np.array_equal(t["sample_offsets"], bt["sample_offsets"]) and np.array_equal(t["token_ids"], bt["token_ids"])):
-            raise UserError(f"{path}: its tokens differ from the base model's held-out profile (same tokenizer and data "
-                            f"but another --max-length?); rerun both with the same settings")
+                raise UserError(f"{path}: made with another {what} (meta.json) than the base model's "
+                                "held-out profile; token metrics align the two token by token: profile "
+                                f"both with the same tokenizer and --eval-data")
+        if not (np.array_equal(t["sample_offsets"], bt["sample_offsets"])
+                and np.array_equal(t["token_ids"], bt["token_ids"])):
+            raise UserError(f"{path}: its tokens differ from the base model's held-out profile (same "
+                            "tokenizer and data but another --max-length?); rerun both with the same "
+                            "settings")
     return t, meta
 
 
@@ -406,7 +438,8 @@ def per_sample(values: np.ndarray, mask: np.ndarray, sample_of: np.ndarray, n: i
         return np.bincount(sample_of, weights=values * mask, minlength=n) / count
 
 
-def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarray, n: int) -> tuple[dict, dict]:
+def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarray,
+                  n: int) -> tuple[dict, dict]:
     """({group.nll, group.acc: mean over the group's tokens}, {UNIT_METRICS: per-sample means [S]})."""
     nll = -np.log(np.maximum(prof["confidence"].astype(np.float64), np.finfo(np.float32).tiny))  # [T]
     acc = prof["argmax_correct"].astype(np.float64)  # [T]
@@ -420,7 +453,8 @@ def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarr
 
 
 def kernel_metrics(folder: Path, mode: str) -> tuple[dict, dict, str, int]:
-    """Stage 04's overall compile rate, pass@1 and pass@k, per-prompt pass@1 (unit: task x level), backend, k."""
+    """Stage 04's overall compile rate, pass@1 and pass@k, per-prompt pass@1 (unit: task x level), backend,
+    k."""
     summary = json.loads((folder / "summary.json").read_text())
     k = summary["num_samples"]
     over = summary["overall"]
@@ -457,19 +491,22 @@ def aggregate(args, runs: list[dict]) -> dict:
     groups |= {f"cat.{name}": bt["sensitive"] == code for code, name in names.items()}
     per_run, backends, ks = {}, set(), set()
     base_run = {"name": "base", "objective": "base", "seed": 0, "dir": base_dir, "profile": bt}
-    for r in [base_run] + [r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]} for r in runs]:
+    for r in [base_run] + [r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]}
+                           for r in runs]:
         metrics, units = token_metrics(r["profile"], groups, sample_of, n)
         for mode in args.modes if r is not base_run or args.eval_base else ():
             km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{mode}", mode)
             metrics, units, backends, ks = metrics | km, units | ku, backends | {backend}, ks | {k}
-        per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics, "units": units}
+        per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics,
+                              "units": units}
     table = {}
     for o in ["base", *args.objectives]:
         rows = [v["metrics"] for v in per_run.values() if v["objective"] == o]
         table[o] = {k: {"mean": float(np.mean([x[k] for x in rows])), "n": len(rows),
                         "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
                     for k in rows[0]}
-    return {"per_run": per_run, "table": table, "paired": paired(args, per_run), "backends": sorted(backends), "k": sorted(ks),
+    return {"per_run": per_run, "table": table, "paired": paired(args, per_run),
+            "backends": sorted(backends), "k": sorted(ks),
             "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n,
             "region_coverage": region_coverage(args)}
 
@@ -480,7 +517,8 @@ def region_coverage(args) -> dict[str, float]:
     out = {}
     for v in variants:
         folder = regions_dir(args.out / "base", v)
-        t, _ = read_artifact(folder, "02_label_regions", "experiments/compare.py", token_tensors={"region_id": np.int32})
+        t, _ = read_artifact(folder, "02_label_regions", "experiments/compare.py",
+                             token_tensors={"region_id": np.int32})
         out[folder.name] = float((t["region_id"] >= 0).mean())
     return out
 
@@ -525,11 +563,14 @@ def json_safe(x):
 
 def category_columns(table: dict) -> list[str]:
     """The `cat.<name>.nll` metrics that have tokens in the held-out data (sft's row has every metric)."""
-    return [k for k in table["sft"] if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(table["sft"][k]["mean"])]
+    return [k for k in table["sft"]
+            if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(table["sft"][k]["mean"])]
 
 
 def cell(s: dict) -> str:
-    return "n/a" if math.isnan(s["mean"]) else f"{s['mean']:.3f}" + ("" if math.isnan(s["std"]) else f" ± {s['std']:.3f}")
+    if math.isnan(s["mean"]):
+        return "n/a"
+    return f"{s['mean']:.3f}" + ("" if math.isnan(s["std"]) else f" ± {s['std']:.3f}")
 
 
 def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
@@ -550,16 +591,19 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
 
     def diff(o: str, c: str) -> str:
         p = res["paired"][o][c]
-        return "n/a" if math.isnan(p["diff"]) else f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
+        if math.isnan(p["diff"]):
+            return "n/a"
+        return f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
     seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
     lines = [f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})", "",
              f"Base model `{args.model}`; training data `{args.data}`; held-out data `{args.eval_data}` "
              f"({res['held_out_samples']} samples, {res['token_counts']['all']} response tokens, "
-             f"{res['token_counts']['sensitive']} CUDA-sensitive, {res['token_counts']['base_hard']} base-hard, "
-             f"{res['token_counts']['base_region']} in base regions). Stage 04 backend: "
-             f"**{', '.join(res['backends']) or 'none'}**" + (" (CPU emulation: functional verdicts only)"
-                                                              if "emulated" in res["backends"] else "") + ".",
-             "", f"Preset {args.preset} (options on the command line override it; the commands below are what ran): "
+             f"{res['token_counts']['sensitive']} CUDA-sensitive, {res['token_counts']['base_hard']} "
+             f"base-hard, {res['token_counts']['base_region']} in base regions). Stage 04 backend: "
+             f"**{', '.join(res['backends']) or 'none'}**"
+             + (" (CPU emulation: functional verdicts only)" if "emulated" in res["backends"] else "") + ".",
+             "", f"Preset {args.preset} (options on the command line override it; the "
+                 "commands below are what ran): "
              + " ".join(PRESET_NOTES[args.preset].split()),
              "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model"
              + (" (greedy decoding: one run)." if args.eval_base else " (token metrics only)."),
@@ -569,21 +613,26 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
              "", "## Held-out token metrics (stage 01 on the held-out data)", "",
              *table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
              f"## Kernel verdicts (stage 04, eval split; {k} sample(s) per prompt)", "",
-             *table(kernel_cols, (["base"] if args.eval_base else []) + args.objectives, lambda o, c: cell(t[o][c])), "",
+             *table(kernel_cols, (["base"] if args.eval_base else []) + args.objectives,
+                    lambda o, c: cell(t[o][c])), "",
              "## Paired differences to sft (95% bootstrap interval)", "",
-             f"Per held-out sample (token metrics: the sample's mean over its tokens of that kind) or per prompt "
-             f"(pass@1: task x level), the objective's value minus sft's, each averaged over seeds; the mean over "
-             f"units and a percentile interval from {args.bootstrap} resamples of the units (seed 0).", "",
+             "Per held-out sample (token metrics: the sample's mean over its tokens of that kind) or per "
+             "prompt (pass@1: task x level), the objective's value minus sft's, each averaged over seeds; "
+             f"the mean over units and a percentile interval from {args.bootstrap} resamples of the units "
+             "(seed 0).", "",
              *table(list(res["paired"][next(iter(res["paired"]))]) if res["paired"] else [],
                     list(res["paired"]), diff), "",
              "## Held-out NLL per CUDA-sensitivity category", "",
-             *table([c[4:-4] for c in cats], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])), "", figure_note, "",
+             *table([c[4:-4]
+                     for c in cats], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])), "", figure_note, "",
              "## Columns", "", *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],
              "- `.nll`/`.acc` of a group: over all its tokens of all held-out samples (token-weighted)", "",
              "## Stage times (seconds, the last execution of each step)", "",
-             *[f"- {name}: " + ", ".join(f"{k} {v:g}" for k, v in steps.items()) + f"; total {sum(steps.values()):g}"
+             *[f"- {name}: " + ", ".join(f"{k} {v:g}"
+                                         for k, v in steps.items()) + f"; total {sum(steps.values()):g}"
                for name, steps in res["timings"].items()], "",
-             "## Commands", "", "A step continued after an interruption ran with its stage's --resume (or --force) "
+             "## Commands", "", "A step continued after an interruption ran with its "
+                                "stage's --resume (or --force) "
              "added; `<run>/log.txt` holds every invocation and its output.", "",
              "```bash", res["command"], *commands, "```", ""]
     return "\n".join(lines)
@@ -602,8 +651,9 @@ def figure(path: Path, res: dict, args) -> bool:
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 1.1 * len(objs)), 4))
     width = 0.8 / max(len(cats), 1)
     for j, c in enumerate(cats):
-        ax.bar([i - 0.4 + (j + 0.5) * width for i in range(len(objs))], [t[o][c]["mean"] for o in objs], width,
-               yerr=[0 if math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs], label=c[4:-4])
+        ax.bar([i - 0.4 + (j + 0.5) * width for i in range(len(objs))], [t[o][c]["mean"] for o in objs],
+               width, yerr=[0 if math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs],
+               label=c[4:-4])
     ax.set_xticks(range(len(objs)), objs)
     ax.set_ylabel("held-out NLL, nats per token (mean ± std over seeds)", fontsize=8)
     ax.set_title("Held-out NLL per CUDA-sensitivity category", fontsize=10)
@@ -623,16 +673,20 @@ def main(argv: list[str] | None = None) -> int:
     res = aggregate(args, runs)
     commands = [shown(command(s)) for s in base_steps + [s for r in runs for s in r["steps"]]]
     res |= {"preset": args.preset, "objectives": args.objectives, "seeds": args.seeds, "model": args.model,
-            "data": str(args.data), "eval_data": str(args.eval_data), "columns": COLUMNS, "stage_calls": calls,
-            "command": shlex.join(["python", *sys.argv]), "commands": commands,
+            "data": str(args.data), "eval_data": str(args.eval_data), "columns": COLUMNS,
+            "stage_calls": calls, "command": shlex.join(["python", *sys.argv]), "commands": commands,
             "timings": {r["name"]: json.loads((r["dir"] / "timings.json").read_text())
-                        for r in [{"name": "base", "dir": args.out / "base"}, *runs] if (r["dir"] / "timings.json").exists()}}
+                        for r in [{"name": "base", "dir": args.out / "base"}, *runs]
+                        if (r["dir"] / "timings.json").exists()}}
     for v in res["per_run"].values():  # per-unit arrays as lists; nan as null
-        v["units"] = {k: dict(sorted(a.items())) if isinstance(a, dict) else a.tolist() for k, a in v.get("units", {}).items()}
-    write_text_atomic(args.out / "comparison.json", json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n")
+        v["units"] = {k: dict(sorted(a.items())) if isinstance(a, dict) else a.tolist()
+                      for k, a in v.get("units", {}).items()}
+    write_text_atomic(args.out / "comparison.json",
+                      json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n")
     made = figure(args.out / "comparison.png", res, args)
-    note = "![held-out NLL per category](comparison.png)" if made else \
-        "(No figure: matplotlib is not installed; pip install matplotlib, then rerun this command to add it.)"
+    note = ("![held-out NLL per category](comparison.png)" if made else
+            "(No figure: matplotlib is not installed; pip install matplotlib, then "
+            "rerun this command to add it.)")
     text = markdown(args, res, commands, note)
     write_text_atomic(args.out / "comparison.md", text)
     print(text)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_head_is_plain, check_resume_args, close_turn,
-                          encode_sample, end_of_turn_ids, load_causal_lm, load_tokenizer, read_appended_jsonl,
-                          read_artifact, signature_parts, write_artifact)
+from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_head_is_plain, check_resume_args,
+                          close_turn, encode_sample, end_of_turn_ids, load_causal_lm, load_tokenizer,
+                          read_appended_jsonl, read_artifact, signature_parts, write_artifact)
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,12 @@ class FakeSpecials(SimpleNamespace):
 
 @pytest.mark.parametrize("specials, response, content, expected", [
     (["<|im_end|>"], "int x;<|im_end|>\n", "int x;", "int x;<|im_end|>"),                 # ChatML
-    (["<|eot_id|>"], "int x;<|eot_id|>", "int x;", "int x;<|eot_id|>"),                    # Llama 3: nothing after
-    (["<end_of_turn>", "<eos>"], "a<end_of_turn>\n<eos>", "a", "a<end_of_turn>"),          # first special closes
-    ([], "int x;\n\n", "int x;", "int x;"),                                                # no special: strip
+    (["<|eot_id|>"], "int x;<|eot_id|>", "int x;",
+     "int x;<|eot_id|>"),                    # Llama 3: nothing after
+    (["<end_of_turn>", "<eos>"], "a<end_of_turn>\n<eos>", "a",
+     "a<end_of_turn>"),          # first special closes
+    ([], "int x;\n\n", "int x;",
+     "int x;"),                                                # no special: strip
     (["<|im_end|>"], "<|im_end|> in text<|im_end|>\n", "<|im_end|> in text", "<|im_end|> in text<|im_end|>"),
 ])
 def test_close_turn_keeps_the_end_of_turn_token_and_nothing_after(specials, response, content, expected):
@@ -68,7 +71,8 @@ def test_appended_jsonl_drops_a_torn_last_line_and_appends_clean(tmp_path):
 
 
 def write_small_artifact(path):
-    tensors = {"confidence": np.array([0.5, 0.25, 1.0], np.float32), "sample_offsets": np.array([0, 2, 3], np.int64),
+    tensors = {"confidence": np.array([0.5, 0.25, 1.0], np.float32),
+               "sample_offsets": np.array([0, 2, 3], np.int64),
                "sample_weight": np.array([1.0, 2.0], np.float32)}
     write_artifact(path, tensors, {"stage": "x", "counts": {"samples": 2, "response_tokens": 3}})
 
@@ -91,9 +95,12 @@ def test_a_truncated_tensor_file_is_a_user_error(tmp_path):
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda t, m: t.update(confidence=t["confidence"].astype(np.float64)), "confidence missing or not 1-D float32"),
-    (lambda t, m: t.update(confidence=t["confidence"][:2]), "confidence has 2 entries but sample_offsets cover 3"),
-    (lambda t, m: t.update(sample_weight=t["sample_weight"][:1]), "sample_weight has 1 entries but there are 2"),
+    (lambda t, m: t.update(confidence=t["confidence"].astype(np.float64)),
+     "confidence missing or not 1-D float32"),
+    (lambda t, m: t.update(confidence=t["confidence"][:2]),
+     "confidence has 2 entries but sample_offsets cover 3"),
+    (lambda t, m: t.update(sample_weight=t["sample_weight"][:1]),
+     "sample_weight has 1 entries but there are 2"),
     (lambda t, m: t.update(sample_offsets=np.array([0, 3, 2], np.int64)), "never decrease"),
     (lambda t, m: m["counts"].update(samples=5), "meta.json counts"),
 ])
@@ -112,7 +119,8 @@ def test_inconsistent_tensors_are_refused_with_what_is_wrong(tmp_path, damage, m
 
 def test_resume_with_other_arguments_names_each_difference(tmp_path):
     saved = {"objective": "cuset", "lr": 1e-4, "resume": False, "stop_after": 3}
-    check_resume_args(saved, {**saved, "resume": True, "stop_after": None}, {"resume", "stop_after"}, tmp_path)
+    check_resume_args(saved, {**saved, "resume": True, "stop_after": None}, {"resume", "stop_after"},
+                      tmp_path)
     with pytest.raises(UserError, match=r"--lr: the run has 0.0001, now 0.05; --objective: the run has "
                                         r"'cuset', now 'sft'"):
         check_resume_args(saved, {**saved, "objective": "sft", "lr": 5e-2}, {"resume"}, tmp_path)
@@ -139,7 +147,8 @@ def test_a_folder_with_a_tokenizer_but_no_model_names_config_json(tmp_path, toke
 @pytest.mark.parametrize("signature,parts", [
     ("__global__ void k(const float* __restrict__ x, float *y,const int  n)",
      ("k", ["const float* __restrict__", "float *", "const int"], ["x", "y", "n"])),
-    ("prose, then __global__  void\nscan_k(unsigned int* counts) and more", ("scan_k", ["unsigned int*"], ["counts"])),
+    ("prose, then __global__  void\nscan_k(unsigned int* counts) and more",
+     ("scan_k", ["unsigned int*"], ["counts"])),
     ("__global__ void k()", ("k", [], [])),
     ("__global__ void k(int, float* a)", ("k", ["int", "float*"], ["", "a"])),
 ])
@@ -201,7 +210,8 @@ def naive_threshold(p, valid, rho, tau_max):
 
 
 def skewed_rows(seed: int):
-    """p [9, 31] skewed to 0 (both sides of the min occur), valid [9, 31]: an empty, a one-token, a full row."""
+    """p [9, 31] skewed to 0 (both sides of the min occur), valid [9, 31]: an empty, a one-token, a full
+    row."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -256,7 +266,8 @@ def test_stages_02_and_03_threshold_with_sample_threshold(seed):
 
 def test_stages_01_and_03_take_the_gold_log_prob_from_one_function():
     """Stage 01's profile (no grad, with entropy) and stage 03's loss (checkpointed chunks, with grad) give
-    log p(gold) bit for bit alike, over chunk sizes that split the rows unevenly: one formula, two callers."""
+    log p(gold) bit for bit alike, over chunk sizes that split the rows unevenly: one formula, two
+    callers."""
     import torch
 
     from cuset_common import gold_logprob_entropy, gold_logprobs, head_logits
@@ -266,7 +277,8 @@ def test_stages_01_and_03_take_the_gold_log_prob_from_one_function():
     gold = torch.randint(0, 50, (37,), generator=g)
     want = torch.log_softmax(hidden @ weight.t(), -1).gather(1, gold[:, None])[:, 0]  # [37]
     for chunk in (1, 8, 37, 64):
-        profiled, _, _ = gold_logprob_entropy(lambda h: head_logits(h, weight, None), hidden, gold, chunk, False)
+        profiled, _, _ = gold_logprob_entropy(lambda h: head_logits(h, weight, None), hidden, gold, chunk,
+                                              False)
         trained = gold_logprobs(hidden.requires_grad_(), weight, gold, chunk)
         assert torch.equal(profiled, trained.detach()), chunk
         torch.testing.assert_close(trained.detach(), want)

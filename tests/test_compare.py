@@ -26,11 +26,11 @@ from cuset_common import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE, UserError, run_m
 compare = load_script("experiments/compare.py")
 OBJECTIVES, SEEDS = ("sft", "cuset"), 2
 RUNS = [f"{o}-seed{s}" for o in OBJECTIVES for s in range(SEEDS)]
-MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS), "--max-length", "512",
-         "--standalone-args", "",
-         "--regions-args", "--permutations 10 --html-samples 1",
-         "--train-args", "--max-steps 2 --batch-size 4 --micro-batch-size 4 --save-every 1",
-         "--eval-args", "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2"]
+MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS),
+         "--max-length", "512", "--standalone-args", "", "--regions-args",
+         "--permutations 10 --html-samples 1", "--train-args",
+         "--max-steps 2 --batch-size 4 --micro-batch-size 4 --save-every 1", "--eval-args",
+         "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2"]
 
 
 def artifact_mtimes(out: Path, runs: list[str]) -> dict[str, float]:
@@ -40,8 +40,8 @@ def artifact_mtimes(out: Path, runs: list[str]) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-    """The command run four times into one folder: stopped after 8 stage calls (base and sft-seed0), killed during
-    sft-seed1's training (after its first resume checkpoint), continued, called again."""
+    """The command run four times into one folder: stopped after 8 stage calls (base and sft-seed0), killed
+    during sft-seed1's training (after its first resume checkpoint), continued, called again."""
     tmp = tmp_path_factory.mktemp("compare")
     train, held = tmp / "train8.jsonl", tmp / "eval3.jsonl"
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
@@ -61,7 +61,8 @@ def micro(tmp_path_factory):
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not resume.exists():
-        assert proc.poll() is None and time.time() < deadline, "stage 03 of sft-seed1 wrote no resume checkpoint"
+        assert proc.poll() is None and time.time() < deadline, (
+            "stage 03 of sft-seed1 wrote no resume checkpoint")
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -72,9 +73,11 @@ def micro(tmp_path_factory):
     md_mtime = (out / "comparison.md").stat().st_mtime_ns
     third = call()
     return {"out": out, "train": train, "held": held, "logs": (first, second, third),
-            "mtimes": (after_first, after_second, artifact_mtimes(out, ["base", *RUNS])), "md_mtime": md_mtime,
-            "md_after_first": md_after_first, "killed_mid_training": killed_mid_training,
-            "json": json.loads((out / "comparison.json").read_text()), "md": (out / "comparison.md").read_text()}
+            "mtimes": (after_first, after_second, artifact_mtimes(out, ["base", *RUNS])),
+            "md_mtime": md_mtime, "md_after_first": md_after_first,
+            "killed_mid_training": killed_mid_training,
+            "json": json.loads((out / "comparison.json").read_text()),
+            "md": (out / "comparison.md").read_text()}
 
 
 def stage_calls(log: str) -> list[str]:
@@ -86,15 +89,18 @@ def test_an_interrupted_comparison_continues_and_skips_what_is_finished(micro):
     assert len(stage_calls(first)) == 8 and "stopped after 8 stage calls" in first
     assert not micro["md_after_first"]  # a stopped comparison aggregates nothing
     before, after = micro["mtimes"][:2]
-    assert "sft-seed0/eval-standalone/summary.json" in before and not any(k.startswith("sft-seed1") for k in before)
+    assert "sft-seed0/eval-standalone/summary.json" in before
+    assert not any(k.startswith("sft-seed1") for k in before)
     assert micro["killed_mid_training"]
     # after the kill: base and sft-seed0 skipped whole, sft-seed1's training continued from its checkpoint
-    assert "base stages 01+02: finished, skipped" in second and "run 1/4 sft-seed0: finished, skipped" in second
+    assert "base stages 01+02: finished, skipped" in second
+    assert "run 1/4 sft-seed0: finished, skipped" in second
     calls = stage_calls(second)
     assert len(calls) == 20 - 8 and "03_train_cuset.py" in calls[0] and " --resume " in calls[0]
     assert "resumed at step 1" in (micro["out"] / "sft-seed1" / "log.txt").read_text()
     assert json.loads((micro["out"] / "sft-seed1" / "ckpt" / "meta.json").read_text())["final_step"] == 2
-    assert "ETA" in second and all(after[k] == v for k, v in before.items()), "a finished artifact was rewritten"
+    assert "ETA" in second and all(after[k] == v
+                                   for k, v in before.items()), "a finished artifact was rewritten"
 
 
 def test_a_call_with_everything_finished_only_reaggregates(micro):
@@ -157,10 +163,12 @@ def test_kernel_verdicts_match_stage_04_rows(micro):
         for mode in ("kernel", "standalone"):
             compiled, passed = [], []
             for s in range(SEEDS):
-                rows = [json.loads(x) for x in (out / f"{o}-seed{s}" / f"eval-{mode}" / "results.jsonl").read_text()
+                rows = [json.loads(x)
+                        for x in (out / f"{o}-seed{s}" / f"eval-{mode}" / "results.jsonl").read_text()
                         .splitlines()]
                 assert len(rows) == 1 and rows[0]["backend"] == "emulated"
-                compiled.append(np.mean([r["outcome"] not in ("missing", "no_code", "compile_error") for r in rows]))
+                compiled.append(np.mean([r["outcome"] not in ("missing", "no_code", "compile_error")
+                                         for r in rows]))
                 passed.append(np.mean([r["outcome"] == "pass" for r in rows]))
             assert math.isclose(res["table"][o][f"{mode}.compile_rate"]["mean"], np.mean(compiled))
             assert math.isclose(res["table"][o][f"{mode}.pass@1"]["mean"], np.mean(passed))
@@ -180,28 +188,32 @@ def test_misaligned_profiles_are_refused(micro, tmp_path):
 
 
 def test_a_regions_variant_and_the_base_model_get_steps_rows_and_differences(tmp_path):
-    """cuset.no-snap trains on regions stage 02 made with --no-snap-lines; --eval-base evaluates the base model,
-    which gets kernel rows and a paired difference to sft; the region coverage of each variant is reported."""
+    """cuset.no-snap trains on regions stage 02 made with --no-snap-lines; --eval-base evaluates the base
+    model,
+    which gets kernel rows and a paired difference to sft; the region coverage of each variant is
+    reported."""
     train, held, out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "out"
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:6]))
     held.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:2]))
-    argv = ["--preset", "cpu-real", "--model", str(ROOT / "data" / "models" / "tiny-cuda-lm"), "--seeds", "1",
-            "--objectives", "sft,cuset.no-snap", "--data", str(train), "--eval-data", str(held), "--out", str(out),
-            "--max-length", "512", "--regions-args", "--permutations 10 --html-samples 1",
-            "--train-args", "--max-steps 1 --batch-size 2 --micro-batch-size 2",
-            "--eval-args", "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 1"]
+    argv = ["--preset", "cpu-real", "--model", str(ROOT / "data" / "models" / "tiny-cuda-lm"), "--seeds",
+            "1", "--objectives", "sft,cuset.no-snap", "--data", str(train), "--eval-data", str(held),
+            "--out", str(out), "--max-length", "512", "--regions-args", "--permutations 10 --html-samples 1",
+            "--train-args", "--max-steps 1 --batch-size 2 --micro-batch-size 2", "--eval-args",
+            "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 1"]
     r = subprocess.run([sys.executable, str(ROOT / "experiments" / "compare.py"), *argv], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res, base = json.loads((out / "comparison.json").read_text()), out / "base"
     assert json.loads((base / "regions.no-snap" / "meta.json").read_text())["args"]["snap_lines"] is False
-    trained_on = json.loads((out / "cuset.no-snap-seed0" / "ckpt" / "meta.json").read_text())["args"]["regions"]
+    ckpt_meta = json.loads((out / "cuset.no-snap-seed0" / "ckpt" / "meta.json").read_text())
+    trained_on = ckpt_meta["args"]["regions"]
     assert Path(trained_on) == base / "regions.no-snap"
     for variant in ("regions", "regions.no-snap"):
         inside = load_file(str(base / variant / "tensors.safetensors"))["region_id"] >= 0
         assert math.isclose(res["region_coverage"][variant], inside.mean(), rel_tol=1e-9)
     rows = [json.loads(x) for x in (base / "eval-kernel" / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 1 and res["table"]["base"]["kernel.pass@1"]["mean"] == float(rows[0]["outcome"] == "pass")
+    assert len(rows) == 1
+    assert res["table"]["base"]["kernel.pass@1"]["mean"] == float(rows[0]["outcome"] == "pass")
     assert set(res["paired"]) == {"cuset.no-snap", "base"} and "kernel.pass@1" in res["paired"]["base"]
     assert not (out / "sft-seed0" / "eval-standalone").exists()  # the preset's modes: kernel only
 
@@ -217,15 +229,18 @@ def test_bad_options_exit_2_with_one_line(argv, msg, capsys):
 
 
 def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
-    """What a step killed mid-stage gets: stage 01 --resume when <out>.partial/ holds the same run (another run's
-    partial folder is removed), stage 03 --resume when <ckpt>/resume/ holds the same run (--force when it holds
+    """What a step killed mid-stage gets: stage 01 --resume when <out>.partial/ holds the same run (another
+    run's
+    partial folder is removed), stage 03 --resume when <ckpt>/resume/ holds the same run (--force when it
+    holds
     another one), stage 04 --force when its folder holds another run (the same run resumes by itself)."""
     from cuset_common import args_to_json
 
     args = compare.parse_args([*MICRO, "--out", str(tmp_path)])
     base_steps, runs = compare.plan(args)
     train, held, ev = runs[0]["steps"][0], runs[0]["steps"][1], runs[0]["steps"][2]
-    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04", "04"] and compare.continuation(train, print) == ()
+    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04",
+                                                      "04"] and compare.continuation(train, print) == ()
 
     def saved(step: dict, **change) -> dict:
         return args_to_json(compare.stage_module(step["stage"]).parse_args(step["argv"])) | change
@@ -240,7 +255,8 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     state.write_text(json.dumps({"args": saved(held)}))
     (train["out"] / "meta.json").parent.mkdir(parents=True)
     (train["out"] / "meta.json").write_text("{}")
-    os.utime(train["out"] / "meta.json", (state.stat().st_mtime + 10,) * 2)  # the checkpoint was trained again
+    os.utime(train["out"] / "meta.json",
+             (state.stat().st_mtime + 10,) * 2)  # the checkpoint was trained again
     assert compare.continuation(held, print) == () and not state.parent.exists()
     (train["out"] / "meta.json").unlink()
 

@@ -51,13 +51,17 @@ def make_profile(folder: Path, samples: list[list[tuple[str, float, int]]], mode
                 cols[k].append(v)
             pos += len(s)
         offsets.append(offsets[-1] + len(toks))
-        records.append({"index": i, "id": f"s{i}", "line": i + 1, "response_text": text, "n_prompt_tokens": 3,
-                        "n_response_tokens": len(toks), "truncated": False})
+        records.append({"index": i, "id": f"s{i}", "line": i + 1, "response_text": text,
+                        "n_prompt_tokens": 3, "n_response_tokens": len(toks), "truncated": False})
     n = offsets[-1]
-    tensors = {"token_ids": np.arange(n, dtype=np.int32), "confidence": np.array(cols["confidence"], np.float32),
-               "entropy": np.linspace(0, 3, n).astype(np.float16), "sensitive": np.array(cols["sensitive"], np.uint8),
-               "char_start": np.array(cols["char_start"], np.int32), "char_end": np.array(cols["char_end"], np.int32),
-               "line_index": np.array(cols["line_index"], np.int32), "sample_offsets": np.array(offsets, np.int64)}
+    tensors = {"token_ids": np.arange(n, dtype=np.int32),
+               "confidence": np.array(cols["confidence"], np.float32),
+               "entropy": np.linspace(0, 3, n).astype(np.float16),
+               "sensitive": np.array(cols["sensitive"], np.uint8),
+               "char_start": np.array(cols["char_start"], np.int32),
+               "char_end": np.array(cols["char_end"], np.int32),
+               "line_index": np.array(cols["line_index"], np.int32),
+               "sample_offsets": np.array(offsets, np.int64)}
     meta = {"stage": "01_profile", "args": {}, "model": model, "tokenizer_fingerprint": fingerprint,
             "data": {"path": str(data), "sha256": sha256_file(data)}, "max_length": 512,
             "counts": {"samples": len(samples), "response_tokens": n, "truncated": 0,
@@ -70,7 +74,8 @@ def random_samples(n_samples: int, seed: int) -> list[list[tuple[str, float, int
     """Code-like samples: lines of tokens, ~25% sensitive, confidences mostly high, some low runs;
     newline tokens carry the next line's indentation (as byte-level BPE merges them)."""
     rng = np.random.default_rng(seed)
-    words = ["int", "i", "=", "blockIdx.x", "*", "if", "(", ")", "out[i]", "__syncthreads();", "x", "+", "n", ";"]
+    words = ["int", "i", "=", "blockIdx.x", "*", "if", "(", ")", "out[i]", "__syncthreads();", "x", "+", "n",
+             ";"]
     samples = []
     for _ in range(n_samples):
         toks = []
@@ -150,7 +155,8 @@ def test_snap_to_lines_and_merge():
 def test_label_tokens_and_majority_category():
     rid = stage.label_tokens(np.array([1, 5]), np.array([4, 8]), 9)
     assert rid.tolist() == [-1, 0, 0, 0, -1, 1, 1, 1, -1] and rid.dtype == np.int32
-    sens = np.array([2, 3, 3, 2, 0, 7, 2, 0, 3], np.uint8)  # region 0: 3,3,2 -> guard; region 1: 7,2 tie -> 2
+    sens = np.array([2, 3, 3, 2, 0, 7, 2, 0, 3],
+                    np.uint8)  # region 0: 3,3,2 -> guard; region 1: 7,2 tie -> 2
     assert stage.region_categories(rid, sens, 2).tolist() == [3, 2]
 
 
@@ -196,7 +202,8 @@ def test_holm_and_p_values():
     assert stage.holm([0.5, 0.9]).tolist() == [1.0, 1.0] and stage.holm([]).size == 0
     null = np.array([0.1, 0.2, 0.3, np.nan])  # a draw where the statistic is undefined is left out
     assert stage.p_value(0.3, null) == pytest.approx(2 / 4) and stage.p_value(0.05, null, "less") == 1 / 4
-    assert stage.p_value(0.35, null, "two") == pytest.approx(2 / 4) and stage.p_value(0.2, null, "two") == 1.0
+    assert stage.p_value(0.35, null,
+                         "two") == pytest.approx(2 / 4) and stage.p_value(0.2, null, "two") == 1.0
     assert np.isnan(stage.p_value(0.3, np.zeros(0))) and np.isnan(stage.p_value(np.nan, null))
 
 
@@ -204,26 +211,30 @@ def test_confidence_shuffle_stays_within_samples_and_is_seeded():
     p = np.r_[np.full(30, 0.1), np.full(50, 0.9)]  # sample 0 all low, sample 1 all high
     codes = np.r_[np.full(30, 3), np.full(50, 4)].astype(np.uint8)
     sample = np.repeat([0, 1], [30, 50])
-    null = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20, np.random.default_rng(1))
+    null = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20,
+                                          np.random.default_rng(1))
     assert np.all(null[:, 1, 3] == 30) and np.all(null[:, 1, 4] == 0)  # no low confidence crosses a sample
-    again = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20, np.random.default_rng(1))
+    again = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20,
+                                           np.random.default_rng(1))
     assert np.array_equal(null, again)
 
 
 def test_tag_rotation_keeps_a_lexeme_whole_and_stays_within_samples():
-    # Sample 0: tokens 0 and 1 low, one two-token lexeme (code 2) at 0-1 of 8. A rotation lands both tags on the
-    # low pair for 1 shift in 8 (a full shuffle would: 1 in 28). Sample 1: all low, all code 5.
+    # Sample 0: tokens 0 and 1 low, one two-token lexeme (code 2) at 0-1 of 8. A rotation lands both tags on
+    # the low pair for 1 shift in 8 (a full shuffle would: 1 in 28). Sample 1: all low, all code 5.
     codes = np.r_[[2, 2, 0, 0, 0, 0, 0, 0], np.full(6, 5)].astype(np.uint8)
     low = np.r_[[True, True], np.zeros(6, bool), np.ones(6, bool)]
     off, sample = np.array([0, 8, 14]), np.repeat([0, 1], [8, 6])
     null = stage.rotated_tags_null(low, low, codes, off, sample, 4000, np.random.default_rng(0))
-    assert np.all(null[:, 1, 5] == 6) and np.all(null[:, 1, :].sum(1) == 8)  # the low tokens stay where they are
+    # the low tokens stay where they are
+    assert np.all(null[:, 1, 5] == 6) and np.all(null[:, 1, :].sum(1) == 8)
     on_pair = np.bincount(null[:, 1, 2], minlength=3) / 4000  # tags landing on the low pair: 0, 1 or 2
     assert on_pair == pytest.approx([5 / 8, 2 / 8, 1 / 8], abs=0.03)
 
 
 def runs_samples(planted: bool, seed: int, n_samples: int = 60, length: int = 96) -> list:
-    """Samples of `length` tokens at p0 = 0.9 but for two runs of 5 low tokens (p0 = 0.1) and two isolated low
+    """Samples of `length` tokens at p0 = 0.9 but for two runs of 5 low tokens (p0 = 0.1) and two isolated
+    low
     ones, one item per quarter of the sample, >= 4 confident tokens apart. planted: 3 tokens of the first run
     are tagged indexing and 3 of the second guard, plus 4 confident tokens; else every token is tagged
     (indexing or guard) with probability 0.15, independently of where the runs are."""
@@ -245,8 +256,8 @@ def runs_samples(planted: bool, seed: int, n_samples: int = 60, length: int = 96
 
 
 def test_finding_on_planted_clustering(inputs, tmp_path):
-    """Tags planted in the low-confidence runs: all three nulls reject at the smallest attainable p, and so do
-    the per-category tests after Holm; the sentence says the data supports CUDA-specific clustering."""
+    """Tags planted in the low-confidence runs: all three nulls reject at the smallest attainable p, and so
+    do the per-category tests after Holm; the sentence says the data supports CUDA-specific clustering."""
     data, model, fp, argv = inputs
     make_profile(tmp_path / "profile", runs_samples(planted=True, seed=0), model, data, fp)
     assert stage.main(argv + ["--rho", "1", "--permutations", "200"]) == 0  # rho 1: low is exactly p0 < 0.5
@@ -255,11 +266,12 @@ def test_finding_on_planted_clustering(inputs, tmp_path):
     assert n["a"]["observed"] == n["b"]["observed"] == 1.0 and n["b"]["null_mean"] < 0.9
     assert n["a"]["p"] == n["b"]["p"] == n["c"]["p"] == pytest.approx(1 / 201)
     cats = f["per_category"]
-    assert cats["indexing"]["p_b_holm"] < 0.05 and cats["guard"]["p_b_holm"] < 0.05 and cats["launch"]["p_b"] is None
+    assert cats["indexing"]["p_b_holm"] < 0.05 and cats["guard"]["p_b_holm"] < 0.05
+    assert cats["launch"]["p_b"] is None
     assert f["low_share"]["sensitive"] > 0.5 > 0.1 > f["low_share"]["other"]
     assert f["low_share"]["p"] == pytest.approx(2 / 201)  # two-sided
-    assert "so it supports that CUDA-sensitive low-confidence tokens cluster specially (categories that do after " \
-        "Holm: indexing, guard)" in f["conclusion"]
+    assert ("so it supports that CUDA-sensitive low-confidence tokens cluster specially (categories that do "
+            "after Holm: indexing, guard)" in f["conclusion"])
     report = (tmp_path / "regions" / "report.md").read_text()
     assert f["conclusion"] in report and report.count("| (") == 3 and "| 0.0050 (0.0100) |" in report
 
@@ -277,8 +289,8 @@ def test_finding_when_tags_ignore_the_runs(inputs, tmp_path):
     assert f["low_share"]["p"] > 0.25
     assert all(c["p_b_holm"] is None or c["p_b_holm"] > 0.05 for c in f["per_category"].values())
     assert "for sensitive and non-sensitive tokens alike" in f["conclusion"]
-    assert "does not support that CUDA-sensitive low-confidence tokens cluster specially (categories that do after " \
-        "Holm: none)" in f["conclusion"]
+    assert ("does not support that CUDA-sensitive low-confidence tokens cluster specially (categories that "
+            "do after Holm: none)" in f["conclusion"])
     assert "neither more nor less often low-confidence" in f["conclusion"]
 
 
@@ -317,32 +329,37 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     expected = {"region_id": (np.int32, T), "region_category": (np.uint8, R), "region_start": (np.int64, R),
                 "region_end": (np.int64, R), "tau": (np.float32, S), "sample_mass": (np.float32, S),
                 "sample_weight": (np.float32, S), "sample_offsets": (np.int64, S + 1)}
-    assert {k: (v.dtype, v.shape) for k, v in t.items()} == {k: (np.dtype(d), (n,)) for k, (d, n) in expected.items()}
+    want = {k: (np.dtype(d), (n,)) for k, (d, n) in expected.items()}
+    assert {k: (v.dtype, v.shape) for k, v in t.items()} == want
     assert R > 3 and np.array_equal(t["sample_offsets"], prof["sample_offsets"])
     check_region_invariants(t, prof)
     n = np.diff(t["sample_offsets"])
-    assert (t["sample_weight"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)  # token-weighted mean is 1
+    # token-weighted mean is 1
+    assert (t["sample_weight"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)
     assert t["sample_weight"].max() <= 3.0 + 1e-6 and n[1] == 0 and t["tau"][1] == 0
     # Snapped regions cover whole lines: the token before / after a region is on another line (or sample).
     line, sample = prof["line_index"], np.repeat(np.arange(S), n)
     for s, e in zip(t["region_start"], t["region_end"]):
         assert s == 0 or sample[s - 1] != sample[s] or line[s - 1] != line[s]
         assert e == T or sample[e] != sample[e - 1] or line[e] != line[e - 1]
-    assert meta["stage"] == "02_label_regions" and meta["model"] == model and meta["tokenizer_fingerprint"] == fp
+    assert meta["stage"] == "02_label_regions" and meta["model"] == model
+    assert meta["tokenizer_fingerprint"] == fp
     assert meta["data"]["sha256"] == sha256_file(data) and meta["max_length"] == 512
     assert meta["profile"]["meta_sha256"] == sha256_file(tmp_path / "profile" / "meta.json")
     assert meta["args"]["rho"] == 0.2 and meta["counts"]["regions"] == R and meta["counts"]["samples"] == S
     report = (out / "report.md").read_text()
-    for needle in ("What this data supports", "only the difference is evidence", "three nulls", "| 2 indexing |",
-                   "## Regions", "## Sample w", "end below 1", "sft scale",
+    for needle in ("What this data supports", "only the difference is evidence", "three nulls",
+                   "| 2 indexing |", "## Regions", "## Sample w", "end below 1", "sft scale",
                    "use --permutations >= "):  # 50 draws: too few for Holm to pass over 7 categories
         assert needle in report
     assert "three nulls" in capsys.readouterr().out
     f = meta["finding"]
     assert 0 <= f["low_share"]["sensitive"] <= 1 and f["regions"]["count"] == R and f["permutations"] == 50
     w = f["weights"]  # token-mean 1: samples without regions end below 1
-    assert w["norm"] == "token-mean" and w["samples_below_1"] == int(np.sum((t["sample_weight"] < 1) & (n > 0))) > 0
-    assert w["min"] == pytest.approx(t["sample_weight"][n > 0].min()) and meta["args"]["weight_norm"] == "token-mean"
+    assert w["norm"] == "token-mean"
+    assert w["samples_below_1"] == int(np.sum((t["sample_weight"] < 1) & (n > 0))) > 0
+    assert w["min"] == pytest.approx(t["sample_weight"][n > 0].min())
+    assert meta["args"]["weight_norm"] == "token-mean"
 
 
 def test_without_line_snapping_regions_are_the_grown_chains(inputs, tmp_path):
@@ -364,7 +381,8 @@ def test_without_line_snapping_regions_are_the_grown_chains(inputs, tmp_path):
 
 def test_hand_written_profile_gives_the_expected_regions(inputs, tmp_path):
     data, model, fp, argv = inputs
-    s0 = [("int ", 0.9, 0), ("i", 0.9, 0), (" = ", 0.9, 0), ("blockIdx", 0.1, 2), (".x", 0.2, 2), (";", 0.9, 0),
+    s0 = [("int ", 0.9,
+           0), ("i", 0.9, 0), (" = ", 0.9, 0), ("blockIdx", 0.1, 2), (".x", 0.2, 2), (";", 0.9, 0),
           ("\n", 0.9, 0),                                                                    # 0-6: line 0
           ("if ", 0.9, 3), ("(i < n)", 0.3, 3), (" out[i] = x;", 0.9, 9), ("\n", 0.9, 0),  # 7-10: line 1
           ("    ", 0.9, 0), ("// done", 0.05, 0), ("\n", 0.9, 0),                           # 11-13: line 2
@@ -384,10 +402,12 @@ def test_hand_written_profile_gives_the_expected_regions(inputs, tmp_path):
     assert list(zip(t["region_start"], t["region_end"])) == [(3, 5), (8, 9), (16, 17)]
     assert stage.main(argv + ["--rho", "1", "--gap", "3", "--no-snap-lines"]) == 0
     t, _ = read_regions(tmp_path / "regions")
-    assert list(zip(t["region_start"], t["region_end"])) == [(3, 13), (16, 17)]  # gap 3 chains in the comment
+    # gap 3 chains in the comment
+    assert list(zip(t["region_start"], t["region_end"])) == [(3, 13), (16, 17)]
     assert stage.main(argv + ["--rho", "1", "--permutations", "0"]) == 0  # no null draws: p reported as n/a
     f = read_regions(tmp_path / "regions")[1]["finding"]
-    assert all(n["p"] is None for n in f["nulls"].values()) and f["conclusion"].startswith("No permutation test")
+    assert all(n["p"] is None
+               for n in f["nulls"].values()) and f["conclusion"].startswith("No permutation test")
     assert "| n/a |" in (tmp_path / "regions" / "report.md").read_text()
 
 
@@ -421,7 +441,8 @@ def test_html_page_is_self_contained_and_outlines_every_region(inputs, tmp_path)
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("what", ["model", "data", "tokenizer", "stage", "schema", "offsets", "samples_line"])
+@pytest.mark.parametrize("what",
+                         ["model", "data", "tokenizer", "stage", "schema", "offsets", "samples_line"])
 def test_foreign_or_broken_profile_is_refused(inputs, tmp_path, capsys, what):
     data, model, fp, argv = inputs
     prof = make_profile(tmp_path / "profile", random_samples(6, seed=3), model, data, fp)
@@ -452,7 +473,8 @@ def test_foreign_or_broken_profile_is_refused(inputs, tmp_path, capsys, what):
     assert rc == 2 and "01_profile" in err, err
     if what == "samples_line":
         assert "samples.jsonl:7:" in err
-    assert (tmp_path / "regions" / "meta.json").read_text() == before  # nothing written, the previous artifact intact
+    # nothing written, the previous artifact intact
+    assert (tmp_path / "regions" / "meta.json").read_text() == before
     if what in ("model", "data", "tokenizer"):
         assert "--force" in err
         assert stage.main(argv + ["--force", "--html-samples", "1"]) == 0
@@ -476,15 +498,17 @@ FIXTURE = ROOT / "tests" / "fixtures" / "sft_small.jsonl"
 
 
 def test_end_to_end_on_the_tiny_model(tmp_path, capsys):
-    missing = [p for p in (ROOT / "01_profile.py", TINY_MODEL / "model.safetensors", FIXTURE) if not p.exists()]
+    missing = [p for p in (ROOT / "01_profile.py", TINY_MODEL / "model.safetensors", FIXTURE)
+               if not p.exists()]
     if missing:
         pytest.skip(f"end-to-end needs {', '.join(str(p.relative_to(ROOT)) for p in missing)}")
     profile = load_script("01_profile.py")
-    assert profile.main(["--model", str(TINY_MODEL), "--data", str(FIXTURE), "--out", str(tmp_path / "profile"),
-                         "--max-length", "256"]) == 0
+    assert profile.main(["--model", str(TINY_MODEL), "--data", str(FIXTURE),
+                         "--out", str(tmp_path / "profile"), "--max-length", "256"]) == 0
     # The same model folder spelled differently (relative path) is the same model.
     common = ["--model", os.path.relpath(TINY_MODEL), "--data", str(FIXTURE)]
-    argv = common + ["--profile", str(tmp_path / "profile"), "--out", str(tmp_path / "regions"), "--permutations", "50"]
+    argv = common + ["--profile", str(tmp_path / "profile"), "--out", str(tmp_path / "regions"),
+                     "--permutations", "50"]
     assert stage.main(argv) == 0
     t, meta = read_regions(tmp_path / "regions")
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))

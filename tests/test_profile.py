@@ -47,7 +47,8 @@ def profiled(tmp_path_factory):
     """One profile of the small SFT fixture, batched (3 per batch) and chunked (7 rows) on purpose."""
     out = tmp_path_factory.mktemp("art") / "profile"
     rc = stage.main(["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out),
-                     "--max-length", str(MAX_LEN), "--batch-size", "3", "--chunk-rows", "7", "--device", "cpu"])
+                     "--max-length", str(MAX_LEN), "--batch-size", "3", "--chunk-rows", "7",
+                     "--device", "cpu"])
     assert rc == 0
     return out, *read_profile(out)
 
@@ -75,9 +76,9 @@ def test_help_exits_cleanly(capsys):
 def test_artifact_schema(profiled):
     out, t, meta, samples = profiled
     n_records = len(load_sft(SFT_SMALL))
-    dtypes = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16, "argmax_correct": np.uint8,
-              "sensitive": np.uint8, "char_start": np.int32, "char_end": np.int32, "line_index": np.int32,
-              "sample_offsets": np.int64}
+    dtypes = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16,
+              "argmax_correct": np.uint8, "sensitive": np.uint8, "char_start": np.int32,
+              "char_end": np.int32, "line_index": np.int32, "sample_offsets": np.int64}
     assert set(t) == set(dtypes)
     for k, dt in dtypes.items():
         assert t[k].dtype == dt, k
@@ -96,8 +97,8 @@ def test_artifact_schema(profiled):
     assert meta["data"]["path"] == str(SFT_SMALL) and len(meta["data"]["sha256"]) == 64
     assert len(meta["tokenizer_fingerprint"]) == 64 and meta["args"]["max_length"] == MAX_LEN
     assert meta["categories"] == {"1": "signature", "2": "indexing", "3": "guard", "4": "shared_memory",
-                                  "5": "synchronization", "6": "warp_atomic", "7": "launch", "8": "memory_api",
-                                  "9": "write_back"}
+                                  "5": "synchronization", "6": "warp_atomic", "7": "launch",
+                                  "8": "memory_api", "9": "write_back"}
     c = meta["counts"]
     assert c["samples"] == n_records and c["response_tokens"] == T
     assert c["truncated"] == sum(s["truncated"] for s in samples) >= 1  # the two full programs exceed 384
@@ -105,7 +106,8 @@ def test_artifact_schema(profiled):
 
     assert [s["index"] for s in samples] == list(range(n_records))
     for s, rec in zip(samples, load_sft(SFT_SMALL)):
-        assert set(s) == {"index", "id", "line", "response_text", "n_prompt_tokens", "n_response_tokens", "truncated"}
+        assert set(s) == {"index", "id", "line", "response_text", "n_prompt_tokens", "n_response_tokens",
+                          "truncated"}
         assert s["id"] == rec["id"] and s["line"] == rec["line"]
         assert rec["response"] in s["response_text"]  # plus the template's end-of-turn token
         i = s["index"]
@@ -129,8 +131,10 @@ def test_tokens_spans_and_lines_match_the_tokenizer(profiled, model_and_tokenize
 
 
 def test_chat_response_ends_with_the_end_of_turn_token_and_nothing_after(profiled, model_and_tokenizer):
-    """Issue 9 item 6: ChatML writes `<|im_end|>\\n`; the model stops at <|im_end|>, so the `\\n` is not a response
-    token: the last profiled token of every complete chat sample is the end-of-turn token, ending the text."""
+    """Issue 9 item 6: ChatML writes `<|im_end|>\\n`; the model stops at <|im_end|>, so the `\\n` is not a
+    response
+    token: the last profiled token of every complete chat sample is the end-of-turn token, ending the
+    text."""
     _, t, meta, samples = profiled
     _, tok = model_and_tokenizer
     assert meta["chat_template"]
@@ -141,8 +145,8 @@ def test_chat_response_ends_with_the_end_of_turn_token_and_nothing_after(profile
         last = t["sample_offsets"][s["index"] + 1] - 1
         assert s["response_text"].endswith("<|im_end|>"), s["id"]
         assert t["token_ids"][last] == eot and t["char_end"][last] == len(s["response_text"]), s["id"]
-        assert s["n_prompt_tokens"] + s["n_response_tokens"] == len(encode_sample(tok, load_sft(SFT_SMALL)[s["index"]],
-                                                                                   MAX_LEN)["input_ids"])
+        enc = encode_sample(tok, load_sft(SFT_SMALL)[s["index"]], MAX_LEN)
+        assert s["n_prompt_tokens"] + s["n_response_tokens"] == len(enc["input_ids"])
 
 
 def test_confidence_equals_unbatched_fp32_forward(profiled, model_and_tokenizer):
@@ -308,7 +312,8 @@ def category_of(text: str, needle: str, nth: int = 0) -> int:
     ("extern __shared__", 0, 4),
     ("__syncthreads", 2, 5), ("__syncthreads", 3, 5), ("cudaDeviceSynchronize", 0, 5),
     ("__shfl_down_sync", 0, 6), ("atomicAdd", 0, 6),
-    ("<<<", 0, 7), (">>>", 0, 7), ("grid, threads", 0, 7), ("dim3", 0, 7), ("(n + threads - 1) / threads", 0, 7),
+    ("<<<", 0,
+     7), (">>>", 0, 7), ("grid, threads", 0, 7), ("dim3", 0, 7), ("(n + threads - 1) / threads", 0, 7),
     ("cudaMalloc", 1, 8), ("cudaMemcpy", 0, 8), ("cudaMemcpyHostToDevice", 0, 8), ("cudaFree", 1, 8),
     ("out[", 0, 9), ("] =", 1, 9),
 ])
@@ -363,13 +368,15 @@ def test_code_view_keeps_length_and_lines():
 
 
 def char_categories(text: str, needle: str, nth: int = 0) -> set[int]:
-    """Categories the tagger gives to the non-blank characters of the nth occurrence of needle, one by one."""
+    """Categories the tagger gives to the non-blank characters of the nth occurrence of needle, one by
+    one."""
     a = [m.start() for m in re.finditer(re.escape(needle), text)][nth]
     spans = [(a + k, a + k + 1) for k, c in enumerate(needle) if not c.isspace()]
     return set(stage.tag_tokens(text, spans).tolist())
 
 
-def kernel(body: str, params: str = "const float* __restrict__ x, float* __restrict__ y, int rows, int cols") -> str:
+def kernel(body: str,
+           params: str = "const float* __restrict__ x, float* __restrict__ y, int rows, int cols") -> str:
     """A kernel with the given body, fenced like an SFT answer."""
     return f"```cpp\n__global__ void k({params}) {{\n{body}\n}}\n```\n"
 
@@ -388,8 +395,10 @@ ROW = "    int row = blockIdx.x;\n    int j = threadIdx.x;\n"
     (ROW + "    float* __restrict__ yr = y + row * cols;\n    yr[j] = 0.0f;", "yr[j] ="),
     (ROW + "    float* const yr = y + row * cols;\n    yr[j] *= 2.0f;", "yr[j] *="),
     (ROW + "    float* yr = &y[row * cols];\n    yr[j] = 1.0f;", "yr[j] ="),
-    (ROW + "    float* yr = y + row * cols;\n    float* p = yr + 1;\n    float* q = p;\n    q[j] = 1.0f;", "q[j] ="),
-    (ROW + "    float4* y4 = reinterpret_cast<float4*>(y + row * cols);\n    y4[j] = make_float4(0, 0, 0, 0);",
+    (ROW + "    float* yr = y + row * cols;\n    float* p = yr + 1;\n    float* q = p;\n    q[j] = 1.0f;",
+     "q[j] ="),
+    (ROW + "    float4* y4 = reinterpret_cast<float4*>(y + row * cols);\n    "
+           "y4[j] = make_float4(0, 0, 0, 0);",
      "y4[j] ="),
     (ROW + "    float* yr = y + row * cols;\n    *(yr + j) = 1.0f;", "*(yr + j) ="),
     (ROW + "    float* yr = y + row * cols + j;\n    if (j < cols) *yr = 1.0f;", "*yr ="),
@@ -403,7 +412,8 @@ def test_stores_through_pointers_derived_from_an_output_are_write_back(body, sto
 @pytest.mark.parametrize("body, access", [
     (ROW + "    const float* xr = x + row * cols;\n    float v = xr[j];\n    y[j] = v;", "xr[j]"),
     (ROW + "    float const* yc = y + row * cols;\n    float v = yc[j];\n    y[j] = v;", "yc[j]"),
-    (ROW + "    __shared__ float buf[32];\n    float* s = buf + j;\n    s[0] = x[j];\n    y[j] = buf[0];", "s[0] ="),
+    (ROW + "    __shared__ float buf[32];\n    float* s = buf + j;\n    s[0] = x[j];\n    y[j] = buf[0];",
+     "s[0] ="),
     (ROW + "    float acc[4];\n    float* a = acc;\n    a[0] = x[j];\n    y[j] = acc[0];", "a[0] ="),
 ], ids=short_id)
 def test_reads_and_stores_to_non_outputs_are_not_write_back(body, access):
@@ -415,7 +425,8 @@ def test_reads_and_stores_to_non_outputs_are_not_write_back(body, access):
     (ROW + "    y[j] = j < cols && row < rows ? x[j] : 0.0f;", "j < cols && row < rows"),
     ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    y[i] = i + 1 < cols ? x[i + 1] - x[i] : 0.0f;",
      "i + 1 < cols"),
-    ("    int i = threadIdx.x;\n    float v = fmaxf(i >= rows ? 0.0f : x[i], 1.0f);\n    y[i] = v;", "i >= rows"),
+    ("    int i = threadIdx.x;\n    float v = fmaxf(i >= rows ? 0.0f : x[i], 1.0f);\n    y[i] = v;",
+     "i >= rows"),
     ("    int i = threadIdx.x;\n    y[i] = (i < cols) ? x[i] : 0.0f;", "(i < cols)"),
 ], ids=short_id)
 def test_ternary_bounds_checks_are_guards_with_or_without_parentheses(body, cond):
@@ -445,21 +456,24 @@ def test_pointer_offset_arithmetic_is_indexing_in_full(body, expr):
 
 
 def test_a_member_named_like_a_pointer_is_not_pointer_arithmetic():
-    text = kernel("    __shared__ float buf[64];\n    int s = 1;\n    buf[threadIdx.x] = buf[threadIdx.x + s];\n"
-                  "    y[threadIdx.x] = buf[0];")
+    text = kernel("    __shared__ float buf[64];\n    int s = 1;\n    buf[threadIdx.x] = buf[threadIdx.x + "
+                  "s];\n    y[threadIdx.x] = buf[0];")
     assert char_categories(text, ".x + s") == {0, 2} and char_categories(text, "+ s") == {0}
 
 
-SHFL = "    float v = x[threadIdx.x];\n    for ({}) v += __shfl_xor_sync(~0u, v, offset);\n    y[threadIdx.x] = v;"
+SHFL = ("    float v = x[threadIdx.x];\n    for ({}) v += __shfl_xor_sync(~0u, v, offset);\n"
+        "    y[threadIdx.x] = v;")
 LOOPS = [  # (kernel body, loop termination test): never a guard, whatever the loop variable derives from
     ("    int tid = threadIdx.x;\n    for (int s = blockDim.x / 2; s > 0; s >>= 1) {\n"
      "        if (tid < s) y[tid] += y[tid + s];\n    }", "s > 0"),
-    ("    for (unsigned int stride = blockDim.x / 2; stride > 0; stride >>= 1) { __syncthreads(); }", "stride > 0"),
+    ("    for (unsigned int stride = blockDim.x / 2; stride > 0; stride >>= 1) { __syncthreads(); }",
+     "stride > 0"),
     ("    for (int stride = rows / 2; stride > 0; stride /= 2) { __syncthreads(); }", "stride > 0"),
     (SHFL.format("int offset = 16; offset > 0; offset /= 2"), "offset > 0"),
     (SHFL.format("int offset = 1; offset < 32; offset <<= 1"), "offset < 32"),
     (SHFL.format("int offset = warpSize / 2; offset > 0; offset >>= 1"), "offset > 0"),
-    ("    int stride = blockDim.x / 2;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }", "stride > 0"),
+    ("    int stride = blockDim.x / 2;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }",
+     "stride > 0"),
     ("    int stride = 128;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }", "stride > 0"),
     ("    for (int s = 1; s < blockDim.x; s *= 2) {\n        int k = 2 * s * threadIdx.x;\n"
      "        if (k < blockDim.x) y[k] += y[k + s];\n    }", "s < blockDim.x"),
@@ -474,7 +488,8 @@ def test_loop_termination_tests_are_not_guards(body, test):
 
 
 def test_loop_termination_is_tagged_the_same_in_every_kernel():
-    """All the loops in one answer, several kernels: the same test gets the same (non-guard) tag everywhere."""
+    """All the loops in one answer, several kernels: the same test gets the same (non-guard) tag
+    everywhere."""
     text = "".join(kernel(body).replace("void k(", f"void k{n}(") for n, (body, _) in enumerate(LOOPS))
     for test in {t for _, t in LOOPS}:
         for nth in range(text.count(test)):
@@ -485,7 +500,8 @@ def test_loop_termination_is_tagged_the_same_in_every_kernel():
     ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < cols) y[i] = x[i];", "if (i < cols)"),
     ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
      "    while (i < cols) { y[i] = x[i]; i += blockDim.x * gridDim.x; }", "while (i < cols)"),
-    ("    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += blockDim.x * gridDim.x) y[i] = x[i];",
+    ("    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += "
+     "blockDim.x * gridDim.x) y[i] = x[i];",
      "i < cols"),
     (ROW + "    for (int c = j; c < cols; c += blockDim.x) y[row * cols + c] = x[c];", "c < cols"),
     ("    int r = blockIdx.y * blockDim.y + threadIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -524,15 +540,18 @@ def test_record_forms_truncation_and_no_response(tmp_path, model_and_tokenizer):
 
 
 def test_plain_template_without_chat_template(tmp_path, profiled):
-    """A tokenizer without a chat template gets cuset_common.PLAIN_PROMPT_TEMPLATE (and eos closes the answer)."""
+    """A tokenizer without a chat template gets cuset_common.PLAIN_PROMPT_TEMPLATE (and eos closes the
+    answer)."""
     model = tmp_path / "no-template"
     shutil.copytree(TINY_MODEL, model, ignore=shutil.ignore_patterns("chat_template.jinja"))
     data = tmp_path / "one.jsonl"
     data.write_text(SFT_SMALL.read_text().splitlines(keepends=True)[2])
     out = tmp_path / "profile"
-    assert stage.main(["--model", str(model), "--data", str(data), "--out", str(out), "--max-length", "512"]) == 0
+    assert stage.main(["--model", str(model), "--data", str(data), "--out", str(out),
+                       "--max-length", "512"]) == 0
     t, meta, samples = read_profile(out)
-    assert meta["chat_template"] is False and meta["tokenizer_fingerprint"] != profiled[2]["tokenizer_fingerprint"]
+    assert meta["chat_template"] is False
+    assert meta["tokenizer_fingerprint"] != profiled[2]["tokenizer_fingerprint"]
     rec = load_sft(data)[0]
     assert samples[0]["response_text"] == rec["response"] + "<|im_end|>"
     assert samples[0]["n_response_tokens"] == len(t["confidence"]) > 0 and not samples[0]["truncated"]
@@ -550,7 +569,8 @@ def test_malformed_line_is_reported_with_file_and_line(tmp_path, capsys):
 def test_unknown_record_form_is_reported(tmp_path, capsys):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"question": "?", "answer": "!"}) + "\n")
-    rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(data), "--out", str(tmp_path / "p")])
+    rc = run_main(stage.main,
+                  ["--model", str(TINY_MODEL), "--data", str(data), "--out", str(tmp_path / "p")])
     assert rc == 2
     err = capsys.readouterr().err
     assert f"{data}:2:" in err and "unknown record form" in err
@@ -573,17 +593,20 @@ def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, capfd, 
     if what == "tokenizer-only":
         for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             shutil.copy(TINY_MODEL / f, model / f)
-    rc = run_main(stage.main, ["--model", str(model), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p")])
+    rc = run_main(stage.main,
+                  ["--model", str(model), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p")])
     err = capfd.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
-    assert err[0].startswith(f"error: --model {model}:") and ("no such folder" in err[0] or "holds no" in err[0])
+    assert err[0].startswith(f"error: --model {model}:")
+    assert ("no such folder" in err[0] or "holds no" in err[0])
     assert "sentencepiece" not in err[0] and "tiktoken" not in err[0]
     assert not (tmp_path / "p").exists()
 
 
-def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits(tmp_path, monkeypatch, capfd):
-    """Issue 9 item 2: stage 01 uses cuset_common.check_head_is_plain on the first batch's first sample, and a
-    model that scales its logits (as Granite does) is refused before any profiling."""
+def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits(tmp_path, monkeypatch,
+                                                                                 capfd):
+    """Issue 9 item 2: stage 01 uses cuset_common.check_head_is_plain on the first batch's first sample, and
+    a model that scales its logits (as Granite does) is refused before any profiling."""
     calls, real_check, real_load = [], stage.check_head_is_plain, stage.load_causal_lm
 
     def spy(model, input_ids, where):
@@ -605,8 +628,8 @@ def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits
     monkeypatch.setattr(stage, "check_head_is_plain", spy)
     monkeypatch.setattr(stage, "load_causal_lm", load_scaled)
     out = tmp_path / "profile"
-    args = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out), "--max-length", str(MAX_LEN),
-            "--batch-size", "2"]
+    args = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out), "--max-length",
+            str(MAX_LEN), "--batch-size", "2"]
     assert run_main(stage.main, args) == 2
     err = capfd.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
     assert err.startswith("error: ") and "logit scaling" in err and "01_profile.py" in err
@@ -632,8 +655,10 @@ sys.exit(stage.run_main(stage.main, sys.argv[1:]))
 
 
 def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, capsys):
-    """Issue 9 item 11: kill a run (SIGKILL) once a shard is written, refuse to reuse or mix its partial state,
-    then --resume: tensors.safetensors and samples.jsonl equal an uninterrupted run's byte for byte; meta.json
+    """Issue 9 item 11: kill a run (SIGKILL) once a shard is written, refuse to reuse or mix its partial
+    state,
+    then --resume: tensors.safetensors and samples.jsonl equal an uninterrupted run's byte for byte;
+    meta.json
     differs only in args.resume, resumed_at_batch and the arguments --resume may change (args.log_every)."""
     import os
     import signal
@@ -672,7 +697,8 @@ def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, caps
     assert stage.main(common + ["--out", str(out), "--resume", "--log-every", "0"]) == 0
     log = capsys.readouterr().out
     resumed = json.loads((out / "meta.json").read_text())["resumed_at_batch"]
-    assert resumed >= 1 and f"resuming at batch {resumed + 1}/5" in log and f"(resumed at batch {resumed + 1})" in log
+    assert resumed >= 1 and f"resuming at batch {resumed + 1}/5" in log
+    assert f"(resumed at batch {resumed + 1})" in log
     assert not partial.exists()
     for name in ("tensors.safetensors", "samples.jsonl"):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
@@ -685,8 +711,8 @@ def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, caps
 
 
 def test_resume_without_a_partial_run_is_refused(tmp_path, capsys):
-    rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p"),
-                               "--resume"])
+    rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL),
+                               "--out", str(tmp_path / "p"), "--resume"])
     assert rc == 2 and "no partial run" in capsys.readouterr().err and not (tmp_path / "p").exists()
 
 
@@ -703,7 +729,8 @@ def test_auto_batch_size_and_chunk_rows_depend_on_the_device(capsys):
     assert stage.for_device("batch_size", "auto", "cpu") == 1
     assert stage.for_device("chunk_rows", "auto", "cpu") == 128
     for gpu in ("cuda", "cuda:1"):
-        assert stage.for_device("batch_size", "auto", gpu) == 8 and stage.for_device("chunk_rows", "auto", gpu) == 1024
+        assert stage.for_device("batch_size", "auto",
+                                gpu) == 8 and stage.for_device("chunk_rows", "auto", gpu) == 1024
     assert stage.for_device("batch_size", 3, "cpu") == stage.for_device("chunk_rows", 3, "cuda") == 3
     for flag in ("--batch-size", "--chunk-rows"):
         for bad in ("0", "-1", "eight"):
@@ -728,7 +755,8 @@ def test_the_cpu_default_gives_the_batched_values(profiled, profiled_auto):
     _, t3, meta3, samples3 = profiled
     _, t1, meta1, samples1 = profiled_auto
     assert meta1["args"]["batch_size"] == meta1["args"]["chunk_rows"] == "auto"
-    assert (meta1["batch_size"], meta1["chunk_rows"], meta3["batch_size"], meta3["chunk_rows"]) == (1, 128, 3, 7)
+    assert (meta1["batch_size"], meta1["chunk_rows"], meta3["batch_size"],
+            meta3["chunk_rows"]) == (1, 128, 3, 7)
     assert samples1 == samples3
     for k in ("token_ids", "sensitive", "char_start", "char_end", "line_index", "sample_offsets"):
         assert np.array_equal(t1[k], t3[k]), k
@@ -743,7 +771,8 @@ class Interrupted(Exception):
 
 def test_resume_with_the_auto_defaults_gives_the_same_artifact(tmp_path, monkeypatch, profiled_auto):
     """A run with the default --batch-size and --chunk-rows stopped after two batches (shards after every
-    batch), resumed with the same arguments: the artifact equals the uninterrupted default run's byte for byte."""
+    batch), resumed with the same arguments: the artifact equals the uninterrupted default run's byte for
+    byte."""
     common = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--max-length", str(MAX_LEN),
               "--device", "cpu", "--out", str(tmp_path / "profile")]
     real_score, calls = stage.score_batch, []

@@ -57,9 +57,12 @@ def make_regions(tmp_path, tokenizer, data, seed=0, name="regions"):
                                  "sample_offsets": offsets}, {"stage": "01_profile", **common})
     region_id = np.where(rng.uniform(size=total) < 0.2, 0, -1).astype(np.int32)
     weight = rng.uniform(0.5, 2.0, len(lengths)).astype(np.float32)
-    write_artifact(tmp_path / name, {"region_id": region_id, "sample_weight": weight, "sample_offsets": offsets},
-                   {"stage": "02_label_regions", **common, "counts": {"samples": len(lengths), "response_tokens": total},
-                    "profile": {"path": str(profile_dir), "meta_sha256": sha256_file(profile_dir / "meta.json")}})
+    write_artifact(tmp_path / name, {"region_id": region_id, "sample_weight": weight,
+                                     "sample_offsets": offsets},
+                   {"stage": "02_label_regions", **common, "counts": {"samples": len(lengths),
+                                                                      "response_tokens": total},
+                    "profile": {"path": str(profile_dir),
+                                "meta_sha256": sha256_file(profile_dir / "meta.json")}})
     return tmp_path / name
 
 
@@ -94,13 +97,15 @@ SGD_ARGS = dict(optimizer="sgd", lr=1.0, grad_clip=0, max_steps=SGD_STEPS, batch
 def assert_same_sgd_training(a: dict, b: dict, steps: int, k_terms: int) -> None:
     """Two SGD runs computing the same sums in another order agree to float32 rounding, derived per tensor:
 
-    SGD: w_T = w_0 - sum_t lr_t g_t, in float32 (eps = 2^-23, unit roundoff eps/2). Per step the runs differ by
+    SGD: w_T = w_0 - sum_t lr_t g_t, in float32 (eps = 2^-23, unit roundoff eps/2). Per step the runs differ
+    by
       (1) rounding w - lr g to float32: at most eps/2 |w| each, eps |w| apart -> rtol = steps * eps;
       (2) the gradient. Each element is a float32 sum of per-token contributions over the K tokens of the
           global batch, added in another order (another micro-batch split, an all-reduce over processes).
           Reordering a K-term sum changes it by ~ sqrt(K) eps sum|x_i| (probabilistic bound, Higham & Mary,
           SIAM J. Sci. Comput. 2019), and for terms of mixed sign sum|x_i| ~ sqrt(K) |sum x_i|: ~ K eps |g|,
-          i.e. K eps of the update lr g. Summed over the steps: atol = K * eps * max|w_T - w_0| of the tensor.
+          i.e. K eps of the update lr g. Summed over the steps: atol = K * eps * max|w_T - w_0| of the
+          tensor.
     The second step's gradient is taken at weights that differ by (1) + (2), i.e. by ~1e-7 of the weights;
     over 2 steps that feeds back at the same order and is covered by the factor-K bound of (2).
     Measured (8 vs 2 micro-batches): all differences at the level of (1), 1 ulp of the weight.
@@ -122,7 +127,8 @@ def assert_same_sgd_training(a: dict, b: dict, steps: int, k_terms: int) -> None
 
 
 def naive_loss(logp, valid, region, weight, n_tokens, objective, p_mask, rho, tau_max, thr):
-    """Per-token Python loop over the objectives table (docs/method.md, "Objectives"); numpy's linear quantile."""
+    """Per-token Python loop over the objectives table (docs/method.md, "Objectives"); numpy's linear
+    quantile."""
     total = 0.0
     for i in range(logp.shape[0]):
         ps = [float(p_mask[i, t]) for t in range(logp.shape[1]) if valid[i, t]]
@@ -157,8 +163,8 @@ def test_loss_matches_a_naive_per_token_loop(objective, mask_source):
     p_profile = torch.rand(b, length, generator=g)
     p_mask = p_profile if mask_source == "profile" else None
     n_tokens = float(valid.sum()) + 3
-    loss, stats = train.objective_loss(logp, valid, region, weight, n_tokens, objective, p_mask=p_mask, rho=0.3,
-                                       tau_max=0.4, profit_threshold=0.1)
+    loss, stats = train.objective_loss(logp, valid, region, weight, n_tokens, objective, p_mask=p_mask,
+                                       rho=0.3, tau_max=0.4, profit_threshold=0.1)
     want = naive_loss(logp, valid, region, weight, n_tokens, objective,
                       p_profile if mask_source == "profile" else logp.exp(), 0.3, 0.4, 0.1)
     assert loss.item() == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -186,7 +192,8 @@ def test_sft_objective_equals_the_models_own_labels_loss(tokenizer, small_data):
     with torch.no_grad():
         hf = model(input_ids=mb["ids"], attention_mask=mb["attn"], labels=labels).loss.item()
         logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
-        ours, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()), "sft")
+        ours, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"],
+                                       float(mb["valid"].sum()), "sft")
     assert ours.item() == pytest.approx(hf, rel=1e-5)
 
 
@@ -201,7 +208,8 @@ def test_chunked_log_probs_never_keep_full_logits_for_backward():
         out = train.gold_logprobs(hidden, weight, labels, chunk)
     out.sum().backward()
     assert max(saved) <= vocab * d  # the weight itself, never [b * length, vocab]
-    full = torch.log_softmax(hidden.detach() @ weight.detach().t(), -1).gather(2, labels[..., None]).squeeze(2)
+    full = torch.log_softmax(hidden.detach() @ weight.detach().t(),
+                             -1).gather(2, labels[..., None]).squeeze(2)
     assert torch.allclose(out.detach(), full, atol=1e-5)
 
 
@@ -264,7 +272,8 @@ def test_a_killed_run_resumes_with_the_same_losses(tmp_path, small_data):
     kw = dict(objective="sft", max_steps=8, batch_size=4, micro_batch_size=4)
     assert run(base_args(small_data, straight, **kw)) == 0
     cmd = [sys.executable, str(ROOT / "03_train_cuset.py"), *map(str, base_args(small_data, killed, **kw))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     state_log = killed / "resume" / "log.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -295,7 +304,8 @@ def test_ddp_two_processes_match_single_process_training(tmp_path, small_data):
 
 
 def test_cuset_without_regions_names_stage_02(tmp_path, small_data, capsys):
-    code = train.run_main(train.main, list(map(str, base_args(small_data, tmp_path / "o", regions=tmp_path / "none"))))
+    code = train.run_main(train.main,
+                          list(map(str, base_args(small_data, tmp_path / "o", regions=tmp_path / "none"))))
     assert code == 2
     assert "02_label_regions.py" in capsys.readouterr().err
 
@@ -310,7 +320,8 @@ def test_regions_from_other_data_are_refused(tmp_path, small_data, tokenizer, ca
     assert not (tmp_path / "o").exists()
 
 
-def test_malformed_data_is_reported_with_file_and_line_and_nothing_is_overwritten(tmp_path, small_data, capsys):
+def test_malformed_data_is_reported_with_file_and_line_and_nothing_is_overwritten(tmp_path, small_data,
+                                                                                  capsys):
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("previous run")
@@ -374,7 +385,8 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tokenizer, s
         ref = torch.log_softmax(model(input_ids=mb["ids"], attention_mask=mb["attn"]).logits.float(), -1)
         ref = ref[:, :-1].gather(2, mb["ids"][:, 1:, None]).squeeze(2)
     torch.testing.assert_close(logp.detach()[mb["valid"]], ref[mb["valid"]], atol=1e-5, rtol=1e-5)
-    loss, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()), "sft")
+    loss, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()),
+                                   "sft")
     loss.backward()
     assert head.bias.grad is not None and head.bias.grad.abs().sum() > 0  # the bias is trained too
 
@@ -399,7 +411,8 @@ def test_a_model_with_scaled_logits_is_refused_in_one_line(tmp_path, small_data,
 
 def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_data, tokenizer, capsys):
     long = {"id": "long", "messages": [{"role": "user", "content": "Add two vectors. " * 300},
-                                       {"role": "assistant", "content": "```cpp\n__global__ void k() {}\n```"}]}
+                                       {"role": "assistant", "content": "```cpp\n__global__ void k() "
+                                                                        "{}\n```"}]}
     data = tmp_path / "with_long.jsonl"
     data.write_text(json.dumps(long) + "\n" + small_data.read_text())
     regions = make_regions(tmp_path, tokenizer, data)  # the long sample: 0 tokens in the offsets
@@ -443,7 +456,8 @@ def test_a_profile_rewritten_after_stage_02_is_refused(tmp_path, small_data, cap
     assert not (tmp_path / "o2").exists()
 
 
-def test_a_relative_profile_path_is_read_from_the_working_directory(tmp_path, small_data, tokenizer, monkeypatch):
+def test_a_relative_profile_path_is_read_from_the_working_directory(tmp_path, small_data, tokenizer,
+                                                                    monkeypatch):
     regions = make_regions(tmp_path, tokenizer, small_data)
     meta = json.loads((regions / "meta.json").read_text())
     meta["profile"]["path"] = "regions-profile"  # as typed in tmp_path
@@ -476,7 +490,8 @@ def test_a_damaged_regions_artifact_is_one_line_and_exit_2(tmp_path, small_data,
 
 
 @pytest.mark.parametrize("content", ["nothing", "a tokenizer only"])
-def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, small_data, tokenizer, capsys, content):
+def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, small_data, tokenizer, capsys,
+                                                               content):
     folder = tmp_path / "m"
     folder.mkdir()
     if content == "a tokenizer only":
