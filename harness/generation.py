@@ -19,11 +19,24 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str
              on_batch) -> None:
     """Replies for `jobs` ((task id, level, sample)), --gen-batch-size prompts per generate() call, each
     prompt's --num-samples samples (greedy at --temperature 0). on_batch({job: reply}) is called as each
-    batch finishes, so a kill loses one batch."""
+    batch finishes, so a kill loses one batch. Torch's thread count is set for the call and put back after
+    it: a caller in the same process (a test, a bench) computes on with its own, bit for bit as before."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(args.threads or default_threads())
+    try:
+        generate_batches(args, tasks_by_id, jobs, complete, progress, on_batch)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress,
+                     on_batch) -> None:
+    """generate()'s work, at the thread count it set."""
     import torch
 
     device = pick_device(args.device)
-    torch.set_num_threads(args.threads or default_threads())
     tok = load_tokenizer(args.model, need_offsets=False, padding_side="left")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

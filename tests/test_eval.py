@@ -139,9 +139,12 @@ def test_solutions_file_is_scored_and_missing_answers_are_missing(tmp_path):
 
 
 def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
-    out = tmp_path / "ev"
+    import torch
+
+    out, threads = tmp_path / "ev", torch.get_num_threads()
     assert ev.main(["--split", "eval", "--levels", "1,3", "--limit", "2", "--num-samples", "2", "--temperature",
-                    "0.8", "--max-new-tokens", "48", "--out", str(out)]) == 0
+                    "0.8", "--max-new-tokens", "48", "--threads", str(threads + 1), "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # put back: later computations in this process keep their bits
     completions = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(completions) == len(rows) == 2 * 2 * 2
