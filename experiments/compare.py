@@ -92,14 +92,12 @@ longer: on the tiny model standalone mode only exercises the path). Measured end
 (2026-11-30): 30 min 22 s (base stages 78 s; per run 244-341 s: stage 03 176-203 s, stage 01 on the
 held-out data 7-11 s, stage 04 28-80 s per mode).""",
                 "cpu-real": """\
-SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then
-sft, profit, cuset on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about
-half of this model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records \
-without renamed
-copies, 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks
-(120 prompts, greedy) under the emulate backend. Hours: about 35-40 min per run on 2 \
-cores (docs/comparison.md
-has the measured times)."""}
+SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then sft, profit, cuset
+on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about half of this
+model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed copies,
+1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks (120
+prompts, greedy) under the emulate backend. Hours: about 35-40 min per run on 2 cores
+(docs/comparison.md has the measured times)."""}
 PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}"
                         for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
@@ -188,6 +186,11 @@ def known_objective(label: str) -> bool:
         variant in REGION_VARIANTS and objective in stage_module("03").REGION_OBJECTIVES))
 
 
+def region_variants(args) -> list[str]:
+    """The regions variants the objectives name (`cuset.no-snap` -> no-snap), sorted."""
+    return sorted({label.partition(".")[2] for label in args.objectives} - {""})
+
+
 def regions_dir(base: Path, variant: str) -> Path:
     return base / (f"regions.{variant}" if variant else "regions")
 
@@ -213,7 +216,7 @@ def plan(args) -> tuple[list[dict], list[dict]]:
     base, m = args.out / "base", ["--model", args.model]
     ml = ["--max-length", str(args.max_length)]
     steps = []
-    variants = sorted({label.partition(".")[2] for label in args.objectives} - {""})
+    variants = region_variants(args)
     for tag, data in (("", args.data), ("-heldout", args.eval_data)):
         prof = base / f"profile{tag}"
         steps.append({"stage": "01", "out": prof, "inputs": [],
@@ -513,7 +516,7 @@ def aggregate(args, runs: list[dict]) -> dict:
 
 def region_coverage(args) -> dict[str, float]:
     """Share of the training data's response tokens inside regions, per regions variant stage 03 read."""
-    variants = [""] + sorted({label.partition(".")[2] for label in args.objectives} - {""})
+    variants = [""] + region_variants(args)
     out = {}
     for v in variants:
         folder = regions_dir(args.out / "base", v)
