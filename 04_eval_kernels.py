@@ -6,8 +6,7 @@ Inputs:  a model (--model: hub id, local folder or stage-03 checkpoint) or compl
 Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, summary.md,
          completions.jsonl (what the model wrote), task_checks.jsonl (each task's reference, run
          here), fingerprint.json (what defines the run).
-         Rows and completions are appended as they finish; rerunning the same run resumes it
-         (harness/run_folder.py).
+         Rows and completions are appended as they finish; rerunning the same run resumes it.
 
     python 04_eval_kernels.py                                   # tiny model, bundled eval split
     python 04_eval_kernels.py --model data/artifacts/ckpt-cuset --num-samples 5 --temperature 0.8
@@ -264,6 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     a("--top-p", type=float, default=0.95)
     a("--max-new-tokens", type=int, default=1024)
+    a("--loop-stop", type=int, default=160, metavar="N", help="cut a reply whose last N tokens repeat a "
+      "stretch of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default 160)")
     a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
     a("--threads", type=int, default=None, help="torch threads for generating on a CPU (default: the CPUs "
                                                  "this process may use, less one: docs/performance.md)")
@@ -293,7 +294,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--no-sandbox", action="store_true",
       help="run generated code WITHOUT isolation where none is possible (only for code you trust)")
     args = ap.parse_args(argv)
-    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)",
+    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)", "loop_stop": "[0, inf)",
                             "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
                             "threads": "[1, inf)", "compile_timeout": "(0, inf)", "run_timeout": "(0, inf)",
                             "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})

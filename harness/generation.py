@@ -1,8 +1,9 @@
 """Stage 04's generation, apart from the protocol in 04_eval_kernels.py: batched HF generate() with
 the model's chat template and the prompts of cuset_common.build_messages (the SFT data's wording),
-stopping each sequence once its reply is complete (what is complete, the protocol says), and
-showing a batch's tokens and their rate while it runs (a batch of long answers takes minutes on a
-CPU).
+stopping each sequence once its reply is complete (what is complete, the protocol says) or once it
+loops (greedy decoding of a small model repeats a line or a word until max_new_tokens: a batch then
+runs to the limit), and showing a batch's tokens and their rate while it runs (a batch of long answers
+takes minutes on a CPU).
 """
 from __future__ import annotations
 
@@ -49,17 +50,17 @@ def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Calla
     batches = math.ceil(len(prompts) / args.gen_batch_size)
     for i in range(0, len(prompts), args.gen_batch_size):
         chunk = prompts[i:i + args.gen_batch_size]
-        texts = [render_prompt_and_response(tok, {"prompt_messages": build_messages(tasks_by_id[t], lv, args.mode),
-                                                  "response": ""})[0] for t, lv in chunk]
+        texts = [prompt_text(tok, tasks_by_id[t], lv, args.mode) for t, lv in chunk]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         prompt_len = enc["input_ids"].shape[1]
-        # stop at the end of the turn or once the reply is complete, not at max_new_tokens
+        # stop at the end of the turn, once the reply is complete or once it loops; not at max_new_tokens
         stops = [stop_when_complete(tok, prompt_len, complete),
+                 *([stop_when_looping(prompt_len, args.loop_stop)] if args.loop_stop else []),
                  report_tokens(progress, prompt_len, f"{i // args.gen_batch_size + 1}/{batches}")]
         with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_samples,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=end_of_turn_ids(tok),
-                                 stopping_criteria=stops, **sampling)
+            gen = model.generate(**enc, max_new_tokens=args.max_new_tokens,
+                                 num_return_sequences=args.num_samples, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=end_of_turn_ids(tok), stopping_criteria=stops, **sampling)
         replies = tok.batch_decode(gen[:, prompt_len:], skip_special_tokens=True)
         batch = {(tid, level, s): replies[j * args.num_samples + s]
                  for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
@@ -67,11 +68,18 @@ def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Calla
         progress(len(chunk))
 
 
+def prompt_text(tok, task: dict, level: int, mode: str) -> str:
+    """The chat-rendered prompt of a task at a level, open for the assistant's reply."""
+    return render_prompt_and_response(tok, {"prompt_messages": build_messages(task, level, mode),
+                                            "response": ""})[0]
+
+
 def default_threads() -> int:
     """Torch threads for generating on a CPU: the CPUs this process may use, less one. Decoding one token
     at a time gains little from a second thread (SmolLM2-135M, 2 idle cores: 11.3 tok/s on 1 thread,
-    11.0 on 2) and loses much beside another busy process, whose core the threads then wait for (1.2
-    against 4.9 tok/s; docs/performance.md, bench/generate.py)."""
+    11.0 on 2; measured 2026-12-01) and loses much beside another busy process, whose core the threads
+    then wait for: one prompt at a time on 2 threads drops from 8.5 to 3.4 tok/s there, stage 04 on 1
+    thread from 16.4 to 15.5 (docs/performance.md, bench/generate.py)."""
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
@@ -84,10 +92,40 @@ def stop_when_complete(tok, prompt_len: int, complete: Callable[[str], bool]):
     class StopWhenComplete(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             done = [("```" in tok.decode(row[-4:], skip_special_tokens=True)
-                     and complete(tok.decode(row[prompt_len:], skip_special_tokens=True))) for row in input_ids]
+                     and complete(tok.decode(row[prompt_len:], skip_special_tokens=True)))
+                    for row in input_ids]
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     return StopWhenComplete()
+
+
+def looping(ids, span: int):
+    """Rows of `ids` (batch, length) whose last `span` tokens repeat one stretch of at most span / 3
+    tokens, at least three times over: `x = x + 1;` written again and again, or `-stride-stride`. A reply
+    cut there is used as a reply cut at max_new_tokens is (its code block is unclosed); the loop would
+    only have made it longer. Assumption: code that is not looping never repeats exactly that much. The
+    test holds every reference kernel and training response of data/ to it, at every length."""
+    tail = ids[:, -span:]  # (batch, span)
+    found = tail.new_zeros(len(ids), dtype=bool)
+    for period in range(1, span // 3 + 1):
+        found |= (tail[:, period:] == tail[:, :-period]).all(1)
+    return found
+
+
+def stop_when_looping(prompt_len: int, span: int):
+    """Per sequence: stop once looping() holds of its reply (checked every 8 tokens: cheaper, and a loop
+    caught 7 tokens late changes nothing)."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopWhenLooping(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            new = input_ids.shape[1] - prompt_len
+            if new < span or new % 8:
+                return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+            return looping(input_ids, span)
+
+    return StopWhenLooping()
 
 
 def report_tokens(progress, prompt_len: int, batch: str):

@@ -20,7 +20,8 @@ from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, append_jsonl, check
 # job order); rough on purpose.
 ROOM_PER_JOB = 64 << 10
 FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
-                 "max_new_tokens", "backend", "emulate_checks", "compile_timeout", "run_timeout", "no_task_check")
+                 "max_new_tokens", "loop_stop", "backend", "emulate_checks", "compile_timeout", "run_timeout",
+                 "no_task_check")
 
 
 def model_fingerprint(name: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, load_script, program_runner
 from cuset_common import TASKS_FILE, load_tasks, load_tokenizer
-from harness.generation import stop_when_complete
+from harness.generation import looping, stop_when_complete, stop_when_looping
 from harness.programs import LOG_KEEP
 from harness.sandbox import SANDBOX_UID
 
@@ -77,6 +77,71 @@ def test_generation_stops_right_after_the_code_block_the_mode_asks_for(mode):
     text = tok.decode(ids[len(prompt):first_stop])
     # kernel mode stops after the first block; standalone needs main(), so it stops after the second
     assert text.rstrip().endswith("```") and text.count("```") == (2 if mode == "kernel" else 4), text
+
+
+LOOP_SPAN = ev.parse_args([]).loop_stop
+
+
+def real_code() -> list[str]:
+    """Every reference program and kernel of the bundled tasks and every training response: code that
+    does not loop."""
+    texts = {json.loads(line)["messages"][-1]["content"]
+             for f in sorted((ROOT / "data" / "sft").glob("*.jsonl")) for line in f.read_text().splitlines()}
+    for t in load_tasks(TASKS_FILE):
+        texts |= {t["bench.cu"], *([t["kernel_mode"]["reference_kernels"]] if "kernel_mode" in t else [])}
+    return sorted(texts)
+
+
+def test_no_reference_or_training_response_reads_as_a_loop_at_any_length():
+    import torch
+
+    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    texts = real_code()
+    assert len(texts) > 1000
+    for text in texts:
+        ids = torch.tensor(tok(text, add_special_tokens=False).input_ids)
+        if len(ids) >= LOOP_SPAN:  # every stretch of LOOP_SPAN tokens: the tail of some prefix
+            assert not looping(ids.unfold(0, LOOP_SPAN, 1), LOOP_SPAN).any(), text[:200]
+
+
+def test_a_reply_that_repeats_a_line_is_cut_once_the_repeats_fill_the_span():
+    import torch
+
+    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    head = tok("```cpp\n__global__ void k(float* y) {\n").input_ids
+    line = tok("    int c = c + 1;\n").input_ids
+    stop = stop_when_looping(0, LOOP_SPAN)
+    ids = head + line * (3 * LOOP_SPAN // len(line))
+    cut = next(n for n in range(1, len(ids) + 1) if stop(torch.tensor([ids[:n]]), None)[0])
+    assert len(head) + LOOP_SPAN <= cut < len(head) + LOOP_SPAN + len(line) + 8  # checked every 8 tokens
+    # a stretch longer than a third of the span, repeated, is not a loop by this rule
+    long_line = tok(" ".join(f"v{i} = w{i};" for i in range(LOOP_SPAN // 2))).input_ids[:LOOP_SPAN // 3 + 1]
+    assert not looping(torch.tensor([(long_line * 4)[-LOOP_SPAN:]]), LOOP_SPAN).any()
+
+
+def test_the_loop_stop_changes_no_reply_that_does_not_loop(tmp_path):
+    """The tiny model at 256 new tokens with and without the stop: each reply is the same, or the one
+    with the stop is a prefix of the other that ends in a loop; the same reply gets the same verdict."""
+    import torch
+
+    runs = {}
+    for stop in (0, LOOP_SPAN):
+        out = tmp_path / f"stop{stop}"
+        assert ev.main(["--mode", "kernel", "--levels", "1,2,3", "--limit", "6", "--max-new-tokens", "256",
+                        "--loop-stop", str(stop), "--no-task-check", "--out", str(out)]) == 0
+        runs[stop] = {(r["task_id"], r["level"]): r
+                      for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+        runs[stop, "text"] = {(c["task_id"], c["level"]): c["completion"]
+                              for c in map(json.loads, (out / "completions.jsonl").read_text().splitlines())}
+    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    assert len(runs[0, "text"]) == 18
+    for job, full in runs[0, "text"].items():
+        cut = runs[LOOP_SPAN, "text"][job]
+        if cut == full:
+            assert runs[0][job]["outcome"] == runs[LOOP_SPAN][job]["outcome"]
+        else:
+            ids = torch.tensor(tok(cut, add_special_tokens=False).input_ids)
+            assert full.startswith(cut) and looping(ids[None, -LOOP_SPAN:], LOOP_SPAN)[0], (full, cut)
 
 
 # ---------------------------------------------------------------------------------------
