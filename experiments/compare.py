@@ -228,9 +228,10 @@ def plan(args) -> tuple[list[dict], list[dict]]:
                                    *args.regions_args, *REGION_VARIANTS.get(variant, [])]})
     steps += [eval_step(args, args.model, base, mode) for mode in args.modes if args.eval_base]
     runs = []
-    for label in args.objectives:
-        objective, _, variant = label.partition(".")
-        for seed in range(args.seeds):
+    # seed by seed: a stop midway leaves every objective's first seeds, comparable, not one objective's all
+    for seed in range(args.seeds):
+        for label in args.objectives:
+            objective, _, variant = label.partition(".")
             d = args.out / f"{label}-seed{seed}"
             ckpt, held, regions = d / "ckpt", d / "profile-heldout", regions_dir(base, variant)
             uses_regions = objective in stage_module("03").REGION_OBJECTIVES
