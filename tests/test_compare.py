@@ -25,7 +25,8 @@ from cuset_common import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE, UserError, run_m
 
 compare = load_script("experiments/compare.py")
 OBJECTIVES, SEEDS = ("sft", "cuset"), 2
-RUNS = [f"{o}-seed{s}" for o in OBJECTIVES for s in range(SEEDS)]
+RUNS = [f"{o}-seed{s}" for s in range(SEEDS) for o in OBJECTIVES]  # seed by seed
+SECOND = RUNS[1]  # cuset-seed0: the run killed during its training
 MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS),
          "--max-length", "512", "--standalone-args", "", "--regions-args",
          "--permutations 10 --html-samples 1", "--train-args",
@@ -41,7 +42,7 @@ def artifact_mtimes(out: Path, runs: list[str]) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     """The command run four times into one folder: stopped after 8 stage calls (base and sft-seed0), killed
-    during sft-seed1's training (after its first resume checkpoint), continued, called again."""
+    during cuset-seed0's training (after its first resume checkpoint), continued, called again."""
     tmp = tmp_path_factory.mktemp("compare")
     train, held = tmp / "train8.jsonl", tmp / "eval3.jsonl"
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
@@ -57,17 +58,17 @@ def micro(tmp_path_factory):
 
     first = call("--stop-after", "8")  # base (4 calls) and sft-seed0 (4)
     after_first, md_after_first = artifact_mtimes(out, ["base", *RUNS]), (out / "comparison.md").exists()
-    resume = out / "sft-seed1" / "ckpt" / "resume" / "state.pt"  # stage 03's checkpoint after step 1 of 2
+    resume = out / SECOND / "ckpt" / "resume" / "state.pt"  # stage 03's checkpoint after step 1 of 2
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not resume.exists():
         assert proc.poll() is None and time.time() < deadline, (
-            "stage 03 of sft-seed1 wrote no resume checkpoint")
+            f"stage 03 of {SECOND} wrote no resume checkpoint")
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     time.sleep(1)  # the running stage gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
-    killed_mid_training = not (out / "sft-seed1" / "ckpt" / "meta.json").exists()
+    killed_mid_training = not (out / SECOND / "ckpt" / "meta.json").exists()
     second = call()
     after_second = artifact_mtimes(out, ["base", *RUNS])
     md_mtime = (out / "comparison.md").stat().st_mtime_ns
@@ -90,15 +91,15 @@ def test_an_interrupted_comparison_continues_and_skips_what_is_finished(micro):
     assert not micro["md_after_first"]  # a stopped comparison aggregates nothing
     before, after = micro["mtimes"][:2]
     assert "sft-seed0/eval-standalone/summary.json" in before
-    assert not any(k.startswith("sft-seed1") for k in before)
+    assert not any(k.startswith(SECOND) for k in before)
     assert micro["killed_mid_training"]
-    # after the kill: base and sft-seed0 skipped whole, sft-seed1's training continued from its checkpoint
+    # after the kill: base and sft-seed0 skipped whole, cuset-seed0's training continued from its checkpoint
     assert "base stages 01+02: finished, skipped" in second
     assert "run 1/4 sft-seed0: finished, skipped" in second
     calls = stage_calls(second)
     assert len(calls) == 20 - 8 and "03_train_cuset.py" in calls[0] and " --resume " in calls[0]
-    assert "resumed at step 1" in (micro["out"] / "sft-seed1" / "log.txt").read_text()
-    assert json.loads((micro["out"] / "sft-seed1" / "ckpt" / "meta.json").read_text())["final_step"] == 2
+    assert "resumed at step 1" in (micro["out"] / SECOND / "log.txt").read_text()
+    assert json.loads((micro["out"] / SECOND / "ckpt" / "meta.json").read_text())["final_step"] == 2
     assert "ETA" in second and all(after[k] == v
                                    for k, v in before.items()), "a finished artifact was rewritten"
 

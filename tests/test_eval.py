@@ -92,16 +92,36 @@ def real_code() -> list[str]:
     return sorted(texts)
 
 
+def longest_repeating_stretch(ids, max_period: int) -> int:
+    """The most tokens in a row that repeat a stretch of at most max_period tokens three times or more
+    (0: none): per period p, the longest run of ids[i] == ids[i - p], plus p. Written apart from
+    looping(), which asks the same of one tail at a time."""
+    import numpy as np
+
+    best = 0
+    for p in range(1, min(max_period, len(ids) - 1) + 1):
+        same = np.concatenate([[0], (ids[p:] == ids[:-p]).astype(np.int64), [0]])
+        edges = np.flatnonzero(np.diff(same))  # starts and ends of the runs of equal pairs
+        run = int((edges[1::2] - edges[::2]).max(initial=0))
+        if run + p >= 3 * p:
+            best = max(best, run + p)
+    return best
+
+
 def test_no_reference_or_training_response_reads_as_a_loop_at_any_length():
+    import numpy as np
     import torch
 
     tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
     texts = real_code()
     assert len(texts) > 1000
-    for text in texts:
-        ids = torch.tensor(tok(text, add_special_tokens=False).input_ids)
-        if len(ids) >= LOOP_SPAN:  # every stretch of LOOP_SPAN tokens: the tail of some prefix
-            assert not looping(ids.unfold(0, LOOP_SPAN, 1), LOOP_SPAN).any(), text[:200]
+    ids = [np.array(tok(text, add_special_tokens=False).input_ids) for text in texts]
+    stretches = [longest_repeating_stretch(x, LOOP_SPAN // 3) for x in ids]
+    worst = int(np.argmax(stretches))
+    # docs/evaluation.md: 8 tokens with this tokenizer, against the 160 the stop needs
+    assert max(stretches) < LOOP_SPAN, texts[worst][:300]
+    x = torch.tensor(ids[worst])  # and looping() itself, at every length of the most repetitive text
+    assert len(x) < LOOP_SPAN or not looping(x.unfold(0, LOOP_SPAN, 1), LOOP_SPAN).any()
 
 
 def test_a_reply_that_repeats_a_line_is_cut_once_the_repeats_fill_the_span():
