@@ -96,8 +96,8 @@ SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, th
 on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about half of this
 model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed copies,
 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks (120
-prompts, greedy) under the emulate backend. Hours: about 35-40 min per run on 2 cores
-(docs/comparison.md has the measured times)."""}
+prompts, greedy) under the emulate backend. Hours: about 1.5-2 h per run on 2 shared cores,
+run seed by seed (docs/comparison.md has the measured times)."""}
 PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}"
                         for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
