@@ -263,8 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     a("--top-p", type=float, default=0.95)
     a("--max-new-tokens", type=int, default=1024)
-    a("--loop-stop", type=int, default=160, metavar="N", help="cut a reply whose last N tokens repeat a "
-      "stretch of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default 160)")
+    a("--loop-stop", type=int, default=160, metavar="N", help="cut a reply whose last N tokens repeat a stretch "
+      "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)")
     a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
     a("--threads", type=int, default=None, help="torch threads for generating on a CPU (default: the CPUs "
                                                  "this process may use, less one: docs/performance.md)")

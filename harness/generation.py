@@ -103,8 +103,8 @@ def looping(ids, span: int):
     """Rows of `ids` (batch, length) whose last `span` tokens repeat one stretch of at most span / 3
     tokens, at least three times over: `x = x + 1;` written again and again, or `-stride-stride`. A reply
     cut there is used as a reply cut at max_new_tokens is (its code block is unclosed); the loop would
-    only have made it longer. Assumption: code that is not looping never repeats exactly that much. The
-    test holds every reference kernel and training response of data/ to it, at every length."""
+    only have made it longer. Assumption: code that is not looping never repeats exactly that much
+    (tests/test_eval.py measures it on every reference and training response of data/)."""
     tail = ids[:, -span:]  # (batch, span)
     found = tail.new_zeros(len(ids), dtype=bool)
     for period in range(1, span // 3 + 1):
@@ -112,16 +112,19 @@ def looping(ids, span: int):
     return found
 
 
+# tokens between looping() checks: cheaper than every token, and a loop caught 7 tokens late changes nothing
+LOOP_CHECK_EVERY = 8
+
+
 def stop_when_looping(prompt_len: int, span: int):
-    """Per sequence: stop once looping() holds of its reply (checked every 8 tokens: cheaper, and a loop
-    caught 7 tokens late changes nothing)."""
+    """Per sequence: stop once looping() holds of its reply, checked every LOOP_CHECK_EVERY tokens."""
     import torch
     from transformers import StoppingCriteria
 
     class StopWhenLooping(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             new = input_ids.shape[1] - prompt_len
-            if new < span or new % 8:
+            if new < span or new % LOOP_CHECK_EVERY:
                 return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
             return looping(input_ids, span)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_script, program_runner
-from cuset_common import TASKS_FILE, load_tasks, load_tokenizer
-from harness.generation import looping, stop_when_complete, stop_when_looping
+from cuset_common import TASKS_FILE, load_sft, load_tasks, load_tokenizer
+from harness.generation import LOOP_CHECK_EVERY, looping, stop_when_complete, stop_when_looping
 from harness.programs import LOG_KEEP
 from harness.sandbox import SANDBOX_UID
 
@@ -85,8 +85,7 @@ LOOP_SPAN = ev.parse_args([]).loop_stop
 def real_code() -> list[str]:
     """Every reference program and kernel of the bundled tasks and every training response: code that
     does not loop."""
-    texts = {json.loads(line)["messages"][-1]["content"]
-             for f in sorted((ROOT / "data" / "sft").glob("*.jsonl")) for line in f.read_text().splitlines()}
+    texts = {r["response"] for f in sorted((ROOT / "data" / "sft").glob("*.jsonl")) for r in load_sft(f)}
     for t in load_tasks(TASKS_FILE):
         texts |= {t["bench.cu"], *([t["kernel_mode"]["reference_kernels"]] if "kernel_mode" in t else [])}
     return sorted(texts)
@@ -133,7 +132,7 @@ def test_a_reply_that_repeats_a_line_is_cut_once_the_repeats_fill_the_span():
     stop = stop_when_looping(0, LOOP_SPAN)
     ids = head + line * (3 * LOOP_SPAN // len(line))
     cut = next(n for n in range(1, len(ids) + 1) if stop(torch.tensor([ids[:n]]), None)[0])
-    assert len(head) + LOOP_SPAN <= cut < len(head) + LOOP_SPAN + len(line) + 8  # checked every 8 tokens
+    assert len(head) + LOOP_SPAN <= cut < len(head) + LOOP_SPAN + len(line) + LOOP_CHECK_EVERY
     # a stretch longer than a third of the span, repeated, is not a loop by this rule
     long_line = tok(" ".join(f"v{i} = w{i};" for i in range(LOOP_SPAN // 2))).input_ids[:LOOP_SPAN // 3 + 1]
     assert not looping(torch.tensor([(long_line * 4)[-LOOP_SPAN:]]), LOOP_SPAN).any()
