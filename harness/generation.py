@@ -1,12 +1,14 @@
-"""Stage 04's generation, apart from the protocol in 04_eval_kernels.py: batched HF generate() with
-the model's chat template and the prompts of cuset_common.build_messages (the SFT data's wording),
-stopping each sequence once its reply is complete (what is complete, the protocol says) or once it
-loops (greedy decoding of a small model repeats a line or a word until max_new_tokens: a batch then
-runs to the limit), and showing a batch's tokens and their rate while it runs (a batch of long answers
-takes minutes on a CPU).
+"""Stage 04's generation, apart from the protocol in 04_eval_kernels.py: a hand-written batched decoding
+loop with a KV cache, the model's chat template and the prompts of cuset_common.build_messages (the SFT
+data's wording). Each sequence stops at the end of its turn, once its reply is complete (what is
+complete, the protocol says) or once it loops (greedy decoding of a small model repeats a line or a word
+until max_new_tokens), and a stopped sequence leaves the batch at once. HF generate() keeps every
+sequence to the end of the batch's longest: on real replies that is most of the work (docs/performance.md).
+A batch's tokens and their rate show while it runs (a batch of long answers takes minutes on a CPU).
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -43,8 +45,6 @@ def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Calla
         tok.pad_token = tok.eos_token
     model = load_causal_lm(args.model, torch.bfloat16 if device.startswith("cuda") else torch.float32)
     model = model.to(device).eval()
-    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature > 0 \
-        else dict(do_sample=False)
     wanted = set(jobs)
     prompts = sorted({(tid, level) for tid, level, _ in jobs})
     batches = math.ceil(len(prompts) / args.gen_batch_size)
@@ -52,20 +52,71 @@ def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Calla
         chunk = prompts[i:i + args.gen_batch_size]
         texts = [prompt_text(tok, tasks_by_id[t], lv, args.mode) for t, lv in chunk]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        prompt_len = enc["input_ids"].shape[1]
-        # stop at the end of the turn, once the reply is complete or once it loops; not at max_new_tokens
-        stops = [stop_when_complete(tok, prompt_len, complete),
-                 *([stop_when_looping(prompt_len, args.loop_stop)] if args.loop_stop else []),
-                 report_tokens(progress, prompt_len, f"{i // args.gen_batch_size + 1}/{batches}")]
+        stops = [stop_when_complete(tok, complete),
+                 *([stop_when_looping(args.loop_stop)] if args.loop_stop else [])]
         with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=args.max_new_tokens,
-                                 num_return_sequences=args.num_samples, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=end_of_turn_ids(tok), stopping_criteria=stops, **sampling)
-        replies = tok.batch_decode(gen[:, prompt_len:], skip_special_tokens=True)
+            ids = decode(model, enc, args, stops, end_of_turn_ids(tok),
+                         report_tokens(progress, f"{i // args.gen_batch_size + 1}/{batches}"))
+        replies = tok.batch_decode(ids, skip_special_tokens=True)
         batch = {(tid, level, s): replies[j * args.num_samples + s]
                  for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
         on_batch({job: text for job, text in batch.items() if job in wanted})
         progress(len(chunk))
+
+
+def decode(model, enc, args, stops: list[Callable], eos_ids: list[int], report: Callable) -> list[list[int]]:
+    """Reply ids of each prompt of `enc` (left-padded), --num-samples rows per prompt: one token per step
+    for every row still decoding, picked by pick_token. A row stops at an end-of-turn id (kept: decoding
+    skips it), at --max-new-tokens, or where a stop in `stops` holds of its reply so far; it then leaves
+    the batch, its cache rows with it. report(tokens written, rows decoding) is called every step."""
+    import torch
+
+    k, max_new = args.num_samples, args.max_new_tokens
+    mask = enc["attention_mask"].repeat_interleave(k, 0)  # (rows, prompt)
+    position = (mask.cumsum(1) - 1).clamp(min=0)  # (rows, prompt): left padding takes no position
+    takes = inspect.signature(model.forward).parameters  # transformers 5 names the cache `cache`, 4 not
+    cache_arg = "cache" if "cache" in takes else "past_key_values"
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}  # the prompt's logits: 1 row
+    out = model(input_ids=enc["input_ids"].repeat_interleave(k, 0), attention_mask=mask,
+                position_ids=position, use_cache=True, **last_only)
+    cache, position = getattr(out, "cache", None) or out.past_key_values, position[:, -1:]  # (rows, 1)
+    rows = torch.arange(len(mask))  # (alive,): which row each decoding sequence is
+    replies = mask.new_zeros(len(mask), 0)  # (alive, step)
+    eos, done, written = torch.tensor(eos_ids, device=mask.device), [None] * len(mask), 0
+    for step in range(1, max_new + 1):
+        token = pick_token(out.logits[:, -1].float(), args)  # (alive,)
+        replies, written = torch.cat([replies, token[:, None]], 1), written + len(token)
+        stop = torch.isin(token, eos) | (step == max_new)
+        for rule in stops:
+            stop |= rule(replies)
+        for j in stop.nonzero()[:, 0].tolist():
+            done[rows[j]] = replies[j].tolist()
+        report(written, int((~stop).sum()))
+        if stop.all():
+            break
+        if stop.any():
+            keep = (~stop).nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            rows, replies, token = rows[keep], replies[keep], token[keep]
+            mask, position = mask[keep], position[keep]
+        mask, position = torch.cat([mask, mask.new_ones(len(mask), 1)], 1), position + 1
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
+                    **{cache_arg: cache})
+    return done
+
+
+def pick_token(logits, args):
+    """The next token per row of logits (rows, vocab): the argmax at --temperature 0, else a sample at that
+    temperature from the smallest set of most likely tokens whose probability reaches --top-p."""
+    import torch
+
+    if args.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / args.temperature, -1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    outside = sorted_probs.cumsum(-1) - sorted_probs >= args.top_p  # mass before it already reaches top_p
+    sorted_probs[outside] = 0
+    return order.gather(-1, torch.multinomial(sorted_probs, 1))[:, 0]
 
 
 def prompt_text(tok, task: dict, level: int, mode: str) -> str:
@@ -83,20 +134,17 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
-def stop_when_complete(tok, prompt_len: int, complete: Callable[[str], bool]):
-    """Per sequence: stop once complete(reply so far) holds. Decodes the whole reply only when a code
-    fence has just been written, the only moment a reply can become complete."""
+def stop_when_complete(tok, complete: Callable[[str], bool]):
+    """A stop rule: the replies (rows, length) for which complete(reply so far) holds. Decodes a whole
+    reply only when a code fence has just been written, the only moment a reply can become complete."""
     import torch
-    from transformers import StoppingCriteria
 
-    class StopWhenComplete(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            done = [("```" in tok.decode(row[-4:], skip_special_tokens=True)
-                     and complete(tok.decode(row[prompt_len:], skip_special_tokens=True)))
-                    for row in input_ids]
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+    def stop(replies):
+        done = [("```" in tok.decode(row[-4:], skip_special_tokens=True)
+                 and complete(tok.decode(row, skip_special_tokens=True))) for row in replies]
+        return torch.tensor(done, dtype=torch.bool, device=replies.device)
 
-    return StopWhenComplete()
+    return stop
 
 
 def looping(ids, span: int):
@@ -116,36 +164,27 @@ def looping(ids, span: int):
 LOOP_CHECK_EVERY = 8
 
 
-def stop_when_looping(prompt_len: int, span: int):
-    """Per sequence: stop once looping() holds of its reply, checked every LOOP_CHECK_EVERY tokens."""
-    import torch
-    from transformers import StoppingCriteria
+def stop_when_looping(span: int):
+    """A stop rule: the replies (rows, length) for which looping() holds, checked every LOOP_CHECK_EVERY
+    tokens."""
+    def stop(replies):
+        if replies.shape[1] < span or replies.shape[1] % LOOP_CHECK_EVERY:
+            return replies.new_zeros(len(replies), dtype=bool)
+        return looping(replies, span)
 
-    class StopWhenLooping(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            new = input_ids.shape[1] - prompt_len
-            if new < span or new % LOOP_CHECK_EVERY:
-                return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
-            return looping(input_ids, span)
-
-    return StopWhenLooping()
+    return stop
 
 
-def report_tokens(progress, prompt_len: int, batch: str):
-    """Never stops: shows the batch's tokens so far and their rate on the progress line, at most once a
-    second. progress(0, detail) redraws the line with `detail`."""
-    import torch
-    from transformers import StoppingCriteria
+def report_tokens(progress, batch: str):
+    """report(tokens written, rows decoding) for decode(): shows the batch's tokens so far and their rate
+    on the progress line, at most once a second. progress(0, detail) redraws the line with `detail`."""
+    t0 = shown = time.time()
 
-    class ReportTokens(StoppingCriteria):
-        t0 = shown = time.time()
+    def report(written: int, decoding: int) -> None:
+        nonlocal shown
+        if (now := time.time()) - shown >= 1.0:
+            shown = now
+            progress(0, f" (batch {batch}: {written} tokens, {decoding} replies going, "
+                        f"{written / (now - t0):.1f} tok/s)")
 
-        def __call__(self, input_ids, scores, **kwargs):
-            now = time.time()
-            if now - self.shown >= 1.0:
-                self.shown, new = now, input_ids.shape[1] - prompt_len
-                rate = new * len(input_ids) / (now - self.t0)
-                progress(0, f" (batch {batch}: {new} tokens each, {rate:.1f} tok/s)")
-            return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
-
-    return ReportTokens()
+    return report

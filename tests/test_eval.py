@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_script, program_runner
-from cuset_common import TASKS_FILE, load_sft, load_tasks, load_tokenizer
-from harness.generation import LOOP_CHECK_EVERY, looping, stop_when_complete, stop_when_looping
+from cuset_common import TASKS_FILE, load_causal_lm, load_sft, load_tasks, load_tokenizer
+from harness.generation import (LOOP_CHECK_EVERY, decode, looping, pick_token, stop_when_complete,
+                                stop_when_looping)
 from harness.programs import LOG_KEEP
 from harness.sandbox import SANDBOX_UID
 
@@ -71,9 +72,10 @@ def test_generation_stops_right_after_the_code_block_the_mode_asks_for(mode):
     prompt = tok("<|im_start|>user\nwrite it<|im_end|>\n<|im_start|>assistant\n").input_ids
     reply = f"Sure.\n```cuda\n{KERNEL}\n```\nNow main:\n```cuda\n{PROGRAM}\n```\nDone, and more text."
     ids = prompt + tok(reply).input_ids
-    stop = stop_when_complete(tok, len(prompt), lambda reply: ev.reply_complete(reply, mode))
+    stop = stop_when_complete(tok, lambda reply: ev.reply_complete(reply, mode))
     import torch
-    first_stop = next(n for n in range(len(prompt) + 1, len(ids) + 1) if stop(torch.tensor([ids[:n]]), None)[0])
+    first_stop = next(n for n in range(len(prompt) + 1, len(ids) + 1)
+                      if stop(torch.tensor([ids[len(prompt):n]]))[0])
     text = tok.decode(ids[len(prompt):first_stop])
     # kernel mode stops after the first block; standalone needs main(), so it stops after the second
     assert text.rstrip().endswith("```") and text.count("```") == (2 if mode == "kernel" else 4), text
@@ -129,9 +131,9 @@ def test_a_reply_that_repeats_a_line_is_cut_once_the_repeats_fill_the_span():
     tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
     head = tok("```cpp\n__global__ void k(float* y) {\n").input_ids
     line = tok("    int c = c + 1;\n").input_ids
-    stop = stop_when_looping(0, LOOP_SPAN)
+    stop = stop_when_looping(LOOP_SPAN)
     ids = head + line * (3 * LOOP_SPAN // len(line))
-    cut = next(n for n in range(1, len(ids) + 1) if stop(torch.tensor([ids[:n]]), None)[0])
+    cut = next(n for n in range(1, len(ids) + 1) if stop(torch.tensor([ids[:n]]))[0])
     assert len(head) + LOOP_SPAN <= cut < len(head) + LOOP_SPAN + len(line) + LOOP_CHECK_EVERY
     # a stretch longer than a third of the span, repeated, is not a loop by this rule
     long_line = tok(" ".join(f"v{i} = w{i};" for i in range(LOOP_SPAN // 2))).input_ids[:LOOP_SPAN // 3 + 1]
@@ -161,6 +163,55 @@ def test_the_loop_stop_changes_no_reply_that_does_not_loop(tmp_path):
         else:
             ids = torch.tensor(tok(cut, add_special_tokens=False).input_ids)
             assert full.startswith(cut) and looping(ids[None, -LOOP_SPAN:], LOOP_SPAN)[0], (full, cut)
+
+
+def test_decode_writes_what_hf_generate_writes_while_finished_rows_leave_the_batch():
+    """Greedy on the tiny model: decode() against model.generate() on the same left-padded prompts, with
+    end-of-turn ids chosen so that rows finish at different steps (each leaves decode's batch, and its
+    cache rows with it; generate() keeps it to the end)."""
+    import argparse
+
+    import torch
+
+    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False, padding_side="left")
+    model = load_causal_lm(str(ev.TINY_MODEL), torch.float32).eval()
+    texts = [f"<|im_start|>user\nwrite kernel {i}{' with padding' * i}<|im_end|>\n<|im_start|>assistant\n"
+             for i in range(4)]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    args = argparse.Namespace(num_samples=1, max_new_tokens=40, temperature=0.0, top_p=1.0)
+    with torch.no_grad():
+        free = decode(model, enc, args, [], [], lambda *_: None)
+        hf = model.generate(**enc, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert free == hf[:, enc["input_ids"].shape[1]:].tolist()
+        # end each row at a token it writes at its own step: 6, 14, 22, 30
+        eos = sorted({row[6 + 8 * j] for j, row in enumerate(free)})
+        cut = decode(model, enc, args, [], eos, lambda *_: None)
+        hf = model.generate(**enc, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id,
+                            eos_token_id=eos)[:, enc["input_ids"].shape[1]:].tolist()
+    ends = [next((n + 1 for n, t in enumerate(row) if t in eos), len(row)) for row in hf]
+    assert len(set(ends)) > 1, ends  # the rows did leave at different steps
+    assert cut == [row[:n] for row, n in zip(hf, ends)]
+
+
+def test_sampling_draws_only_from_the_top_p_nucleus():
+    """pick_token at temperature 1, top-p 0.7: over many draws, only tokens of the smallest set of most
+    likely ones whose mass reaches 0.7 come out (a naive walk down the sorted probabilities), each of
+    them does, and the argmax at temperature 0."""
+    import argparse
+
+    import torch
+
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.05, 0.4, 0.1, 0.25, 0.2]])).repeat(4000, 1)
+    drawn = set(pick_token(logits, argparse.Namespace(temperature=1.0, top_p=0.7)).tolist())
+    nucleus, mass = set(), 0.0
+    for p, i in sorted(((p, i) for i, p in enumerate([0.05, 0.4, 0.1, 0.25, 0.2])), reverse=True):
+        if mass >= 0.7:
+            break
+        nucleus.add(i)
+        mass += p
+    assert drawn == nucleus == {1, 3, 4}
+    assert pick_token(logits[:1], argparse.Namespace(temperature=0.0, top_p=0.7)).tolist() == [1]
 
 
 # ---------------------------------------------------------------------------------------
