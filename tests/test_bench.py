@@ -59,5 +59,6 @@ def test_generate_bench_quick_prints_both_settings():
     assert out.startswith("# bench/generate.py --quick") and "machine: " in out
     assert "| machine | variant | tokens | wall s | tokens per s | speed vs anchor |" in out
     for setting in ("as it is", "beside a busy process"):
-        for variant in ("plain model.generate loop (anchor)", "stage 04 generate()"):
+        for variant in ("plain model.generate loop (anchor)", "model.generate, 8 prompts at once",
+                        "stage 04 generate()"):
             assert f"| {setting} | {variant} |" in out
