@@ -32,6 +32,13 @@ over), stage 03 with --resume when <ckpt>/resume/ does (else --force: it starts 
 command dies (Linux), so a rerun never races one left running. With everything finished a call only
 re-aggregates. A finished training's resume state (<ckpt>/resume/) is deleted: the checkpoint stays.
 
+Split across processes or sessions. `--runs sft-seed1,cuset-seed1` runs the base stages and those runs
+only, and writes no table (two processes with one torch thread each share 2 cores; give --no-eval-base to
+all but one, so that one evaluates the base model). `--save-record DIR` copies every finished group (base,
+runs) into DIR without checkpoint weights (a few MB a run; commit it: a new machine starts without
+runs/), and `--report-only --out DIR` makes the table from such a record as it is, running nothing and
+checking no freshness (a record restored from git has no weights, and checkout times for mtimes).
+
 Metrics (comparison.md says what each column means). Token metrics come from stage 01's profile of the
 checkpoint on the held-out data, aligned token by token with the base model's (same tokenizer and data,
 checked). Paired differences to sft: per held-out sample (token metrics) or prompt (kernel metrics), the
@@ -143,6 +150,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
           "extra arguments of stage 04 in standalone mode only, after --eval-args (default: the preset's)")
     a("--bootstrap", type=int, default=2000,
       help="bootstrap resamples of the paired differences (default: %(default)s)")
+    a("--runs", default=None,
+      help="comma-separated run names (<objective>-seed<k>): run the base stages and these runs only, "
+           "and write no table")
+    a("--save-record", type=Path, default=None, metavar="DIR",
+      help="copy every finished group of --out into DIR/<group>, checkpoint weights left out, and exit")
+    a("--report-only", action="store_true",
+      help="make the table from the artifacts in --out as they are (a --save-record folder): run nothing")
     a("--stop-after", type=int, default=None, help="stop after N stage calls in this invocation (time "
                                                    "slices; tests use it to interrupt a comparison "
                                                    "deterministically)")
@@ -176,6 +190,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not path.is_file():
             raise UserError(f"{path}: no such file")
     args.out = args.out or Path("runs") / f"compare-{args.preset}"
+    args.runs = args.runs.split(",") if args.runs else None
+    if args.runs and (unknown := sorted(set(args.runs) - {r["name"] for r in plan(args)[1]})):
+        raise UserError(f"--runs: no run {', '.join(unknown)} in this comparison; its runs are "
+                        f"{', '.join(r['name'] for r in plan(args)[1])}")
     return args
 
 
@@ -347,10 +365,16 @@ def hms(seconds: float) -> str:
         f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+def step_groups(args, base_steps: list[dict], runs: list[dict]) -> list[tuple[str, list[dict], Path]]:
+    """(name, steps, folder): the base stages, then each run."""
+    return [("base", base_steps, args.out / "base")] + [(r["name"], r["steps"], r["dir"]) for r in runs]
+
+
 def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     """Run what is not finished; returns (base steps, runs, stage calls made, stopped by --stop-after)."""
     base_steps, runs = plan(args)
-    groups = [("base", base_steps, args.out / "base")] + [(r["name"], r["steps"], r["dir"]) for r in runs]
+    groups = [g for g in step_groups(args, base_steps, runs) if g[0] == "base" or not args.runs
+              or g[0] in args.runs]
     pending = [g for g in groups if not all(finished(s) for s in g[1])]
     print(f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
           f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}",
@@ -405,6 +429,50 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
         run_seconds += [time.time() - t_group] if name != "base" else []
     print(f"[compare] {calls} stage calls in {hms(time.time() - t0)}", flush=True)
     return base_steps, runs, calls, False
+
+
+# ---------------------------------------------------------------------------------------
+# Records: finished results without weights, to keep (commit) and to report from as they are
+# ---------------------------------------------------------------------------------------
+
+CKPT_KEPT = ("meta.json", "log.jsonl")  # of a checkpoint folder: its arguments and its training log
+
+
+def without_weights(folder: str, names: list[str]) -> list[str]:
+    """copytree's ignore: a checkpoint keeps CKPT_KEPT only; no group keeps resume or partial state."""
+    if Path(folder).name == "ckpt":
+        return [n for n in names if n not in CKPT_KEPT]
+    return [n for n in names if n in ("resume", ".resume.old") or n.endswith(".partial")]
+
+
+def save_record(args) -> int:
+    """Copy each finished group of --out into --save-record (replacing that group's earlier copy)."""
+    base_steps, runs = plan(args)
+    saved = []
+    for name, steps, folder in step_groups(args, base_steps, runs):
+        if not all(finished(s) for s in steps):
+            continue
+        dest, tmp = args.save_record / name, args.save_record / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp, ignore=without_weights)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+        saved.append(name)
+    print(f"[compare] saved {len(saved)} finished group(s) into {args.save_record}: "
+          f"{', '.join(saved) or 'none'}; the table: --report-only --out {args.save_record}")
+    return 0
+
+
+def missing_results(args, base_steps: list[dict], runs: list[dict]) -> list[str]:
+    """`group (folder, ...)` for each group of --out that lacks artifacts the table reads: every step's but
+    stage 03's and the base profile of the training data (the regions stand for it)."""
+    missing = []
+    for name, steps, _ in step_groups(args, base_steps, runs):
+        read = [s for s in steps if s["stage"] != "03" and (s["stage"], s["out"].name) != ("01", "profile")]
+        lacks = [s["out"].name for s in read
+                 if not (s["out"] / ("summary.json" if s["stage"] == "04" else "meta.json")).exists()]
+        missing += [f"{name} ({', '.join(lacks)})"] if lacks else []
+    return missing
 
 
 # ---------------------------------------------------------------------------------------
@@ -671,9 +739,20 @@ def figure(path: Path, res: dict, args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    base_steps, runs, calls, stopped = execute(args)
-    if stopped:
-        return 0
+    if args.save_record:
+        return save_record(args)
+    if args.report_only:
+        (base_steps, runs), calls = plan(args), 0
+        if missing := missing_results(args, base_steps, runs):
+            raise UserError(f"--report-only: {args.out} lacks results of {'; '.join(missing)}; run what "
+                            f"makes them (--runs), then --save-record again")
+    else:
+        base_steps, runs, calls, stopped = execute(args)
+        if stopped:
+            return 0
+        if args.runs:
+            print("[compare] no table: --runs ran part of the comparison", flush=True)
+            return 0
     res = aggregate(args, runs)
     commands = [shown(command(s)) for s in base_steps + [s for r in runs for s in r["steps"]]]
     res |= {"preset": args.preset, "objectives": args.objectives, "seeds": args.seeds, "model": args.model,

@@ -113,6 +113,31 @@ def test_a_call_with_everything_finished_only_reaggregates(micro):
     assert (micro["out"] / "comparison.md").stat().st_mtime_ns > micro["md_mtime"]
 
 
+def test_a_record_without_weights_gives_the_same_table_and_runs_runs_only_its_runs(micro, tmp_path, capsys):
+    """--save-record copies the finished groups without checkpoint weights; --report-only on the copy, its
+    mtimes reversed (a git checkout leaves them in any order), makes the comparison's table; --runs runs the
+    runs it names only and writes no table."""
+    out, record = micro["out"], tmp_path / "record"
+    argv = [*MICRO, "--data", str(micro["train"]), "--eval-data", str(micro["held"])]
+    assert run_main(compare.main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
+    assert sorted(p.name for p in record.iterdir()) == sorted(["base", *RUNS])
+    assert sorted(p.name for p in (record / SECOND / "ckpt").iterdir()) == ["log.jsonl", "meta.json"]
+    for i, p in enumerate(sorted(record.rglob("*"))):  # a folder's files older than the folders before them
+        os.utime(p, ns=(10 ** 18 - i * 10 ** 9,) * 2)
+    assert run_main(compare.main, [*argv, "--out", str(record), "--report-only"]) == 0
+    res = json.loads((record / "comparison.json").read_text())
+    assert res["table"] == micro["json"]["table"] and res["paired"] == micro["json"]["paired"]
+    md_mtime = (out / "comparison.md").stat().st_mtime_ns
+    capsys.readouterr()
+    assert run_main(compare.main, [*argv, "--out", str(out), "--runs", RUNS[-1]]) == 0
+    log = capsys.readouterr().out
+    assert f"{RUNS[-1]}: finished, skipped" in log and "no table" in log
+    assert not any(r in log for r in RUNS[:-1]) and (out / "comparison.md").stat().st_mtime_ns == md_mtime
+    shutil.rmtree(record / RUNS[-1] / "eval-kernel")
+    assert run_main(compare.main, [*argv, "--out", str(record), "--report-only"]) == 2
+    assert f"lacks results of {RUNS[-1]} (eval-kernel)" in capsys.readouterr().err
+
+
 def profile(path: Path) -> tuple[dict, dict]:
     return load_file(str(path / "tensors.safetensors")), json.loads((path / "meta.json").read_text())
 
@@ -222,7 +247,8 @@ def test_a_regions_variant_and_the_base_model_get_steps_rows_and_differences(tmp
 @pytest.mark.parametrize("argv,msg", [(["--objectives", "sft,bogus"], "unknown objective"),
                                       (["--objectives", "sft.no-snap"], "unknown objective"),
                                       (["--objectives", "cuset"], "must include sft"),
-                                      (["--data", "nowhere.jsonl"], "pass --eval-data")])
+                                      (["--data", "nowhere.jsonl"], "pass --eval-data"),
+                                      (["--runs", "sft-seed0,sft-seed9"], "no run sft-seed9")])
 def test_bad_options_exit_2_with_one_line(argv, msg, capsys):
     assert run_main(compare.main, argv) == 2
     err = capsys.readouterr().err
