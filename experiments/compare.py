@@ -439,24 +439,29 @@ CKPT_KEPT = ("meta.json", "log.jsonl")  # of a checkpoint folder: its arguments 
 
 
 def without_weights(folder: str, names: list[str]) -> list[str]:
-    """copytree's ignore: a checkpoint keeps CKPT_KEPT only; no group keeps resume or partial state."""
-    if Path(folder).name == "ckpt":
-        return [n for n in names if n not in CKPT_KEPT]
-    return [n for n in names if n in ("resume", ".resume.old") or n.endswith(".partial")]
+    """copytree's ignore: a checkpoint keeps CKPT_KEPT only (its weights and resume state stay behind)."""
+    return [n for n in names if n not in CKPT_KEPT] if Path(folder).name == "ckpt" else []
 
 
 def save_record(args) -> int:
-    """Copy each finished group of --out into --save-record (replacing that group's earlier copy)."""
+    """Copy each finished group of --out into --save-record, step folder by step folder: a step's earlier
+    copy is replaced, the others stay (a base model evaluated in another session keeps its results)."""
     base_steps, runs = plan(args)
     saved = []
     for name, steps, folder in step_groups(args, base_steps, runs):
         if not all(finished(s) for s in steps):
             continue
-        dest, tmp = args.save_record / name, args.save_record / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(folder, tmp, ignore=without_weights)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        dest = args.save_record / name
+        for src in [s["out"] for s in steps]:
+            tmp = dest / f".{src.name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp, ignore=without_weights)
+            shutil.rmtree(dest / src.name, ignore_errors=True)
+            os.replace(tmp, dest / src.name)
+        timings = (read_json(dest / "timings.json") or {}) | (read_json(folder / "timings.json") or {})
+        write_text_atomic(dest / "timings.json", json.dumps(timings, indent=2) + "\n")
+        if (folder / "log.txt").exists():
+            shutil.copyfile(folder / "log.txt", dest / "log.txt")
         saved.append(name)
     print(f"[compare] saved {len(saved)} finished group(s) into {args.save_record}: "
           f"{', '.join(saved) or 'none'}; the table: --report-only --out {args.save_record}")

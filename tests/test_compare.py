@@ -114,7 +114,8 @@ def test_a_call_with_everything_finished_only_reaggregates(micro):
 
 
 def test_a_record_without_weights_gives_the_same_table_and_runs_runs_only_its_runs(micro, tmp_path, capsys):
-    """--save-record copies the finished groups without checkpoint weights; --report-only on the copy, its
+    """--save-record copies the finished groups without checkpoint weights (twice: the second replaces
+    what the first copied and keeps the rest); --report-only on the copy, its
     mtimes reversed (a git checkout leaves them in any order), makes the comparison's table; --runs runs the
     runs it names only and writes no table."""
     out, record = micro["out"], tmp_path / "record"
@@ -122,6 +123,12 @@ def test_a_record_without_weights_gives_the_same_table_and_runs_runs_only_its_ru
     assert run_main(compare.main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
     assert sorted(p.name for p in record.iterdir()) == sorted(["base", *RUNS])
     assert sorted(p.name for p in (record / SECOND / "ckpt").iterdir()) == ["log.jsonl", "meta.json"]
+    # saved again: each step's copy is replaced, what only the record holds (another session's) stays
+    (record / "base" / "eval-kernel").mkdir()
+    (record / SECOND / "profile-heldout" / "stale.txt").write_text("")
+    assert run_main(compare.main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
+    assert (record / "base" / "eval-kernel").is_dir() and not list(record.rglob("*.tmp"))
+    assert not (record / SECOND / "profile-heldout" / "stale.txt").exists()
     for i, p in enumerate(sorted(record.rglob("*"))):  # a folder's files older than the folders before them
         os.utime(p, ns=(10 ** 18 - i * 10 ** 9,) * 2)
     assert run_main(compare.main, [*argv, "--out", str(record), "--report-only"]) == 0
