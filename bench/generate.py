@@ -113,10 +113,15 @@ def measure(args, variant: str) -> dict:
     cmd = [sys.executable, __file__, "--child", variant, "--model", args.model,
            "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
            *(["--threads", str(args.threads)] if args.threads else [])]
+    t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{variant} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    # as it comes, so that a stopped bench keeps it (beside a busy process the anchor takes long)
+    print(f"[bench] {VARIANTS[variant]}: {got['tokens']} tokens in {got['seconds']:.1f} s "
+          f"({time.time() - t0:.0f} s with loading)", file=sys.stderr, flush=True)
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for setting in ("as it is", "beside a busy process"):
         busy = setting != "as it is"
+        print(f"[bench] machine {setting}:", file=sys.stderr, flush=True)
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
         try:
             got = {v: measure(args, v) for v in VARIANTS}
