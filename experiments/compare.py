@@ -35,7 +35,7 @@ re-aggregates. A finished training's resume state (<ckpt>/resume/) is deleted: t
 Split across processes or sessions. `--runs sft-seed1,cuset-seed1` runs the base stages and those runs
 only, and writes no table (two processes with one torch thread each share 2 cores; give --no-eval-base to
 all but one, so that one evaluates the base model). `--save-record DIR` copies every finished group (base,
-runs) into DIR without checkpoint weights (a few MB a run; commit it: a new machine starts without
+runs) into DIR without checkpoint weights (about 1 MB a run; commit it: a new machine starts without
 runs/), and `--report-only --out DIR` makes the table from such a record as it is, running nothing and
 checking no freshness (a record restored from git has no weights, and checkout times for mtimes).
 
@@ -103,8 +103,9 @@ SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, th
 on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about half of this
 model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed copies,
 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks (120
-prompts, greedy) under the emulate backend. Hours: about 1.5-2 h per run on 2 shared cores,
-run seed by seed (docs/comparison.md has the measured times)."""}
+prompts, greedy) under the emulate backend. About 50 minutes a run at one torch thread beside a second
+run (2026-12-02; docs/comparison.md has the measured times), seed by seed: split it across processes and
+sessions with --runs and keep what finished with --save-record."""}
 PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}"
                         for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
