@@ -192,9 +192,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise UserError(f"{path}: no such file")
     args.out = args.out or Path("runs") / f"compare-{args.preset}"
     args.runs = args.runs.split(",") if args.runs else None
-    if args.runs and (unknown := sorted(set(args.runs) - {r["name"] for r in plan(args)[1]})):
+    names = [r["name"] for r in plan(args)[1]] if args.runs else []
+    if unknown := sorted(set(args.runs or ()) - set(names)):
         raise UserError(f"--runs: no run {', '.join(unknown)} in this comparison; its runs are "
-                        f"{', '.join(r['name'] for r in plan(args)[1])}")
+                        f"{', '.join(names)}")
     return args
 
 
@@ -306,10 +307,15 @@ def fingerprint(step: dict) -> dict:
     return mod.run_fingerprint(now, mod.resolve_backend(now.backend, mod.gpu_name()))
 
 
+def stamp_file(step: dict) -> Path:
+    """The file a step writes last, which says it finished: stage 04's summary.json, else meta.json."""
+    return step["out"] / ("summary.json" if step["stage"] == "04" else "meta.json")
+
+
 def finished(step: dict) -> bool:
     """The step's artifact exists, matches what would be run now, and is newer than what it reads."""
     mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
-    stamp = out / ("summary.json" if stage == "04" else "meta.json")
+    stamp = stamp_file(step)
     if not stamp.exists() or any(not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime
                                  for p in step["inputs"]):
         return False
@@ -475,8 +481,7 @@ def missing_results(args, base_steps: list[dict], runs: list[dict]) -> list[str]
     missing = []
     for name, steps, _ in step_groups(args, base_steps, runs):
         read = [s for s in steps if s["stage"] != "03" and (s["stage"], s["out"].name) != ("01", "profile")]
-        lacks = [s["out"].name for s in read
-                 if not (s["out"] / ("summary.json" if s["stage"] == "04" else "meta.json")).exists()]
+        lacks = [s["out"].name for s in read if not stamp_file(s).exists()]
         missing += [f"{name} ({', '.join(lacks)})"] if lacks else []
     return missing
 

@@ -80,7 +80,7 @@ def decode(model, enc, args, stops: list[Callable], eos_ids: list[int], report: 
     out = model(input_ids=enc["input_ids"].repeat_interleave(k, 0), attention_mask=mask,
                 position_ids=position, use_cache=True, **last_only)
     cache, position = getattr(out, "cache", None) or out.past_key_values, position[:, -1:]  # (rows, 1)
-    rows = torch.arange(len(mask))  # (alive,): which row each decoding sequence is
+    rows = list(range(len(mask)))  # which row each decoding sequence is (a list: no device to match)
     replies = mask.new_zeros(len(mask), 0)  # (alive, step)
     eos, done, written = torch.tensor(eos_ids, device=mask.device), [None] * len(mask), 0
     for step in range(1, max_new + 1):
@@ -97,7 +97,7 @@ def decode(model, enc, args, stops: list[Callable], eos_ids: list[int], report: 
         if stop.any():
             keep = (~stop).nonzero()[:, 0]
             cache.batch_select_indices(keep)
-            rows, replies, token = rows[keep], replies[keep], token[keep]
+            rows, replies, token = [rows[j] for j in keep.tolist()], replies[keep], token[keep]
             mask, position = mask[keep], position[keep]
         mask, position = torch.cat([mask, mask.new_ones(len(mask), 1)], 1), position + 1
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
