@@ -279,9 +279,16 @@ def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, str(ROOT / STAGES[step["stage"]]), *step["argv"], *extra]
 
 
+def typed(arg) -> str:
+    """A path inside the repository as a user types it (relative), anything else unchanged."""
+    arg = str(arg)
+    inside = os.path.isabs(arg) and Path(arg).is_relative_to(ROOT)
+    return os.path.relpath(arg) if inside else arg
+
+
 def shown(cmd: list[str]) -> str:
     """A command as a user types it: `python 03_train_cuset.py ...`."""
-    return shlex.join(["python", os.path.relpath(cmd[1]), *cmd[2:]])
+    return shlex.join(["python", *map(typed, cmd[1:])])
 
 
 def same_args(saved: dict, now, ignore: set[str]) -> bool:
@@ -679,7 +686,8 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
         return f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
     seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
     lines = [f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})", "",
-             f"Base model `{args.model}`; training data `{args.data}`; held-out data `{args.eval_data}` "
+             f"Base model `{typed(args.model)}`; training data `{typed(args.data)}`; held-out data "
+             f"`{typed(args.eval_data)}` "
              f"({res['held_out_samples']} samples, {res['token_counts']['all']} response tokens, "
              f"{res['token_counts']['sensitive']} CUDA-sensitive, {res['token_counts']['base_hard']} "
              f"base-hard, {res['token_counts']['base_region']} in base regions). Stage 04 backend: "
