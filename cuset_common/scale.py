@@ -83,7 +83,9 @@ def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[s
     product) x layers x micro-batch x max_length x 4 B on CPU, 2 under autocast or bf16; checkpointing keeps
     h
     per layer and token + one layer's a; fused attention (no L^2). The head: 3 [chunk, V] float32 blocks.
-    CUDA's foreach AdamW: a 4P (/W) temporary in the step. total = state + max(activations + head, step).
+    The optimizer step's temporaries: CUDA's foreach AdamW takes a 4P (/W) one; elsewhere AdamW runs tensor by
+    tensor (torch's default off CUDA), and its denominator sqrt(v) / c holds two temporaries of the largest
+    parameter (shard) at once, 8 B x max(p). total = state + max(activations + head, step).
     """
     cfg, layers = model.config, decoder_layers(model)
     params = sum(p.numel() for p in model.parameters())  # tied weights once
@@ -112,11 +114,20 @@ def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[s
             "activations": (act, f"{'(layers x h + a)' if args.grad_checkpointing else 'layers x a'}, "
                                  f"a = {a / h:.1f}h, {n_layers} layers x {tokens} tokens x {ab} B"),
             "output layer": (3 * chunk * cfg.vocab_size * 4, f"3 x {chunk} x V={cfg.vocab_size} x 4 B"),
-            "step": (4 * params / shard * (args.optimizer == "adamw" and device.startswith("cuda")),
-                     f"4 B x P / {shard} (CUDA foreach AdamW)")}
+            "step": adamw_step_temporaries(model, args, shard, device)}
     peak = max(act + plan["output layer"][0], plan["step"][0])
     plan["total"] = (w[0] + g[0] + opt + peak, f"P = {params / 1e6:,.1f}M, {world} process(es)")
     return plan
+
+
+def adamw_step_temporaries(model, args, shard: int, device: str) -> tuple[float, str]:
+    """The step row of memory_plan: bytes AdamW's update holds besides the state, and how."""
+    if args.optimizer != "adamw":
+        return 0.0, "none (SGD updates in place)"
+    if device.startswith("cuda"):
+        return 4 * sum(p.numel() for p in model.parameters()) / shard, f"4 B x P / {shard} (CUDA foreach AdamW)"
+    largest = max(p.numel() for p in model.parameters())
+    return 8 * largest / shard, f"2 x 4 B x largest parameter / {shard} (AdamW tensor by tensor)"
 
 
 def format_memory_plan(plan: dict, args, world: int) -> str:
