@@ -1,11 +1,11 @@
 """Stage 04's machinery for running generated code, apart from the protocol in 04_eval_kernels.py:
-a Runner that puts every compile and run through the sandbox (harness/sandbox.py) and retries while
-the sandbox uid's process limit is held; the emulation backend's build step (translate with
-harness/emulate.py, then g++ against the runtime header in harness/emu/); finding the GPU, the
-backend, and choosing the sandbox (refusing to run unisolated unless asked); the limit on what a
-program may write; reading the kernel-mode harness's timing line without trusting the program;
-clipping logs for the results; and the run's work folder, which a killed run leaves behind for the
-next run to remove.
+a Runner that puts every compile and run through the sandbox (harness/sandbox.py) and waits, a
+bounded time, while the sandbox cannot start for want of processes or uids; the emulation
+backend's build step (translate with harness/emulate.py, then g++ against the runtime header in
+harness/emu/); finding the GPU, the backend, and choosing the sandbox (refusing to run unisolated
+unless asked); the limit on what a program may write; reading the kernel-mode harness's timing
+line without trusting the program; clipping logs for the results; and the run's work folder,
+which a killed run leaves behind for the next run to remove.
 """
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from cuset_common import UserError
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
-from harness.sandbox import SandboxError, prepare_folder, probe_isolation, run_sandboxed
+from harness.sandbox import SandboxBusy, SandboxError, probe_isolation, run_sandboxed
 
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
 
@@ -35,14 +34,9 @@ class Runner:
     backend: str  # "gpu" | "emulated"
 
     def untrusted(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
-        """nvcc/g++ on generated source, or the generated program: whitelist sandbox, sandbox uid."""
-        self.hand_over(folder)
+        """nvcc/g++ on generated source, or the generated program: whitelist sandbox; as root, a uid of
+        its own for this call, which gets `folder`."""
         return self._run(cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, **kw)
-
-    def hand_over(self, folder: Path) -> None:
-        """Make `folder` the sandbox uid's (as root); without a sandbox the program runs as we do."""
-        if self.sandbox:
-            prepare_folder(folder)
 
     def task_script(self, script: str, folder: Path, timeout: float) -> tuple[int | None, str]:
         """The task author's gen.py/compare.py: our file system view, no network, generous limits."""
@@ -50,18 +44,24 @@ class Runner:
                          cpu_s=int(timeout * (os.cpu_count() or 1)) + 5, file_mb=1 << 20, nproc=4096)
 
     def _run(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
-        """run_sandboxed, retried while the sandbox cannot start for want of processes: all sandboxes
-        share the sandbox uid's process limit, which a concurrent program (a fork bomb) may hold until
-        its timeout. A sandbox that cannot start for another reason stops the run: its program gets
-        no verdict rather than one it did not earn (never a compile_error)."""
-        give_up = time.monotonic() + timeout + 60
-        while True:
-            try:
-                return run_sandboxed(cmd, folder, timeout, isolate=self.sandbox, log_keep=LOG_KEEP // 2, **kw)
-            except SandboxError as e:
-                if "Resource temporarily unavailable" not in str(e) or time.monotonic() > give_up:
-                    raise UserError(f"the sandbox could not start {cmd[0]} in {folder}: {e}") from None
-                time.sleep(1.0)
+        """run_sandboxed, retried for up to `timeout` seconds while the sandbox cannot start for want of
+        a resource (SandboxBusy: every sandbox uid held, or the machine or this user out of processes,
+        e.g. while a neighbour's fork loop lives to its own timeout).
+
+        Past that, the call is a timeout (exit status None, the reason in its log): it did not finish
+        within its wall-clock budget, which is all a timeout says, on a busy machine too. Each step
+        then keeps its own outcome for a timeout (nvcc: compile_error; the emulator's g++:
+        unsupported; the program: timeout; gen.py: task_error; compare.py: wrong_output); the run goes
+        on and the row counts, so the machine's state cannot drop a job from pass@k unseen. A sandbox
+        that cannot start for another reason is a broken setup: it stops the run with one line."""
+        try:
+            return run_sandboxed(cmd, folder, timeout, isolate=self.sandbox, log_keep=LOG_KEEP // 2,
+                                 wait_s=timeout, **kw)
+        except SandboxBusy as e:
+            return None, f"the sandbox could not start within {timeout:g} s, for want of a resource: {e}"
+        except SandboxError as e:
+            why = " ".join(str(e).split())  # bwrap's lines, as one
+            raise UserError(f"the sandbox could not start {cmd[0]} in {folder}: {why}") from None
 
 
 def choose_runner(no_sandbox: bool, backend: str) -> Runner:
@@ -164,13 +164,13 @@ def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulato
     except Unsupported as e:
         return None, f"emulator: {e}"
     (workdir / "prog_emu.cpp").write_text(translated)
-    runner.hand_over(workdir)  # before the links: the header files stay ours, read-only to the sandbox uid
+    # Links, so shared: the sandbox's uid gets their folder, not them (ours, read-only to it).
     shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
     code, log = runner.untrusted(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
                                  nproc=512)
     if code == 0 and built_file(workdir, "prog_emu"):
         return workdir / "prog_emu", ""
-    why = "timeout" if code is None else log
+    why = f"timeout\n{log}" if code is None else log
     return None, f"emulator: g++ cannot build the translated program (nvcc could):\n{why}"
 
 

@@ -11,26 +11,34 @@ the GPU nodes and /sys where /dev/nvidiactl exists); a /proc of its own PID name
 empty private /tmp and /dev/shm of bounded size; its folder, read-write at its own path.
 Nothing else: not the project, the task file, /home, /root, /run, /var, /opt, host processes,
 the network (only its own loopback, so no abstract unix sockets either), nor new user
-namespaces. As root it runs as the unprivileged SANDBOX_UID (setpriv, then bwrap in a user
-namespace of that uid), so it holds no capability over host files. Trusted scripts keep our
-uid and file system but get no network and their own PID namespace. All runs get their own
-session, resource limits, a scrubbed environment and a wall-clock timeout that kills
-everything they started.
+namespaces. As root each call runs as an unprivileged uid of its own, taken from SANDBOX_UIDS
+for the call's lifetime (hold_uid: a lock per uid), then setpriv, then bwrap in a user namespace
+of that uid: it holds no capability over host files, and the per-uid process limit, the clean-up
+and the check that nothing of it is left concern that call alone, whatever runs beside it. As
+another user every sandbox runs as that user, with a process limit counted from what the user
+runs at its start. Trusted scripts keep our uid and file system but get no network and their
+own PID namespace. All runs get their own session, resource limits, a scrubbed environment and a
+wall-clock timeout that kills everything they started.
 
     if not probe_isolation().available: ...        # refuse, or isolate=False if the user said so
-    prepare_folder(run_dir)
-    code, log = run_sandboxed(["./prog"], run_dir, 30, untrusted=True, stdin=nonce)  # or SandboxError
+    code, log = run_sandboxed(["./prog"], run_dir, 30, untrusted=True, stdin=nonce, wait_s=30)
+    # or SandboxBusy (no process or uid to be had within wait_s), or SandboxError (a broken setup)
 
 Limits: the GPU binds are untested (no GPU where this was written); there is no seccomp filter
 (the kernel's user namespaces are the trust base); attacks inside one process on a harness
 compiled into it are out of scope; memory is not limited (RLIMIT_AS breaks CUDA and ASan), nor
 the number of files in the folder (only their size). With isolate=False a process that left
 both the process tree and the session before the timeout (double fork + setsid) survives it.
+Not root, the process budget is the user's: a job's limit leaves it `nproc` processes beyond
+what the user ran when it started, and a neighbour that forks later draws on the same budget.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import glob
 import os
+import pwd
 import resource
 import secrets
 import select
@@ -41,11 +49,23 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
-SANDBOX_UID = 61234  # unprivileged host uid for untrusted code when we run as root (no passwd entry needed)
+# As root, untrusted code runs as one of these uids (no passwd entry needed), one per sandbox at a time.
+# Size: a stage-04 run holds at most --jobs at once (default: the CPU count) plus its start-up probe, so
+# 1024 covers, e.g., four runs at the default on a 256-CPU machine; lock files are made lowest uid first,
+# so a small machine only ever makes a few. The range stays below 65000, where Debian reserves uids
+# (65534 is nobody); uids of an account (systemd's dynamic users overlap it) are skipped.
+SANDBOX_UIDS = range(61234, 61234 + 1024)
+UID_LOCKS = Path("/run/cuset-sandbox-uids")  # root's alone: no one else can hold, plant or remove a lock
+UID_CLEAR_S = 10  # how long the processes left of a job's uid may take to die once killed
+# How a sandbox that cannot start for want of processes says so (EAGAIN from fork, clone or execve after
+# setuid); the messages are in English because the scrubbed environment sets LC_MESSAGES=C.
+SHORTAGE = os.strerror(errno.EAGAIN)  # "Resource temporarily unavailable"
 ENV_KEEP = ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "LANG")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # The dynamic loader's cache and configuration; alternatives holds the links behind cc, c++, g++ on Debian.
@@ -61,16 +81,23 @@ class Isolation:
 
 
 class SandboxError(RuntimeError):
-    """The sandbox could not be set up, so the command never ran; the message is bwrap's or setpriv's
-    (e.g. "Resource temporarily unavailable" while the sandbox uid is at its process limit)."""
+    """The sandbox could not be set up, so the command never ran; the message is bwrap's or setpriv's."""
+
+
+class SandboxBusy(SandboxError):
+    """The sandbox could not start for want of a resource that others hold for now: every uid of
+    SANDBOX_UIDS, or processes (SHORTAGE). Worth retrying; not a broken setup."""
 
 
 def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-def _sandbox_uid() -> int:
-    return SANDBOX_UID if _is_root() else os.getuid()
+def _uids_said() -> str:
+    """Which uid untrusted code runs as, in words."""
+    if _is_root():
+        return f"uids {SANDBOX_UIDS[0]}-{SANDBOX_UIDS[-1]}, one per job"
+    return f"uid {os.getuid()}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -111,17 +138,18 @@ def _gpu_binds() -> list[str]:
     return [*nodes, "--ro-bind", "/sys", "/sys"]
 
 
-def _untrusted_argv(cmd: list[str], folder: str) -> list[str]:
+def _untrusted_argv(cmd: list[str], folder: str, uid: int | None) -> list[str]:
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--hostname", "sandbox", *_system_binds(), *_toolkit_binds(),
-            "--dev", "/dev", *_gpu_binds(), "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm", "--proc", "/proc",
-            "--size", str(TMP_MB << 20), "--tmpfs", "/tmp", "--bind", folder, folder, "--chdir", folder,
+            "--die-with-parent", "--new-session", "--hostname", "sandbox", *_system_binds(),
+            *_toolkit_binds(), "--dev", "/dev", *_gpu_binds(), "--size", str(SHM_MB << 20), "--tmpfs",
+            "/dev/shm", "--proc", "/proc", "--size", str(TMP_MB << 20), "--tmpfs", "/tmp",
+            "--bind", folder, folder, "--chdir", folder,
             # bwrap's own tmpfs at / and /dev, memory too: read-only once the mount points exist
             "--remount-ro", "/dev", "--remount-ro", "/", "--", *cmd]
-    if not _is_root():
+    if uid is None:
         return argv
-    # Drop to the sandbox uid before bwrap: its user namespace then maps only that uid.
-    return [shutil.which("setpriv") or "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
+    # Drop to the job's uid before bwrap: its user namespace then maps only that uid.
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}",
             "--clear-groups", "--no-new-privs", "--", *argv]
 
 
@@ -137,23 +165,111 @@ def _trusted_argv(cmd: list[str], folder: str) -> list[str]:
             "--proc", "/proc", "--die-with-parent", "--new-session", "--chdir", folder, "--", *cmd]
 
 
-def prepare_folder(folder: Path) -> None:
-    """As root, hand `folder` and everything in it to SANDBOX_UID, and give its ancestors search
-    permission (not listing) for all: bwrap runs as that uid and must reach the folder to bind it.
-    Files with hard links elsewhere (shared inputs) keep their owner: readable, not writable.
-    Nothing to do when not root."""
-    if not _is_root():
-        return
-    folder = folder.resolve()
+def _hand_over(folder: Path, uid: int) -> None:
+    """Hand `folder` and everything in it to the job's `uid` (whatever uid earlier jobs left on it),
+    and give its ancestors search permission (not listing) for all: bwrap runs as that uid and must
+    reach the folder to bind it. Files with hard links elsewhere (shared inputs) keep their owner:
+    readable, not writable."""
     for top, dirs, files in os.walk(folder):  # symbolic links are not followed
         for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
             info = os.lstat(name)
             if stat.S_ISDIR(info.st_mode) or info.st_nlink == 1:
-                os.chown(name, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+                os.chown(name, uid, uid, follow_symlinks=False)
     for parent in folder.parents:
         mode = parent.stat().st_mode
         if not mode & stat.S_IXOTH:
             os.chmod(parent, mode | stat.S_IXOTH)
+
+
+# ---------------------------------------------------------------------------------------
+# One uid per job (as root), and the processes of a uid
+# ---------------------------------------------------------------------------------------
+
+
+def _process_table() -> dict[int, tuple[bool, list[int], int]]:
+    """pid -> (whether it is a zombie; its real, effective, saved and file-system uid; its threads)."""
+    table = {}
+    for path in glob.glob("/proc/[0-9]*/status"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:  # gone meanwhile
+            continue
+        field = dict(line.split(":\t", 1) for line in lines if line.startswith(("State", "Uid", "Threads")))
+        uids = [int(u) for u in field["Uid"].split()]
+        table[int(path.split("/")[2])] = field["State"].startswith("Z"), uids, int(field["Threads"])
+    return table
+
+
+def _live_processes_of(uid: int) -> set[int]:
+    """The processes, zombies aside, that have `uid` as any of their uids."""
+    return {pid for pid, (zombie, uids, _) in _process_table().items() if uid in uids and not zombie}
+
+
+def _tasks_of(uid: int) -> int:
+    """What RLIMIT_NPROC counts for `uid`: the tasks (threads, zombies too) whose real uid it is."""
+    return sum(threads for _, uids, threads in _process_table().values() if uids[0] == uid)
+
+
+@cache
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def _uid_locks() -> Path:
+    """UID_LOCKS, made on first use; refused when anyone but root could have put or opened a file in it."""
+    try:
+        UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(UID_LOCKS)
+    except OSError as e:
+        raise SandboxError(f"cannot make the folder of sandbox uid locks: {e}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        raise SandboxError(f"{UID_LOCKS} is not a folder that only root may use (mode 700): remove it")
+    return UID_LOCKS
+
+
+@contextmanager
+def hold_uid(pool: range = SANDBOX_UIDS) -> Iterator[int]:
+    """As root: the lowest uid of `pool` that no one holds, held until the block ends. Holding is an
+    exclusive flock on the uid's file in UID_LOCKS; the kernel drops it when the holder's process dies,
+    however it dies, so a killed run frees its uids. Never taken: a uid that belongs to an account, or
+    has processes: someone else's, or left by a holder killed before its clean-up, or the zombies of
+    the last job, until init reaps them (they still count against the uid's process limit).
+    Raises SandboxBusy when every uid is held or in use."""
+    folder, in_use = _uid_locks(), {u for _, uids, _ in _process_table().values() for u in uids}
+    for uid in pool:
+        if uid in in_use or _has_account(uid):
+            continue
+        lock = os.open(folder / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # per open file: threads of one run exclude too
+        except BlockingIOError:
+            os.close(lock)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(lock)
+        return
+    raise SandboxBusy(f"no free sandbox uid: each of {pool[0]}-{pool[-1]} is held by a running job "
+                      "or has processes")
+
+
+def _clear(uid: int) -> None:
+    """Kill whatever of the job's `uid` still lives after it (stopped first, so that nothing forks
+    meanwhile) and wait, at most UID_CLEAR_S, until none does. What cannot die keeps the uid out of use
+    (hold_uid skips it) instead of counting against the next job's process limit."""
+    stopped: set[int] = set()
+    while new := _live_processes_of(uid) - stopped:
+        _signal(new, signal.SIGSTOP)
+        stopped |= new
+    _signal(stopped, signal.SIGKILL)
+    deadline = time.monotonic() + UID_CLEAR_S
+    while _live_processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,7 +280,8 @@ def prepare_folder(folder: Path) -> None:
 def _userns_disabled() -> str | None:
     """The sysctls that forbid user namespaces outright, as the reason to report."""
     for path, off, fix in (("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces=10000"),
-                           ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone=1")):
+                           ("/proc/sys/kernel/unprivileged_userns_clone", "0",
+                            "kernel.unprivileged_userns_clone=1")):
         try:
             value = Path(path).read_text().strip()
         except OSError:
@@ -187,7 +304,8 @@ def probe_isolation() -> Isolation:
     """Runs `true` through exactly the untrusted construction, as the same uid; cached per process."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Isolation(False, "bwrap not found: apt-get install bubblewrap (or your distribution's package)")
+        return Isolation(False, "bwrap not found: apt-get install bubblewrap (or your distribution's "
+                                "package)")
     if _is_root() and shutil.which("setpriv") is None:
         return Isolation(False, "setpriv not found: apt-get install util-linux")
     disabled = _userns_disabled()
@@ -195,16 +313,16 @@ def probe_isolation() -> Isolation:
         return Isolation(False, disabled)
     with tempfile.TemporaryDirectory(prefix="cuset-probe-") as tmp:
         try:
-            prepare_folder(Path(tmp))
-            code, log = run_sandboxed(["true"], Path(tmp), 60, untrusted=True)
+            code, log = run_sandboxed(["true"], Path(tmp), 60, untrusted=True, wait_s=60)
         except OSError as e:
-            return Isolation(False, f"cannot start the sandbox as uid {_sandbox_uid()}: {e}")
+            return Isolation(False, f"cannot start the sandbox as {_uids_said()}: {e}")
         except SandboxError as e:
             return Isolation(False, f"{str(e).splitlines()[-1]}{_failure_hint()}")
     if code != 0:
-        return Isolation(False, f"`true` in the sandbox: {'timeout' if code is None else f'exit status {code}'} {log}")
+        status = "timeout" if code is None else f"exit status {code}"
+        return Isolation(False, f"`true` in the sandbox: {status} {log}")
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    return Isolation(True, f"{version}: user, mount, PID, network, IPC, UTS namespaces; uid {_sandbox_uid()}")
+    return Isolation(True, f"{version}: user, mount, PID, network, IPC, UTS namespaces; {_uids_said()}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,7 +330,21 @@ def probe_isolation() -> Isolation:
 # ---------------------------------------------------------------------------------------
 
 
+def _process_limit(nproc: int) -> int:
+    """RLIMIT_NPROC that lets a command start `nproc` processes. The kernel counts every task (threads
+    too) of the real uid: as root that uid is the job's own, with none at the start (root's own are not
+    limited), so `nproc`; as another user it is the user's, so what the user runs now plus `nproc`,
+    within the hard limit."""
+    if _is_root():
+        return nproc
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    wanted = _tasks_of(os.getuid()) + nproc
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
 def _limits(cpu_s: int, file_mb: int, nproc: int):
+    nproc = _process_limit(nproc)  # counted here, in the parent: the child only applies it
+
     def apply():
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
@@ -223,7 +355,7 @@ def _limits(cpu_s: int, file_mb: int, nproc: int):
 
 def _scrubbed_env(home: str) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-    env.update(HOME=home, TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+    env.update(HOME=home, TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", LC_MESSAGES="C")
     return env
 
 
@@ -333,25 +465,60 @@ def _exited(proc: subprocess.Popen, timeout: float) -> bool:
 
 def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, untrusted: bool, isolate: bool = True,
                   cpu_s: int = 120, file_mb: int = 512, nproc: int = 256, env: dict[str, str] | None = None,
-                  stdin: bytes | None = None, log_keep: int = 2000) -> tuple[int | None, str]:
+                  stdin: bytes | None = None, log_keep: int = 2000, uid: int | None = None,
+                  wait_s: float = 0.0) -> tuple[int | None, str]:
     """Run cmd in cwd; returns (exit status, or None on wall-clock timeout; the first and last
     `log_keep` bytes of its combined stdout and stderr).
 
-    untrusted: the whitelist sandbox (call prepare_folder(cwd) first); else a trusted script's
-    view (ours, without network). isolate=False runs cmd as it is: only the limits, the timeout
-    and the scrubbed environment (where probe_isolation() says no isolation is possible).
-    Raises SandboxError when the sandbox could not be set up (the command never ran).
+    untrusted: the whitelist sandbox; else a trusted script's view (ours, without network).
+    isolate=False runs cmd as it is: only the limits, the timeout and the scrubbed environment (where
+    probe_isolation() says no isolation is possible). Untrusted and isolated as root, cmd runs as
+    `uid`, which the caller holds (hold_uid), or else as a uid held for this call alone; that uid
+    gets cwd and everything in it, and after the call loses every process left.
+    wait_s: how long to retry a sandbox that cannot start for want of a resource.
+    Raises SandboxBusy when it still cannot after wait_s, SandboxError when the sandbox could not be
+    set up otherwise (either way the command never ran).
     """
-    folder = str(cwd.resolve())
+    folder = cwd.resolve()
+    attempt = partial(_run, cmd, folder, timeout, untrusted=untrusted, isolate=isolate, cpu_s=cpu_s,
+                      file_mb=file_mb, nproc=nproc, env=env, stdin=stdin, log_keep=log_keep)
+    give_up, pause = time.monotonic() + wait_s, 0.1
+    while True:
+        try:
+            if not (untrusted and isolate and _is_root()):
+                return attempt(uid=None)
+            with (nullcontext(uid) if uid is not None else hold_uid()) as job_uid:
+                _hand_over(folder, job_uid)
+                try:
+                    return attempt(uid=job_uid)
+                finally:
+                    _clear(job_uid)
+        except SandboxBusy:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(pause, left))  # a last attempt at wait_s
+            pause = min(2 * pause, 2.0)  # others' fork loops end at their timeouts: seconds, not ms
+
+
+def _run(cmd: list[str], folder: Path, timeout: float, *, untrusted: bool, isolate: bool, uid: int | None,
+         cpu_s: int, file_mb: int, nproc: int, env: dict[str, str] | None, stdin: bytes | None,
+         log_keep: int) -> tuple[int | None, str]:
+    """One attempt of run_sandboxed, as `uid` (None: as we are)."""
     marker = secrets.token_hex(16) if isolate else ""  # without a sandbox, nothing can fail to set up
-    argv = cmd
-    if isolate:
-        argv = (_untrusted_argv if untrusted else _trusted_argv)(_announced(cmd, marker), folder)
+    if not isolate:
+        argv = cmd
+    elif untrusted:
+        argv = _untrusted_argv(_announced(cmd, marker), str(folder), uid)
+    else:
+        argv = _trusted_argv(_announced(cmd, marker), str(folder))
     stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen(argv, cwd=folder, env=_scrubbed_env(folder) | (env or {}), stdin=stdin_fd,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_limits(cpu_s, file_mb, nproc))
+        proc = subprocess.Popen(argv, cwd=folder, env=_scrubbed_env(str(folder)) | (env or {}),
+                                stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_limits(cpu_s, file_mb, nproc))
+    except BlockingIOError as e:  # we could not fork either: the machine (or this user) is out of processes
+        raise SandboxBusy(f"cannot start {argv[0]}: {e}") from None
     finally:
         if stdin is not None:
             os.close(stdin_fd)
@@ -362,5 +529,6 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, untrusted: bool,
     _kill_everything(proc)
     reader.join(timeout=5)  # only a process that escaped (isolate=False) can still hold the pipe
     if not capture.started:
-        raise SandboxError(capture.text().strip() or f"the sandbox did not start within {timeout} s")
+        why = capture.text().strip() or f"the sandbox did not start within {timeout} s"
+        raise (SandboxBusy if SHORTAGE in why else SandboxError)(why)
     return (proc.returncode if exited else None), capture.text()

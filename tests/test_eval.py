@@ -7,7 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -17,8 +21,7 @@ from conftest import ROOT, load_script, program_runner
 from cuset_common import TASKS_FILE, load_causal_lm, load_sft, load_tasks, load_tokenizer
 from harness.generation import (LOOP_CHECK_EVERY, decode, looping, pick_token, stop_when_complete,
                                 stop_when_looping)
-from harness.programs import LOG_KEEP
-from harness.sandbox import SANDBOX_UID
+from harness.programs import LOG_KEEP, WORK_PREFIX
 
 
 ev = load_script("04_eval_kernels.py")
@@ -366,17 +369,18 @@ def sandbox(tmp_path):
     return run_toy
 
 
-def live_sandbox_processes() -> list[str]:
-    """Processes of the sandbox uid that are not zombies (a dead child of an init that does not reap
-    is only a process-table entry)."""
+def processes_under(prefix: str) -> list[str]:
+    """Live processes (not zombies: a dead child of an init that does not reap is only a process-table
+    entry) whose working directory starts with `prefix`: a job's processes run in its own folders, so
+    this tells them from those of any other job or run on the machine."""
     live = []
-    for p in Path("/proc").iterdir():
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if p.name.isdigit() and p.stat().st_uid == SANDBOX_UID \
-                    and (p / "stat").read_text().split(") ")[-1][:1] != "Z":
-                live.append(p.name)
-        except FileNotFoundError:
-            pass
+            cwd, state = os.readlink(proc / "cwd"), (proc / "stat").read_text().rsplit(") ", 1)[1][:1]
+        except OSError:  # gone meanwhile, or a zombie (no working directory)
+            continue
+        if cwd.startswith(prefix) and state != "Z":
+            live.append(f"{proc.name}: {cwd}")
     return live
 
 
@@ -391,11 +395,61 @@ def test_an_endless_loop_times_out(sandbox):
 
 
 @root_only
-def test_a_process_spawning_loop_is_contained(sandbox):
+def test_a_process_spawning_loop_is_contained(sandbox, tmp_path):
     outcome, _, _ = sandbox(FORK_BOMB, timeout=3)
     assert outcome in ("timeout", "runtime_error")
-    assert live_sandbox_processes() == []  # nothing it spawned survives
+    assert processes_under(f"{tmp_path}/") == []  # nothing it spawned survives
     assert subprocess.run(["true"]).returncode == 0  # and the machine still forks
+
+
+# Forks until refused, then waits: it holds its whole process allowance (execute's 64, less bwrap's
+# own two) as FORK_BOMB does, without spinning on the CPU, which would only make the test slow.
+FORK_LOOP_REPLY = ("```cuda\n#include <unistd.h>\n__global__ void unused() {}\n"
+                   "int main() { for (;;) if (fork() < 0) pause(); }\n```\n")
+HELD = 60  # processes in the forking run's folders once the loop is at its allowance, at least
+
+
+@root_only
+def test_a_fork_loop_in_one_run_leaves_another_runs_references_passing(tmp_path):
+    """Two stage-04 runs, each its own process: while one run's candidate holds its processes, the
+    other runs three tasks' references (nvcc in the sandbox, emulated runs). All pass, and once the
+    forking run is killed nothing of either run is left."""
+    task = next(t for t in load_tasks(TASKS_FILE) if t["split"] == "eval")
+    sols = tmp_path / "fork_loop.jsonl"
+    sols.write_text(json.dumps({"task_id": task["id"], "level": 1, "completion": FORK_LOOP_REPLY}))
+    stage04 = [sys.executable, str(ROOT / "04_eval_kernels.py"), "--split", "eval", "--levels", "1",
+               "--backend", "emulate"]
+    with open(tmp_path / "forking.log", "w") as log:
+        forking = subprocess.Popen([*stage04, "--solutions", str(sols), "--limit", "1", "--no-task-check",
+                                    "--run-timeout", "600", "--out", str(tmp_path / "forking")],
+                                   stdout=log, stderr=subprocess.STDOUT)
+    forking_work = f"{tempfile.gettempdir()}/{WORK_PREFIX}{forking.pid}-"  # harness/programs.make_work_dir
+    try:
+        deadline = time.monotonic() + 300  # start, nvcc, the emulator's build, gen.py: seconds, here
+        while len(processes_under(forking_work)) < HELD and forking.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(processes_under(forking_work)) >= HELD, (tmp_path / "forking.log").read_text()
+        reference = subprocess.Popen([*stage04, "--reference", "--limit", "3", "--run-timeout", "10",
+                                      "--out", str(tmp_path / "reference")], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        output = reference.communicate(timeout=600)[0]
+        reference_left = processes_under(f"{tempfile.gettempdir()}/{WORK_PREFIX}{reference.pid}-")
+        held_throughout = len(processes_under(forking_work))
+    finally:
+        forking.kill()
+        forking.wait()
+    assert reference.returncode == 0, output[-3000:]
+    outcomes = json.loads((tmp_path / "reference" / "summary.json").read_text())["outcomes"]
+    assert outcomes["pass"] == sum(outcomes.values()) == 3, outcomes
+    assert held_throughout >= HELD  # the loop held its processes while the references ran
+    assert reference_left == []
+    deadline = time.monotonic() + 10  # the killed run's sandbox dies with it (bwrap --die-with-parent)
+    while processes_under(forking_work) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_under(forking_work) == []
+    for folder in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}{forking.pid}-*"):
+        shutil.rmtree(folder)  # what the killed run could not remove (a later stage 04 would)
 
 
 @root_only

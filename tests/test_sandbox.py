@@ -1,22 +1,31 @@
 """harness/sandbox.py against hostile programs, as root (pytest itself) and as a non-root user
 (a driver run as nobody with the system python): no reading or writing outside its folder, no
 host processes, no sockets, nothing survives the timeout; the compilers work in the whitelist;
-the probe says why isolation is unavailable where it is."""
+the probe says why isolation is unavailable where it is. As root, one uid per job: concurrent
+jobs differ, a held uid is not taken, a killed holder frees it, nothing of a job's uid survives
+it; not root, the user's own processes leave a job its allowance; a sandbox that cannot start
+for want of processes is a timeout of that call, not an abort."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
+import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
-from harness.sandbox import SANDBOX_UID, SandboxError, prepare_folder, probe_isolation, run_sandboxed
+from harness.programs import Runner
+from harness.sandbox import SANDBOX_UIDS, SandboxBusy, SandboxError, hold_uid, probe_isolation, run_sandboxed
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid and running as nobody need root")
@@ -109,19 +118,18 @@ DRIVER = r"""
 import json, sys
 from dataclasses import asdict
 from pathlib import Path
-from sandbox import SandboxError, prepare_folder, probe_isolation, run_sandboxed
+from sandbox import SandboxError, probe_isolation, run_sandboxed
 if sys.argv[1] == "probe":
     print(json.dumps(asdict(probe_isolation())))
 else:
     job = json.loads(sys.argv[1])
     if "stdin" in job["kw"]:
         job["kw"]["stdin"] = job["kw"]["stdin"].encode("latin-1")
-    prepare_folder(Path(job["cwd"]))
     try:
         code, log = run_sandboxed(job["cmd"], Path(job["cwd"]), job["timeout"], untrusted=job["untrusted"], **job["kw"])
         print(json.dumps({"code": code, "log": log}))
     except SandboxError as e:
-        print(json.dumps({"sandbox_error": str(e)}))
+        print(json.dumps({"sandbox_error": str(e), "kind": type(e).__name__}))
 """
 
 
@@ -150,7 +158,8 @@ class Sandbox:
 
     def __init__(self, base: Path, who: str):
         self.base, self.who = base, who
-        self.uid = NOBODY if who == "nobody" else SANDBOX_UID if os.geteuid() == 0 else os.getuid()
+        uid = NOBODY if who == "nobody" else os.getuid()
+        self.runs_as = f"uids {SANDBOX_UIDS[0]}-{SANDBOX_UIDS[-1]}, one per job" if uid == 0 else f"uid {uid}"
 
     def folder(self) -> Path:
         top = Path(tempfile.mkdtemp(dir=self.base))
@@ -168,7 +177,6 @@ class Sandbox:
     def run(self, cmd: list[str], timeout: float = 30, cwd: Path | None = None, untrusted: bool = True, **kw):
         cwd = cwd or self.folder()
         if self.who == "self":
-            prepare_folder(cwd)
             return run_sandboxed(cmd, cwd, timeout, untrusted=untrusted, **kw)
         if "stdin" in kw:  # JSON has no bytes
             kw["stdin"] = kw["stdin"].decode("latin-1")
@@ -177,7 +185,8 @@ class Sandbox:
         assert r.returncode == 0, r.stderr
         report = json.loads(r.stdout)
         if "sandbox_error" in report:
-            raise SandboxError(report["sandbox_error"])
+            kind = SandboxBusy if report["kind"] == "SandboxBusy" else SandboxError
+            raise kind(report["sandbox_error"])
         return report["code"], report["log"]
 
     def attack(self, *actions: str, **kw) -> dict[str, str]:
@@ -272,10 +281,10 @@ def test_it_cannot_connect_to_host_sockets(sandbox, listeners):
 
 
 @root_only
-def test_it_runs_as_the_sandbox_uid_on_the_host(base):
+def test_it_runs_as_a_sandbox_uid_on_the_host(base):
     cwd = Sandbox(base, "self").folder()
     Sandbox(base, "self").attack("write:mine", cwd=cwd)
-    assert (cwd / "mine").stat().st_uid == SANDBOX_UID
+    assert (cwd / "mine").stat().st_uid in SANDBOX_UIDS
 
 
 @root_only
@@ -332,7 +341,7 @@ def test_output_keeps_head_and_tail_and_counts_the_cut_exactly(sandbox, size, ke
 
 
 def test_a_sandbox_that_cannot_start_raises_and_a_program_cannot_fake_that(sandbox):
-    with pytest.raises(SandboxError, match="Resource temporarily unavailable"):
+    with pytest.raises(SandboxBusy, match="Resource temporarily unavailable"):
         sandbox.run(["true"], nproc=1)  # bwrap cannot fork the sandbox's first process
     fake = "bwrap: Creating new namespace failed: Resource temporarily unavailable"
     assert sandbox.run(["sh", "-c", f"echo '{fake}'; exit 1"]) == (1, fake + "\n")
@@ -341,6 +350,135 @@ def test_a_sandbox_that_cannot_start_raises_and_a_program_cannot_fake_that(sandb
 def test_stdin_is_given_then_closed(sandbox):
     code, log = sandbox.run(["sh", "-c", "cat; echo end"], stdin=b"nonce-42\n")
     assert (code, log) == (0, "nonce-42\nend\n")
+
+
+# ---------------------------------------------------------------------------------------
+# One uid per job (as root), a user's process budget (not root), a sandbox that cannot start
+# ---------------------------------------------------------------------------------------
+
+# Holds a uid of the pool given by a Python expression until its stdin closes; prints it first.
+HOLDER = """import sys
+from harness.sandbox import SANDBOX_UIDS, hold_uid
+with hold_uid({pool}) as uid:
+    print(uid, flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextmanager
+def another_process_holding(pool: str):
+    """(the process, the uid it holds) for the block; it is killed at the end if still alive."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(pool=pool)], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc, int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def live_processes_of(uid: int) -> list[str]:
+    """Live (non-zombie) processes that have `uid` among their real, effective, saved and fs uids."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if str(uid) in fields["Uid"].split() and not fields["State"].strip().startswith("Z"):
+            found.append(f"{status.parent.name}: {fields['Name'].strip()}")
+    return found
+
+
+@root_only
+def test_concurrent_jobs_run_as_different_uids(base):
+    # Each job writes its uid, then waits until every job has written one: all of them live at once.
+    box = Sandbox(base, "self")
+    folders = [box.folder() for _ in range(4)]
+    done = {}
+
+    def job(folder: Path):
+        done[folder] = box.run(["sh", "-c", "id -u > uid; until [ -e go ]; do sleep 0.05; done"], 60, folder)
+
+    threads = [threading.Thread(target=job, args=(f,)) for f in folders]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not all((f / "uid").exists() for f in folders) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for f in folders:
+        (f / "go").touch()
+    for t in threads:
+        t.join()
+    uids = [int((f / "uid").read_text()) for f in folders]
+    assert [code for code, _ in done.values()] == [0] * len(folders)
+    assert len(set(uids)) == len(folders) and all(u in SANDBOX_UIDS for u in uids), uids
+
+
+@root_only
+def test_a_uid_another_process_holds_is_not_taken(base):
+    with another_process_holding("SANDBOX_UIDS") as (_, held):
+        code, log = Sandbox(base, "self").run(["id", "-u"])
+    assert code == 0 and int(log) != held and int(log) in SANDBOX_UIDS
+
+
+@root_only
+def test_a_killed_holder_frees_its_uid():
+    top = SANDBOX_UIDS[-1:]  # a pool of one uid, which stage-04 runs beside this test do not reach
+    with another_process_holding("SANDBOX_UIDS[-1:]") as (holder, held):
+        assert held == top[0]
+        with pytest.raises(SandboxBusy, match="no free sandbox uid"), hold_uid(top):
+            pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        with hold_uid(top) as again:
+            assert again == held
+
+
+@root_only
+@pytest.mark.parametrize("cmd,timeout,code", [(["./hostile", "bomb"], 1, None),
+                                              (["sh", "-c", "./hostile daemon & sleep 0.2"], 30, 0)],
+                         ids=["fork-loop-till-its-timeout", "exits-leaving-a-daemon"])
+def test_nothing_of_a_jobs_uid_survives_it(base, cmd, timeout, code):
+    with hold_uid() as uid:  # held past the job: nothing else can run as this uid before we look
+        assert run_sandboxed(cmd, Sandbox(base, "self").folder(), timeout, untrusted=True, nproc=64,
+                             uid=uid)[0] == code
+        assert live_processes_of(uid) == []
+
+
+@root_only
+def test_a_process_of_the_jobs_uid_outside_its_sandbox_is_killed_after_the_job(base):
+    with hold_uid() as uid:
+        stray = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep",
+                                  "60"])
+        assert run_sandboxed(["true"], Sandbox(base, "self").folder(), 30, untrusted=True, uid=uid)[0] == 0
+        assert stray.wait(timeout=15) == -signal.SIGKILL
+        assert live_processes_of(uid) == []
+
+
+@root_only
+def test_a_users_own_processes_leave_a_job_its_allowance(base):
+    # Not root (nobody), with 40 processes already: a job allowed 16 still starts 5 (a limit of 16
+    # processes for the user as a whole would refuse the sandbox itself).
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "120"]
+    sleepers = [subprocess.Popen(as_nobody) for _ in range(40)]
+    try:
+        code, log = Sandbox(base, "nobody").run(["sh", "-c", "for i in 1 2 3 4 5; do sleep 0.1 & done; wait; "
+                                                 "echo ok"], nproc=16)
+    finally:
+        for s in sleepers:
+            s.kill()
+            s.wait()
+    assert (code, log) == (0, "ok\n")
+
+
+def test_a_sandbox_that_cannot_start_for_want_of_processes_is_a_timeout_of_that_call(base):
+    started = time.monotonic()
+    code, log = Runner(True, "emulated").untrusted(["true"], Sandbox(base, "self").folder(), 1, nproc=1)
+    assert code is None, log
+    assert log.startswith("the sandbox could not start within 1 s, for want of a resource: ")
+    assert "Resource temporarily unavailable" in log
+    assert time.monotonic() - started >= 1  # retried for the call's own timeout first
 
 
 # ---------------------------------------------------------------------------------------
@@ -379,7 +517,7 @@ def test_trusted_scripts_see_our_files_but_no_network_and_no_host_processes(sand
 def test_the_probe_names_what_it_uses(sandbox, base):
     how = probe_isolation().how if sandbox.who == "self" else json.loads(as_nobody(
         "/usr/bin/python3", str(base / "driver.py"), "probe").stdout)["how"]
-    assert how.startswith("bubblewrap") and how.endswith(f"namespaces; uid {sandbox.uid}")
+    assert how.startswith("bubblewrap") and how.endswith(f"namespaces; {sandbox.runs_as}")
 
 
 @root_only
