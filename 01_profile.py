@@ -9,7 +9,8 @@ low-confidence CUDA-sensitive regions and sample weights.
 Inputs -> outputs
   --model  hub id or local folder (default: bundled data/models/tiny-cuda-lm); needs a fast tokenizer
   --data   SFT JSONL in chat `messages`, `prompt`/`completion`, `instruction`/`input`/`output` or
-           `text` form (default: bundled data/sft/train_kernel.jsonl)
+           `text` form (default: bundled data/sft/train_kernel.jsonl); or a parquet/JSON file, dataset
+           folder or hf:owner/name[:split] mapped by --data-fields, filtered by --data-where (docs/data.md)
   -> --out (default data/artifacts/profile), written atomically with cuset_common.write_artifact:
      tensors.safetensors  flat over the response tokens of all samples, in data order:
                           token_ids int32 [T], confidence float32 [T], entropy float16 [T] (nats),
@@ -19,7 +20,7 @@ Inputs -> outputs
                           int32 [T] (0-based line of char_start), sample_offsets int64 [S+1]
      samples.jsonl        per sample: index, id, line, response_text, n_prompt_tokens,
                           n_response_tokens, truncated
-     meta.json            stage, args, model, tokenizer_fingerprint, data {path, sha256}, max_length, counts
+     meta.json            stage, args, model, tokenizer_fingerprint, data (identity), max_length, counts
                           {samples, response_tokens, truncated, no_response}, categories, batch_size and
                           chunk_rows (auto resolved), resumed_at_batch
 
@@ -40,10 +41,10 @@ counted as truncated; one whose prompt alone fills --max-length is kept with 0 t
 it is counted as truncated too). In the `text` form there is no prompt, so the first token only
 serves as context (assumption: nothing predicts it; n_prompt_tokens = 1).
 
-Efficiency: the model body runs once per batch (bf16 autocast on a GPU) and lm_head is applied to
-the response positions only, --chunk-rows at a time, with log-softmax of the gold token, the
-entropy and the argmax per chunk, so a float32 [batch, seq, vocab] logits tensor never exists (real
-vocabularies exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8
+Efficiency: the model body runs once per batch (under bf16 autocast where the device computes bf16
+natively: --precision) and lm_head is applied to the response positions only, --chunk-rows at a time,
+with log-softmax of the gold token, the entropy and the argmax per chunk in float32, so a float32
+[batch, seq, vocab] logits tensor never exists (real vocabularies exceed 150k). The defaults depend on the device (for_device): on a GPU batches of 8
 samples (longest first: little padding) and chunks of 1024 rows; on a CPU one sample per batch and
 128 rows per chunk (bench/profile.py measures both against the per-sample loop a user writes first).
 
@@ -75,13 +76,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common import (DATA, SFT_KERNEL_FILE, TINY_MODEL, ArgumentParser, args_to_json,
+from cuset_common import (DATA, TINY_MODEL, ArgumentParser, args_to_json,
                           check_head_is_plain, check_out_dir, check_partial, check_ranges,
                           check_response_tokens, encode_sample, for_device, gold_logprob_entropy,
-                          head_logits, line_indices, load_causal_lm, load_sft, load_shards, load_tokenizer,
+                          head_logits, line_indices, load_causal_lm, load_shards, load_tokenizer,
                           make_batches, output_head, partial_dir, pick_device, positive_or_auto,
-                          print_profile_summary, run_main, save_shard, sha256_file, tokenizer_fingerprint,
+                          print_profile_summary, run_main, save_shard, tokenizer_fingerprint,
                           write_artifact)
+from cuset_common.cli import resolve_precision
+from cuset_common.data_sources import add_data_arguments, data_checks, load_data
 from cuset_common.cuda_source import (COMPARISON, code_view, device_functions, expr_edge, match_paren,
                                       outside_brackets)
 
@@ -423,8 +426,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=str, default=str(TINY_MODEL),
                     help="hub id or local folder (%(default)s)")
-    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE,
-                    help="SFT JSONL file (default: %(default)s)")
+    add_data_arguments(ap, "SFT data to profile")
     ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
     ap.add_argument("--max-length", type=int, default=2048,
                     help="tokens per sample, prompt included; longer samples are truncated and counted")
@@ -437,7 +439,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "time; auto: 128 on a CPU, 1024 on a GPU")
     ap.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                    help="auto: bf16 autocast on a GPU, fp32 on CPU")
+                    help="bf16: the model body and head under bf16 autocast, log-probs in float32; auto: bf16 "
+                         "where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), "
+                         "else fp32")
     ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
     ap.add_argument("--save-every", type=float, default=60.0,
                     help="seconds between partial-result shards in <out>.partial/ (0: after every batch)")
@@ -450,17 +454,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    records = load_sft(args.data)  # bad line -> UserError with file:line, before any model work
-    data_sha = sha256_file(args.data)
+    records, data_id = load_data(args)  # bad row or mapping -> UserError naming file and row, before any work
     device = pick_device(args.device)
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and device.startswith("cuda"))
+    use_bf16 = resolve_precision(args.precision, device) == "bf16"
     tokenizer = load_tokenizer(args.model)  # one-line UserError for a missing folder or one without a model
     encs = encode_all(tokenizer, records, args.max_length)
     check_response_tokens(encs, args)
     check_out_dir(args.out, STAGE, {"--data": args.data, "--model": Path(args.model)}, None,
                   room_needed(encs))
     # what must not change between a killed run and its --resume (the result depends on all of it)
-    run = {"args": args_to_json(args), "data_sha256": data_sha, "device": device,
+    run = {"args": args_to_json(args), **data_checks(data_id), "device": device,
            "precision": "bf16-autocast" if use_bf16 else "fp32",
            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)}
     check_partial(partial_dir(args.out), run, args.resume, RESUME_MAY_CHANGE)
@@ -474,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {"stage": STAGE, "args": run["args"], "model": args.model,
             "tokenizer_fingerprint": run["tokenizer_fingerprint"],
-            "data": {"path": str(args.data), "sha256": data_sha}, "max_length": args.max_length,
+            "data": data_id, "max_length": args.max_length,
             "counts": counts, "categories": {str(k): v for k, v in CATEGORIES.items()},
             "chat_template": bool(tokenizer.chat_template),
             "category_priority": [CATEGORIES[c] for c in PRIORITY], "device": device,

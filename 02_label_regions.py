@@ -26,7 +26,8 @@ Commands:
   python 02_label_regions.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl \\
       --profile runs/profile --out runs/regions --rho 0.2 --tau-max 0.5 --gap 2
   python 02_label_regions.py --no-snap-lines --html-samples 20
---model and --data must name what 01_profile.py was run with, or the profile is refused.
+--model and --data (with its --data-fields and --data-where) must name what 01_profile.py was run with,
+or the profile is refused.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
+from cuset_common import (DATA, RHO, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
                           args_to_json, check_meta_matches, check_out_dir, check_ranges, json_safe,
                           load_tokenizer, num, pct, read_artifact, read_jsonl, render_html, render_report,
                           render_sample, run_main, sample_threshold, sha256_file, tokenizer_fingerprint,
                           write_artifact)
+from cuset_common.data_sources import add_data_arguments, data_checks, data_flags, load_data
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16,
@@ -62,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="regions artifact folder")
     ap.add_argument("--model", type=str, default=str(TINY_MODEL),
                     help="model of the profile (hub id or folder)")
-    ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL the profile was made from")
+    add_data_arguments(ap, "SFT data the profile was made from")
     ap.add_argument("--rho", type=float, default=RHO,
                     help="quantile of a sample's p0 for its threshold tau_i")
     ap.add_argument("--tau-max", type=float, default=TAU_MAX, help="upper bound on tau_i")
@@ -101,13 +103,13 @@ def same_model(a: str, b: str) -> bool:
 def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict[int, str]]:
     """(tensors, meta, samples, category names) of the profile; refused when foreign, inconsistent or made
     from other inputs."""
-    hint = f"python 01_profile.py --model {args.model} --data {args.data} --out {args.profile}"
+    hint = f"python 01_profile.py --model {args.model} {data_flags(args)} --out {args.profile}"
     tensors, meta = read_artifact(args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS)
     fingerprint = tokenizer_fingerprint(load_tokenizer(args.model))
     seen = {"model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
-            "data_sha256": (meta.get("data") or {}).get("sha256"),
+            **data_checks(meta.get("data")),
             "tokenizer_fingerprint": meta.get("tokenizer_fingerprint")}
-    expected = {"model": args.model, "data_sha256": sha256_file(args.data),
+    expected = {"model": args.model, **data_checks(load_data(args)[1]),
                 "tokenizer_fingerprint": fingerprint}
     check_meta_matches(seen, expected, args.profile, hint, args.force)
     try:

@@ -50,14 +50,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-from cuset_common import (DATA, RHO, SFT_KERNEL_FILE, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
+from cuset_common import (DATA, RHO, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
                           all_reduce_stats, args_to_json, check_head_is_plain, check_meta_matches,
                           check_ranges, check_resume, check_room, check_train_out, checkpoint_room,
                           encode_sample, end_of_turn_ids, finishes_out, format_memory_plan, fsdp_micro_batch,
-                          gold_logprobs, library_versions, load_causal_lm, load_resume, load_sft,
+                          gold_logprobs, library_versions, load_causal_lm, load_resume,
                           load_tokenizer, log_step, memory_plan, open_out, output_head, read_artifact,
                           run_main, sample_threshold, save_resume, setup_distributed, sha256_file,
                           shard_fsdp, state_options, tokenizer_fingerprint, write_text_atomic)
+from cuset_common.cli import resolve_precision
+from cuset_common.data_sources import add_data_arguments, data_checks, load_data
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
@@ -74,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
-    a("--data", type=Path, default=SFT_KERNEL_FILE, help="SFT JSONL (default: %(default)s)")
+    add_data_arguments(ap, "SFT data to train on")
     a("--regions", type=Path, default=DEFAULT_REGIONS, help="stage-02 artifact (default: %(default)s)")
     a("--objective", choices=OBJECTIVES, default="cuset")
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/ckpt-<objective>)")
@@ -116,6 +118,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                             "from other inputs")
     a("--seed", type=int, default=0)
     a("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    a("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+      help="bf16: forward under bf16 autocast (float32 weights, gradients, optimizer state and log-probs); "
+           "auto: bf16 where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), "
+           "else fp32")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
@@ -183,7 +189,7 @@ def uses_regions(args) -> bool:
     return args.objective in REGION_OBJECTIVES or args.mask_source == "profile"
 
 
-def load_regions(args, tok_fp: str, data_sha: str) -> dict | None:
+def load_regions(args, tok_fp: str, data_id: dict) -> dict | None:
     """Region mask and weights per sample, checked against this run's tokenizer and data."""
     if not uses_regions(args):
         return None
@@ -194,9 +200,9 @@ def load_regions(args, tok_fp: str, data_sha: str) -> dict | None:
     tensors, meta = read_artifact(args.regions, "02_label_regions", hint,
                                   token_tensors={"region_id": np.int32},
                                   sample_tensors={"sample_weight": np.float32})
-    expected = {"tokenizer_fingerprint": tok_fp, "data_sha256": data_sha}
+    expected = {"tokenizer_fingerprint": tok_fp, **data_checks(data_id)}
     check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        "data_sha256": (meta.get("data") or {}).get("sha256")},
+                        **data_checks(meta.get("data"))},
                        expected, args.regions, hint, args.force)
     out = {"meta": meta, "offsets": tensors["sample_offsets"], "region": tensors["region_id"] >= 0,
            "weight": tensors["sample_weight"]}
@@ -225,7 +231,7 @@ def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expec
         raise UserError(f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json "
                         f"sha256 differs from the one stage 02 recorded); rerun {hint}, or pass --force")
     check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        "data_sha256": (meta.get("data") or {}).get("sha256")},
+                        **data_checks(meta.get("data"))},
                        expected, prof_dir, hint, args.force)
     # Not overridable by --force: with other offsets, p0 would be read for the wrong tokens.
     if not np.array_equal(prof["sample_offsets"], offsets):
@@ -341,7 +347,7 @@ def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) 
     return float(all_reduce_stats({"kept": kept}, world)["kept"])
 
 
-def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, max_length: int,
+def save_final(args, model, tokenizer, step: int, tok_fp: str, data_id: dict, max_length: int,
                rank: int) -> None:
     """Model + tokenizer + meta.json, written to a temp folder and then moved into --out (by rank 0; under
     --fsdp every process takes part in gathering the weights)."""
@@ -362,7 +368,7 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, ma
                    else None)
     meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective,
             "args": args_to_json(args), "model": args.model, "tokenizer_fingerprint": tok_fp,
-            "data": {"path": str(args.data), "sha256": data_sha},
+            "data": data_id,
             "regions": {"path": str(args.regions), "sha256": regions_sha}, "max_length": max_length,
             "final_step": step, "versions": library_versions()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -380,6 +386,7 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_sha: str, ma
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup_distributed(args.device, args.fsdp)
+    precision = resolve_precision(args.precision, device)
     if args.batch_size % (world * args.micro_batch_size):
         raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x "
                         f"--micro-batch-size ({world} x {args.micro_batch_size})")
@@ -388,13 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     # Load and validate inputs before any work.
     if args.resume:
         check_resume(args, RESUME_MAY_CHANGE)
-    records = load_sft(args.data)
+    records, data_id = load_data(args)
     check_train_out(args, args.regions if uses_regions(args) else None)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tok_fp, data_sha = tokenizer_fingerprint(tokenizer), sha256_file(args.data)
-    regions = load_regions(args, tok_fp, data_sha)
+    tok_fp = tokenizer_fingerprint(tokenizer)
+    regions = load_regions(args, tok_fp, data_id)
     max_length = args.max_length or (regions["meta"]["max_length"] if regions else 1024)
     if regions and max_length != regions["meta"]["max_length"]:
         raise UserError(f"--max-length {max_length} differs from the regions artifact's "
@@ -432,9 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token "
               f"within max_length) | max_length {max_length} | {total} steps of "
               f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) "
-              f"| device {device}" + (f" | resumed at step {step}" if step else ""))
+              f"| device {device}, {precision}" + (f" | resumed at step {step}" if step else ""))
         print(format_memory_plan(plan, args, world), flush=True)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
     knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
     t_start, tokens_seen, steps_run = time.time(), 0, 0
 
@@ -480,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             save_resume(args.out, args, model, optimizer, step, log_lines, rank)
 
     if step >= total:
-        save_final(args, model, tokenizer, step, tok_fp, data_sha, max_length, rank)
+        save_final(args, model, tokenizer, step, tok_fp, data_id, max_length, rank)
     if rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")

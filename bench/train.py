@@ -15,6 +15,12 @@ logits at a time, recomputed in backward) against `model(input_ids, labels=...).
 materialises float32 [L, V] logits, their log-softmax and their gradients. Both give the same loss
 (checked).
 
+Part 3, precision. Stage 03 itself (its main, with --objective sft) for --precision-steps optimizer steps
+on --precision-model (default SmolLM2-135M-Instruct when data/build_smollm2.py has built it, else the tiny
+model) in fp32 and under bf16 autocast, from the same weights and batches: CPU seconds per step (timed at
+each step's log line, the first step left out as warm-up), tokens per CPU second, and each step's loss in
+both with their difference against the bound cuset_common/cli.py derives (BF16_LOSS_RTOL).
+
 Method: torch.set_num_threads(--threads); variants run back to back in rounds whose order flips
 each round; ratios are medians over rounds of the within-round ratio. Time is the process's CPU
 time on a CPU (bench/common.py, clock: wall time on a shared machine measures the scheduler; use
@@ -24,12 +30,18 @@ of the loaded model, data and (part 1) AdamW state (bench/common.py says how).
     python bench/train.py                   # full: a few minutes on 2 CPU cores
     python bench/train.py --quick           # CI smoke: tiny sizes, one round, checks only that it runs
     python bench/train.py --device cuda     # on a GPU (stage 03 runs under bf16 autocast there)
+    python bench/train.py --parts precision --threads 1   # fp32 against bf16 on SmolLM2
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -43,23 +55,33 @@ from transformers import AutoConfig
 
 from bench.common import (MIB, add_run_args, clock, interleaved_times, machine, median_ratio,
                           peak_extra_memory, print_table, resolve_run_args, warm_up, wide_model)
-from cuset_common import SFT_FILE, TINY_MODEL, load_causal_lm, load_script, load_sft, load_tokenizer, pick_device
+from cuset_common import (SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, load_causal_lm,
+                          load_script, load_sft, load_tokenizer, pick_device)
+from cuset_common.cli import BF16_LOSS_RTOL
 
 REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
+PRECISION_LENGTH = 512  # part 3's --max-length: the kernel-mode records fit it
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI smoke: short samples, small vocabularies, one round")
-    ap.add_argument("--parts", nargs="+", choices=("objectives", "head"), default=["objectives", "head"])
+    ap.add_argument("--parts", nargs="+", choices=("objectives", "head", "precision"),
+                    default=["objectives", "head", "precision"])
     ap.add_argument("--vocabs", nargs="+", type=int, default=[32000, 150000],
                     help="output-layer rows for part 2 (default %(default)s; --quick: 8192)")
     ap.add_argument("--length", type=int, default=512, help="--max-length of the part-1 samples (--quick: 200)")
     ap.add_argument("--seq", type=int, default=2048, help="tokens of the part-2 sample (--quick: 256)")
+    ap.add_argument("--precision-model", default=None,
+                    help="model of part 3 (default: SmolLM2 if built, else the tiny model; --quick: tiny)")
+    ap.add_argument("--precision-steps", type=int, default=12, help="steps of part 3 (--quick: 2)")
     add_run_args(ap)
     args = ap.parse_args(argv)
     if args.quick:
-        args.vocabs, args.length, args.seq = [8192], 200, 256
+        args.vocabs, args.length, args.seq, args.precision_steps = [8192], 200, 256, 3
+    if args.precision_model is None:
+        built = (SMOLLM2_MODEL / "config.json").is_file() and not args.quick
+        args.precision_model = str(SMOLLM2_MODEL if built else TINY_MODEL)
     resolve_run_args(args)
     return args
 
@@ -175,6 +197,50 @@ def bench_head(stage, tok, args) -> None:
                  "peak extra memory (MiB)", "memory vs plain"], rows)
 
 
+def train_timed(stage, argv: list[str]) -> tuple[list[float], list[float], list[int]]:
+    """Stage 03's main on argv: (loss, CPU seconds, response tokens) per step."""
+    marks, rows = [time.process_time()], []
+    log_step = stage.log_step
+
+    def timed(*a, **k):
+        marks.append(time.process_time())
+        rows.append(json.loads(log_step(*a, **k)))
+        return json.dumps(rows[-1]) + "\n"
+
+    stage.log_step = timed
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            if stage.main(argv) != 0:
+                raise RuntimeError(f"stage 03 failed: {argv}")
+    finally:
+        stage.log_step = log_step
+    return [r["loss"] for r in rows], list(np.diff(marks)), [r["tokens"] for r in rows]
+
+
+def bench_precision(stage, args) -> None:
+    steps, batch = args.precision_steps, 2 if args.quick else 8
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for precision in ("fp32", "bf16"):
+            argv = ["--model", args.precision_model, "--data", str(SFT_KERNEL_ORIGINALS_FILE), "--objective",
+                    "sft", "--max-steps", str(steps), "--batch-size", str(batch), "--micro-batch-size", str(min(batch, 4)),
+                    "--lr", "1e-4", "--max-length", str(PRECISION_LENGTH), "--save-every", str(steps + 1),
+                    "--device", args.device, "--precision", precision, "--out", f"{tmp}/{precision}"]
+            found[precision] = train_timed(stage, argv)
+    # the first step (warm-up: first allocations, lazy initialisation) is left out where there are more
+    per_step = {p: statistics.median(t[1:] or t) for p, (_, t, _) in found.items()}
+    rate = {p: sum(n[1:] or n) / sum(t[1:] or t) for p, (_, t, n) in found.items()}
+    print(f"\n### precision: stage 03, {steps} steps of {batch} samples (max-length {PRECISION_LENGTH}) on "
+          f"{Path(args.precision_model).name}, sft, lr 1e-4\n")
+    print_table(["precision", "step (CPU s, median after the first)", "tokens per CPU s", "speed vs fp32"],
+                [[p, f"{per_step[p]:.2f}", f"{rate[p]:,.0f}", f"{rate[p] / rate['fp32']:.2f}x"] for p in found])
+    rtol = BF16_LOSS_RTOL
+    rows = [[str(k + 1), f"{a:.4f}", f"{b:.4f}", f"{(b - a) / a:+.2e}", "yes" if abs(b - a) <= rtol * a else "NO"]
+            for k, (a, b) in enumerate(zip(found["fp32"][0], found["bf16"][0]))]
+    print()
+    print_table(["step", "loss fp32", "loss bf16", "relative difference", f"within {rtol:.2e}"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -190,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_objectives(stage, tok, args)
     if "head" in args.parts:
         bench_head(stage, tok, args)
+    if "precision" in args.parts:
+        bench_precision(stage, args)
     return 0
 
 

@@ -18,8 +18,10 @@ and HTML page) lives here so that the stage reads as one story. Modules:
   profiling  stage 01's batching (auto batch size and chunk rows per device, the batch plan), summary
   reports    stage 02's report.md and regions.html
   cuda_source reading CUDA C++ for stage 01's tagger (imported as cuset_common.cuda_source)
+  data_sources --data as a table, dataset folder or hub id, with --data-fields and --data-where
+              (imported as cuset_common.data_sources)
 
-`from cuset_common import X` names every public name of these modules but cuda_source.
+`from cuset_common import X` names every public name of these modules but cuda_source and data_sources.
 """
 from .artifacts import (EVAL_RUN_FILES, SCHEMA_VERSION, STAGES, TRAIN_RUN_FILES, args_to_json,
                         artifact_stage, aside_dir, check_flat_tensors, check_meta_matches, check_out_dir,

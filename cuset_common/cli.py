@@ -82,3 +82,43 @@ def pick_device(name: str = "auto") -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {name}: no CUDA device is available; use --device cpu")
     return name
+
+
+# CPU flags that mean native bfloat16 arithmetic (Linux /proc/cpuinfo names): AVX512-BF16's dot products, or
+# AMX's bf16 tiles. Without them torch emulates bf16 and runs slower than fp32 (data/build_tiny_model.py's
+# native_bf16 cites a measurement), so `auto` must not pick it there.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_supported(device: str) -> bool:
+    """Whether `device` ("cpu", "cuda", "cuda:1", ...) computes bfloat16 natively: a CUDA device that
+    reports it, or a CPU whose /proc/cpuinfo flags hold one of BF16_CPU_FLAGS. Where /proc/cpuinfo
+    cannot be read (not Linux) the answer is False: fp32 is never wrong, only slower."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def resolve_precision(choice: str, device: str) -> str:
+    """--precision {auto,fp32,bf16} as "fp32" or "bf16": auto takes bf16 where bf16_supported(device);
+    an explicit choice is kept (bf16 on a CPU without it is emulated: correct, slower)."""
+    if choice not in ("auto", "fp32", "bf16"):
+        raise UserError(f"--precision {choice}: must be one of auto, fp32, bf16")
+    if choice == "auto":
+        return "bf16" if bf16_supported(device) else "fp32"
+    return choice
+
+
+# How close a training step's loss under bf16 autocast stays to fp32's, relative: bf16 keeps 8 significant
+# bits (machine epsilon 2^-7); autocast rounds the matrix products' inputs to it and accumulates, takes the
+# log-probs and the loss in float32, so a step's loss carries the error of a few such roundings.
+# torch.testing's default rtol for bfloat16 is two epsilons, 2^-6, and so is this bound. The weights then drift
+# apart by as much per step; docs/performance.md shows the drift over a few steps stays inside it.
+BF16_LOSS_RTOL = 2.0**-6

@@ -48,7 +48,7 @@ def profiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "profile"
     rc = stage.main(["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out),
                      "--max-length", str(MAX_LEN), "--batch-size", "3", "--chunk-rows", "7",
-                     "--device", "cpu"])
+                     "--device", "cpu", "--precision", "fp32"])
     assert rc == 0
     return out, *read_profile(out)
 
@@ -231,7 +231,8 @@ def test_lm_head_sees_at_most_chunk_rows_positions(model_and_tokenizer):
 
 
 def test_bf16_autocast_path_runs_and_agrees_roughly(tmp_path, profiled):
-    """The GPU path (bf16 autocast) exercised on CPU on two records; bf16 allows a loose tolerance."""
+    """bf16 autocast (the GPU's path, and the CPU's where it has native bf16) on two records, against fp32;
+    bf16 allows a loose tolerance."""
     out, data = tmp_path / "profile", tmp_path / "two.jsonl"
     data.write_text("".join(SFT_SMALL.read_text().splitlines(keepends=True)[3:5]))
     assert stage.main(["--model", str(TINY_MODEL), "--data", str(data), "--out", str(out),
@@ -741,10 +742,11 @@ def test_auto_batch_size_and_chunk_rows_depend_on_the_device(capsys):
 
 @pytest.fixture(scope="module")
 def profiled_auto(tmp_path_factory):
-    """The small fixture profiled with the CPU defaults (auto: one sample per batch, 128 rows per chunk)."""
+    """The small fixture profiled with the CPU defaults (auto: one sample per batch, 128 rows per chunk), in
+    fp32 to compare with the batched values."""
     out = tmp_path_factory.mktemp("auto") / "profile"
     assert stage.main(["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out),
-                       "--max-length", str(MAX_LEN), "--device", "cpu"]) == 0
+                       "--max-length", str(MAX_LEN), "--device", "cpu", "--precision", "fp32"]) == 0
     return out, *read_profile(out)
 
 
@@ -774,7 +776,7 @@ def test_resume_with_the_auto_defaults_gives_the_same_artifact(tmp_path, monkeyp
     batch), resumed with the same arguments: the artifact equals the uninterrupted default run's byte for
     byte."""
     common = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--max-length", str(MAX_LEN),
-              "--device", "cpu", "--out", str(tmp_path / "profile")]
+              "--device", "cpu", "--precision", "fp32", "--out", str(tmp_path / "profile")]
     real_score, calls = stage.score_batch, []
 
     def stop_at_the_third_batch(*a, **kw):

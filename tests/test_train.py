@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import cuset_common.method
+from cuset_common.cli import BF16_LOSS_RTOL
 
 from conftest import ROOT, load_script
 from cuset_common import (SFT_FILE, TINY_MODEL, encode_sample, load_sft, sha256_file, tokenizer_fingerprint,
@@ -72,8 +73,9 @@ def run(argv):
 
 def base_args(data, out, **kw):
     args = []
+    # fp32: the loop's invariances are tested to float32 rounding (bf16 autocast has its own test)
     for k, v in {"model": MODEL, "data": data, "out": out, "max_length": MAX_LENGTH, "seed": 0, "lr": 1e-3,
-                 "save_every": 1, **kw}.items():
+                 "save_every": 1, "precision": "fp32", **kw}.items():
         flag = f"--{k.replace('_', '-')}"
         args += [flag] if v is True else [flag, v]
     return args
@@ -251,6 +253,18 @@ def test_gradient_accumulation_does_not_depend_on_the_micro_batch_split(tmp_path
         outs.append(weights_of(out))
     assert_same_sgd_training(outs[0], outs[1], SGD_STEPS, k_terms=8 * MAX_LENGTH)
 
+
+def test_bf16_autocast_trains_to_the_fp32_losses_within_bf16_precision(tmp_path, small_data):
+    logs = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        assert run(base_args(small_data, out, objective="sft", batch_size=4, micro_batch_size=2, max_steps=4,
+                             precision=precision)) == 0
+        assert json.loads((out / "meta.json").read_text())["args"]["precision"] == precision
+        logs[precision] = [r["loss"] for r in log_of(out)]
+    for fp32, bf16 in zip(logs["fp32"], logs["bf16"]):
+        assert abs(bf16 - fp32) <= BF16_LOSS_RTOL * fp32, logs  # the bound's derivation: cuset_common/cli.py
+    assert logs["bf16"] != logs["fp32"]  # autocast took effect: bf16 rounding shows in the losses
 
 def test_resume_after_stop_reproduces_the_uninterrupted_run(tmp_path, small_data, tokenizer):
     """Bit for bit: a resumed run repeats the same float operations in the same order, so no tolerance is
@@ -465,12 +479,13 @@ def test_a_relative_profile_path_is_read_from_the_working_directory(tmp_path, sm
     monkeypatch.chdir(tmp_path)
     args = train.parse_args(list(map(str, base_args(small_data, tmp_path / "o", regions=regions,
                                                     mask_source="profile"))))
-    got = train.load_regions(args, tokenizer_fingerprint(tokenizer), sha256_file(small_data))
+    data_id = {"path": str(small_data), "sha256": sha256_file(small_data)}  # load_data's, for a JSONL file
+    got = train.load_regions(args, tokenizer_fingerprint(tokenizer), data_id)
     assert len(got["p0"]) == got["offsets"][-1]
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")  # from another folder: said so, not "run stage 01"
     with pytest.raises(train.UserError, match="relative to the folder stage 02 ran in"):
-        train.load_regions(args, tokenizer_fingerprint(tokenizer), sha256_file(small_data))
+        train.load_regions(args, tokenizer_fingerprint(tokenizer), data_id)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "short sample_weight"])
