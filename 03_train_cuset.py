@@ -372,6 +372,9 @@ def save_final(args, model, tokenizer, step: int, tok_fp: str, data_id: dict, ma
             "regions": {"path": str(args.regions), "sha256": regions_sha}, "max_length": max_length,
             "final_step": step, "versions": library_versions()}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    from cuset_common.files import give_user_modes
+
+    give_user_modes(tmp)  # safetensors writes model.safetensors 0600; others may read what the umask allows
     for f in tmp.iterdir():
         os.replace(f, args.out / f.name)
     tmp.rmdir()

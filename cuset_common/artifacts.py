@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from .cli import UserError
-from .files import replace_dir_atomic
+from .files import real_path, replace_dir_atomic
 
 SCHEMA_VERSION = 1
 
@@ -39,10 +40,11 @@ def library_versions() -> dict[str, str]:
 
 def write_artifact(out_dir: Path, tensors: dict, meta: dict,
                    extra_files: dict[str, str] | None = None) -> None:
-    """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in."""
+    """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in (into the
+    folder a link out_dir points to: real_path)."""
     from safetensors.numpy import save_file
 
-    out_dir = Path(out_dir)
+    out_dir = real_path(out_dir, "--out")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
     try:
@@ -58,29 +60,35 @@ def write_artifact(out_dir: Path, tensors: dict, meta: dict,
 
 
 def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_tensors: dict | None = None,
-                  sample_tensors: dict | None = None) -> tuple[dict, dict]:
+                  sample_tensors: dict | None = None, schema: dict | None = None) -> tuple[dict, dict]:
     """Load (tensors, meta) of an artifact folder; a missing, foreign or damaged one is a UserError.
 
     token_tensors / sample_tensors: {name: numpy dtype} that must be present, 1-D, of that dtype, and as
     long as the response tokens (sample_offsets[-1]) / the samples (len(sample_offsets) - 1).
+    schema: what meta.json must hold (check_schema); default: META_SCHEMAS of the stage, the fields its
+    readers use.
     """
     from safetensors.numpy import load_file
 
     art_dir = Path(art_dir)
     meta_path, tensor_path = art_dir / "meta.json", art_dir / "tensors.safetensors"
-    if not meta_path.exists() or not tensor_path.exists():
+    if not meta_path.is_file() or not tensor_path.is_file():
         raise UserError(f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
                         f"run {rerun_hint} first")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        meta = json.loads(meta_path.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{meta_path}: not valid JSON ({e}); rerun {rerun_hint}") from None
+    except OSError as e:
+        raise UserError(f"{meta_path}: cannot be read ({e.strerror}); rerun {rerun_hint}") from None
     if not isinstance(meta, dict) or meta.get("stage") != expected_stage:
         stage = meta.get("stage") if isinstance(meta, dict) else None
         raise UserError(f"{art_dir}: is a {stage!r} artifact, expected {expected_stage!r}")
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
                         f"{SCHEMA_VERSION}; rerun {rerun_hint}")
+    check_schema(meta, META_SCHEMAS.get(expected_stage, {}) if schema is None else schema, meta_path,
+                 rerun_hint)
     try:
         tensors = load_file(str(tensor_path))
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError, on a damaged file
@@ -90,6 +98,72 @@ def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_ten
         check_flat_tensors(tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ",
                            rerun_hint)
     return tensors, meta
+
+
+# ---------------------------------------------------------------------------------------
+# meta.json schemas: the fields the readers of an artifact use, with their types
+# ---------------------------------------------------------------------------------------
+
+# A schema is {key: kind}: every key must be present; a kind is (what it must be, test of the value), or a
+# schema of its own (the value must be an object that holds it). Fields no reader uses are not checked.
+TEXT = ("a string", lambda v: isinstance(v, str))
+OBJECT = ("an object", lambda v: isinstance(v, dict))
+
+
+def usable_path(value) -> bool:
+    """A string the file system can be asked about: Path.exists raises instead of answering False for one
+    with a NUL byte or a lone surrogate, a name over 255 bytes or a path over 4095 (NAME_MAX, PATH_MAX)."""
+    try:
+        raw = os.fsencode(value) if isinstance(value, str) else None
+    except UnicodeEncodeError:
+        return False
+    return raw is not None and b"\0" not in raw and len(raw) < 4096 and max(map(len, raw.split(b"/"))) <= 255
+
+
+PATH = ("a path or hub id (a string without NUL, as a file system takes it)", usable_path)
+CATEGORY_NAMES = ('an object of category names by code, e.g. {"1": "api"}',
+                  lambda v: isinstance(v, dict) and all(re.fullmatch("[0-9]+", k) and isinstance(name, str)
+                                                        for k, name in v.items()))
+
+
+def whole(low: int) -> tuple:
+    """An integer >= low (JSON's true and false are not integers here, nor is 2.0)."""
+    return (f"an integer >= {low}", lambda v: type(v) is int and v >= low)
+
+
+COUNTS = {"samples": whole(0), "response_tokens": whole(0)}
+# Read by stage 02 (every field), stage 03 (--mask-source profile) and experiments/compare.py.
+PROFILE_META = {"model": PATH, "tokenizer_fingerprint": TEXT, "data": OBJECT, "max_length": whole(1),
+                "counts": COUNTS, "categories": CATEGORY_NAMES}
+# Read by stage 03 (profile: with --mask-source profile) and experiments/compare.py (counts).
+REGIONS_META = {"tokenizer_fingerprint": TEXT, "data": OBJECT, "max_length": whole(1), "counts": COUNTS,
+                "profile": {"path": PATH, "meta_sha256": TEXT}}
+META_SCHEMAS = {"01_profile": PROFILE_META, "02_label_regions": REGIONS_META}
+
+
+def check_schema(meta: dict, schema: dict, meta_path: Path, rerun_hint: str, prefix: str = "") -> None:
+    """Refuse a meta.json (an edited or foreign one) whose fields break `schema`: one line naming the file
+    and the key (dotted: profile.path), what it holds and what it must be."""
+    for key, kind in schema.items():
+        name = prefix + key
+        if key not in meta:
+            raise UserError(f"{meta_path}: key '{name}' is missing; rerun {rerun_hint}")
+        value = meta[key]
+        if isinstance(kind, dict) and isinstance(value, dict):
+            check_schema(value, kind, meta_path, rerun_hint, f"{name}.")
+        elif isinstance(kind, dict) or not kind[1](value):
+            must = "an object" if isinstance(kind, dict) else kind[0]
+            raise UserError(f"{meta_path}: key '{name}' is {json_kind(value)}, must be {must}; "
+                            f"rerun {rerun_hint}")
+
+
+def json_kind(value) -> str:
+    """A JSON value in a few words for a message: a scalar as written, a container by its kind."""
+    if isinstance(value, str):
+        return f"the string {json.dumps(value[:40])}" + ("..." if len(value) > 40 else "")
+    if isinstance(value, (dict, list)):
+        return f"an {'object' if isinstance(value, dict) else 'array'} of {len(value)} entries"
+    return json.dumps(value)
 
 
 def check_flat_tensors(t: dict, token_tensors: dict, sample_tensors: dict, meta: dict, where: str,
@@ -166,8 +240,8 @@ def artifact_stage(folder: Path) -> str | None:
     """The stage whose artifact (or run) the folder holds, or None: the stage its meta.json names, else
     stage 04 or 03 by the files their runs write."""
     try:
-        stage = json.loads((folder / "meta.json").read_text()).get("stage")
-    except (OSError, ValueError, AttributeError):
+        stage = json.loads((folder / "meta.json").read_bytes()).get("stage")
+    except (OSError, ValueError, AttributeError, RecursionError):
         stage = None
     if stage in STAGES:
         return stage
@@ -183,20 +257,28 @@ def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: 
 
     A stage replaces --out only if it is absent, empty, or an artifact of its own stage (of another stage
     with --force); a file, a folder of anything else, or the folder of an input (inputs: {flag: path}) is
-    refused whatever --force says. force: None for a stage without --force. Then check_room(need_bytes).
+    refused whatever --force says. force: None for a stage without --force. Then check_writable and
+    check_room(need_bytes).
+
+    An --out that is a symbolic link is followed: these checks, and every later step (write_artifact,
+    open_out, finishes_out), act on the folder it points to (real_path); the link itself is never moved.
     """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
+    out, real = Path(out), real_path(out, "--out")
+    if real.exists() and not real.is_dir():
         raise UserError(f"--out {out} is a file; name a folder (the stage writes its files inside)")
     for flag, path in inputs.items():
         holder = Path(path).resolve() if path is not None and Path(path).exists() else None
         if holder is not None and not holder.is_dir():
             holder = holder.parent
-        if holder is not None and (holder == out.resolve() or out.resolve() in holder.parents):
+        if holder is not None and (holder == real or real in holder.parents):
             raise UserError(f"--out {out} holds {flag} {path}: writing there would replace the input; "
                             f"name another --out")
-    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    owner = artifact_stage(out) if entries else None
+    try:
+        entries = sorted(p.name for p in real.iterdir()) if real.is_dir() else []
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot be read ({e.strerror}); name a folder you can read and write"
+                        ) from None
+    owner = artifact_stage(real) if entries else None
     if entries and owner is None:
         raise UserError(f"--out {out} holds files that are not an artifact of this project (e.g. "
                         f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
@@ -204,7 +286,21 @@ def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: 
     if owner not in (None, stage) and not force:
         hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
         raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
+    check_writable(out, real)
     check_room(out, need_bytes)
+
+
+def check_writable(out: Path, real: Path) -> None:
+    """Refuse an existing --out that the stage could not replace or add to, before any work: a folder in it
+    that cannot be read and written (its files could not be renamed or removed), or a file that cannot be
+    (stage 04 appends to its own). os.access sees the mode, an immutable flag and a read-only mount."""
+    effective = os.access in os.supports_effective_ids  # the user the stage runs as, under setuid too
+    for folder, _, files in os.walk(real):
+        for path in [Path(folder), *(Path(folder) / f for f in files)]:
+            need = os.R_OK | os.W_OK | (os.X_OK if path.is_dir() else 0)
+            if not path.is_symlink() and not os.access(path, need, effective_ids=effective):
+                raise UserError(f"--out {out}: {path} is read-only here (its mode, an immutable flag or a "
+                                f"read-only mount); make it writable (chmod -R u+w), or name another --out")
 
 
 def check_room(out: Path, need_bytes: int) -> None:
@@ -212,8 +308,8 @@ def check_room(out: Path, need_bytes: int) -> None:
     work (the stage would fail only at its end). Found out by writing a temp file where --out is made or
     replaced: in its parent (the nearest that exists), never in --out itself, which another process of the
     same run (DDP) may be checking at the same time."""
-    out = Path(out)
-    base = next((p for p in out.absolute().parents if p.exists()), Path("/"))
+    real = real_path(out, "--out")
+    base = next((p for p in real.parents if p.exists()), Path("/"))
     if not base.is_dir():
         raise UserError(f"--out {out}: {base} is a file, not a folder; name another --out")
     try:
@@ -223,24 +319,27 @@ def check_room(out: Path, need_bytes: int) -> None:
     except OSError as e:
         raise UserError(f"--out {out}: cannot write in {base} ({e.strerror}); name a folder you can write to"
                         ) from None
-    free = shutil.disk_usage(out if out.is_dir() else base).free
+    free = shutil.disk_usage(real if real.is_dir() else base).free
     if free < need_bytes:
         raise UserError(f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
                         f"{free / 1e6:,.1f} MB free; free some space or name another --out")
 
 
 def aside_dir(out: Path) -> Path:
-    """Where a stage keeps the previous artifact of `out` while it writes the new one: a hidden sibling."""
-    out = Path(out).resolve()
-    return out.with_name(f".{out.name}.previous")
+    """Where a stage keeps the previous artifact of `out` while it writes the new one: a hidden sibling of
+    the real folder (real_path), wherever a link named it from."""
+    real = real_path(out, "--out")
+    return real.with_name(f".{real.name}.previous")
 
 
 def open_out(out: Path, start_over: bool) -> None:
     """Make `out` ready for a stage that writes its artifact in place (03, 04): continue what is there, or
     start over (--force) with the previous artifact moved to aside_dir(out), to be put back if the stage
     fails and deleted only once it succeeds (finishes_out). A kill leaves it aside, and `out` holds the
-    killed run: a later success there deletes the aside; a later start-over discards the killed run."""
-    out, aside = Path(out), aside_dir(out)
+    killed run: a later success there deletes the aside; a later start-over discards the killed run.
+    A link as `out` is followed: all of this happens to the real folder, the link stays."""
+    out = real_path(out, "--out")
+    aside = aside_dir(out)
     if start_over and aside.exists():
         shutil.rmtree(out, ignore_errors=True)  # the killed run's partial state; aside holds the artifact
     elif start_over and out.is_dir() and any(out.iterdir()):

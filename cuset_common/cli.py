@@ -75,12 +75,26 @@ def load_script(relpath: str):
 
 
 def pick_device(name: str = "auto") -> str:
+    """--device as torch names it: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N;
+    anything else, or a GPU that is not there, is a UserError before any work."""
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA device is available; use --device cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: not a device the stages run on; use auto, cpu, cuda or cuda:N")
+    if device.type == "cpu":
+        return "cpu"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu (or auto)")
+    if device.index is not None and device.index >= count:
+        raise UserError(f"--device {name}: there is no GPU {device.index} (this machine has {count}, "
+                        f"cuda:0 to cuda:{count - 1}); name one of them, or use --device cuda")
     return name
 
 

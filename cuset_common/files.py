@@ -1,8 +1,10 @@
 """Files written atomically, JSONL read with file:line errors, hashes."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,9 +21,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        os.chmod(tmp, 0o666 & ~user_umask())  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -54,10 +54,57 @@ def read_appended_jsonl(path: Path) -> list[dict]:
     return [obj for _, obj in read_jsonl(path)]
 
 
+def user_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status): setting it
+    to read it back, as os.umask must, would give files other threads create meanwhile that mode."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        status = ""
+    if found := re.search(r"^Umask:\s*([0-7]+)$", status, re.MULTILINE):
+        return int(found.group(1), 8)
+    umask = os.umask(0o077)  # meanwhile, files of other threads get the strictest usual mode, not 0666
+    os.umask(umask)
+    return umask
+
+
+def give_user_modes(folder: Path) -> None:
+    """Give a folder written in private (mkdtemp makes it 0700, safetensors writes its files 0600) and all
+    in it the modes of any folder and file the user makes: 0777 and 0666 less the umask (a file with an x
+    bit keeps them), so that others may read what the user's umask lets them read."""
+    umask = user_umask()
+    for root, _, files in os.walk(folder):
+        os.chmod(root, 0o777 & ~umask)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                executable = os.stat(path).st_mode & 0o111
+                os.chmod(path, (0o777 if executable else 0o666) & ~umask)
+
+
+def real_path(path: Path, what: str = "") -> Path:
+    """`path` with every symbolic link followed (it need not exist yet), so that everything done to a
+    folder named through a link is done to the one real folder, and the link is left as it is; a loop of
+    links is a UserError. what: the option that named the path, for the message (e.g. "--out")."""
+    real = Path(os.path.realpath(path))
+    try:
+        os.stat(real)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            name = f"{what} {path}" if what else str(path)
+            raise UserError(f"{name}: its symbolic links form a loop (they never reach a folder); point the "
+                            f"link at a real folder, or name another path") from None
+    return real
+
+
 def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
     """Move a completely written folder into place; the previous one is removed only after (a kill between
-    the two renames leaves it as .<name>.old, which stage 03's resume state is read from then)."""
-    final_dir = Path(final_dir)
+    the two renames leaves it as .<name>.old, which stage 03's resume state is read from then).
+
+    A final_dir named through a symbolic link replaces the folder the link points to (real_path): the link
+    stays. The new folder and its files get the modes of any the user makes (give_user_modes)."""
+    final_dir = real_path(final_dir)
+    give_user_modes(tmp_dir)
     old = final_dir.with_name(f".{final_dir.name}.old")
     if final_dir.exists():
         if old.exists():  # left by a kill after an earlier swap; while final_dir is absent, the one copy
@@ -81,8 +128,15 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
                 yield lineno, obj
 
 
+# A \\u escape of a UTF-16 surrogate (D800-DFFF): JSON allows one alone, UTF-8 text cannot hold it.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
-    """One line of a JSONL file as an object (None for a blank line); UserError with file:line otherwise."""
+    """One line of a JSONL file as an object (None for a blank line); UserError with file:line otherwise:
+    not UTF-8, not JSON (also numbers too long for Python, nesting deeper than its recursion limit), not
+    an object, or a string holding half a surrogate pair (no UTF-8 file, tokenizer or JSON writer with
+    ensure_ascii=False can take it: refused here rather than in whichever of them meets it first)."""
     try:
         line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as e:
@@ -95,8 +149,21 @@ def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
                         f"each line must be one JSON object") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise UserError(f"{path}:{lineno}: not valid JSON here ({e})") from None
+    except RecursionError:
+        raise UserError(f"{path}:{lineno}: JSON nested too deeply to read (arrays or objects inside each "
+                        f"other beyond Python's recursion limit); each line must be one plain JSON object"
+                        ) from None
     if not isinstance(obj, dict):
         raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    if SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UserError(f"{path}:{lineno}: a string holds half a UTF-16 surrogate pair "
+                            f"(\\u{ord(e.object[e.start]):04x} without its partner), which no UTF-8 text can "
+                            f"hold; fix or remove that escape") from None
     return obj
 
 

@@ -1,6 +1,7 @@
 """Models: loading with one-line errors, and the check that logits are a plain linear head."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -63,6 +64,32 @@ def check_hub_id(name: str) -> None:
                         ) from None
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Within: transformers prints errors only, and no progress bar. Loading a model prints a multi-line
+    report of the tensors it could not match and its config's doubts; the loaders here turn what matters
+    of them into one line (a refusal), and a refusal must be the only line."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+# What transformers raises for a config.json it cannot build a model from: its config classes' own
+# validation (a number written as a string, heads that do not divide the width), or torch on a size < 0.
+def config_errors() -> tuple[type, ...]:
+    from huggingface_hub.errors import StrictDataclassError
+
+    return StrictDataclassError, TypeError, RuntimeError
+
+
 def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
     """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the
     path."""
@@ -70,11 +97,16 @@ def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
 
     check_model_source(name, ("tokenizer",))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+        with quiet_transformers():  # it reads config.json too
+            tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
         raise UserError(f"--model {name}: cannot load its tokenizer "
                         f"({str(e).splitlines()[0] if str(e) else e!r})"
                         ) from None
+    except config_errors() as e:
+        raise UserError(f"--model {name}: cannot load its tokenizer: its config.json is refused "
+                        f"({one_line(e)}); fix config.json, or point --model at the folder save_pretrained "
+                        f"wrote") from None
     if need_offsets and not tokenizer.is_fast:
         raise UserError(f"--model {name}: its tokenizer is not a fast "
                         "tokenizer; character offsets are needed")
@@ -82,17 +114,49 @@ def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
 
 
 def load_causal_lm(name: str, dtype):
-    """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is missing."""
+    """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is wrong: a file
+    missing or damaged, a config.json that transformers refuses (a number written as a string, heads that
+    do not divide the width), or one that disagrees with the weights (check_loading_info)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     check_model_source(name, ("model config", "model weights"))
     try:
-        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        with quiet_transformers():
+            model, info = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, output_loading_info=True,
+                                                               ignore_mismatched_sizes=True)
     except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
         raise UserError(f"--model {name}: cannot load the model "
-                        f"({str(e).splitlines()[0] if str(e) else e!r})"
-                        ) from None
+                        f"({str(e).splitlines()[0] if str(e) else e!r})") from None
+    except config_errors() as e:
+        raise UserError(f"--model {name}: its config.json cannot describe a model ({one_line(e)}); fix "
+                        f"config.json, or point --model at the folder save_pretrained wrote") from None
+    check_loading_info(name, info)
+    return model
+
+
+def one_line(e: Exception) -> str:
+    """An exception's message on one line (transformers' span several), or its repr if it has none."""
+    return " ".join(str(e).split()) if str(e).strip() else repr(e)
+
+
+def check_loading_info(name: str, info: dict) -> None:
+    """Refuse a model whose config.json disagrees with its weight files: a tensor of another shape than
+    the config makes (a vocab_size edited), one the config needs and the files lack (it would be left
+    random), or one they hold and the config has no place for (a layer count edited: it would be dropped).
+    from_pretrained only warns of the last two. Leftovers that published checkpoints carry (an older
+    Llama's per-layer rotary inv_freq, position_ids, a model class's _keys_to_ignore_on_load_unexpected)
+    are not in `info`: transformers removes them from it first."""
+    start = f"--model {name}: config.json disagrees with the weight files"
+    fix = "make config.json match the weights, or point --model at the folder save_pretrained wrote"
+    if info["mismatched_keys"]:
+        key, in_file, in_config = sorted(info["mismatched_keys"])[0]
+        raise UserError(f"{start} ({len(info['mismatched_keys'])} tensor(s) of another shape, e.g. {key}: "
+                        f"{list(in_file)} in the files, {list(in_config)} by config.json); {fix}")
+    for what, keys in (("that they lack", info["missing_keys"]),
+                       ("that it has no place for", info["unexpected_keys"])):
+        if keys:
+            raise UserError(f"{start} ({len(keys)} tensor(s) {what}, e.g. {sorted(keys)[0]}); {fix}")
 
 
 def output_head(model):

@@ -49,7 +49,9 @@ objective's value minus sft's, each averaged over seeds; 95% percentile bootstra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -66,9 +68,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
-                          SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, UserError, args_to_json,
-                          load_script, partial_dir, read_appended_jsonl, read_artifact, resume_dir, run_main,
-                          sha256_file, write_text_atomic)
+                          SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, ArgumentParser, UserError,
+                          args_to_json, check_model_source, check_ranges, load_script,
+                          read_appended_jsonl, read_artifact, resume_dir, run_main, sha256_file,
+                          write_text_atomic)
+from profiling.shards import partial_dir  # noqa: E402
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")
@@ -128,7 +132,8 @@ COLUMNS = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The options, each checked before any work (check_before_work): a bad one is one line, exit 2."""
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--preset", choices=tuple(PRESETS), default="full", help=PRESET_HELP)
     a("--model", default=None, help="base model: hub id or local folder (default: the preset's; the bundled "
@@ -164,6 +169,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                    "slices; tests use it to interrupt a comparison "
                                                    "deterministically)")
     args = ap.parse_args(argv)
+    check_ranges(ap, args, {"seeds": "[1, inf)", "max_length": "[1, inf)", "bootstrap": "[1, inf)",
+                            "stop_after": "[1, inf)"})
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
@@ -173,9 +180,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.data = args.data or preset.get("data", SFT_KERNEL_FILE)
     if args.model == str(SMOLLM2_MODEL) and not (SMOLLM2_MODEL / "config.json").is_file():
         raise UserError(f"{SMOLLM2_MODEL}: not built; run `python data/build_smollm2.py` (about a minute)")
-    for stage in ("profile", "regions", "train", "eval", "standalone"):
-        given = getattr(args, f"{stage}_args")
-        setattr(args, f"{stage}_args", shlex.split(given) if given is not None else list(preset[stage]))
+    forwarded = {stage: getattr(args, f"{stage}_args") for stage in FORWARDED}  # as typed (None: preset's)
+    for stage, given in forwarded.items():
+        setattr(args, f"{stage}_args", split_args(stage, given) if given is not None else list(preset[stage]))
     if bad := ([o for o in args.objectives if not known_objective(o)]
                + [m for m in args.modes if m not in MODES]):
         raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, "
@@ -198,7 +205,78 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown := sorted(set(args.runs or ()) - set(names)):
         raise UserError(f"--runs: no run {', '.join(unknown)} in this comparison; its runs are "
                         f"{', '.join(names)}")
+    check_before_work(args, forwarded)
     return args
+
+
+# The stage whose arguments each --<name>-args forwards (standalone: stage 04, after --eval-args).
+FORWARDED = {"profile": "01", "regions": "02", "train": "03", "eval": "04", "standalone": "04"}
+
+
+def split_args(name: str, given: str) -> list[str]:
+    """A forwarded argument string split as a shell would; an unbalanced quote is a UserError."""
+    try:
+        return shlex.split(given)
+    except ValueError as e:
+        raise UserError(f"--{name}-args {given!r}: {e} (an unbalanced quote?); quote it as one shell word, "
+                        f"e.g. --{name}-args '--flag value'") from None
+
+
+def check_before_work(args, forwarded: dict[str, str | None]) -> None:
+    """Refuse, before the first stage starts and before any file is made, what would fail later: an --out
+    or --save-record that cannot hold what is written there, a model that is not there (when stages will
+    run), and any stage call of the plan that its stage's own parser and range checks refuse, named by the
+    --<name>-args string it came from."""
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} is a file; name a folder")
+    base_steps, runs = plan(args)
+    if args.save_record is not None:
+        check_record_folder(args.save_record, args.out, step_groups(args, base_steps, runs))
+    elif not args.report_only:
+        check_model_source(args.model)
+    for step in base_steps + [s for r in runs for s in r["steps"]]:
+        if (refusal := stage_refusal(step["stage"], step["argv"])) is None:
+            continue
+        name = next(n for n, key in FORWARDED.items() if key == step["stage"])
+        if step["out"].name == "eval-standalone" and stage_refusal(  # its own arguments come last
+                "04", step["argv"][: len(step["argv"]) - len(args.standalone_args)]) is None:
+            name = "standalone"
+        source = f"--{name}-args {forwarded[name]!r}" if forwarded[name] is not None else \
+            f"--{name}-args (the preset's, with the options given)"
+        raise UserError(f"{source}: python {STAGES[step['stage']]} refuses its arguments ({refusal}); "
+                        f"see python {STAGES[step['stage']]} --help")
+
+
+def stage_refusal(key: str, argv: list[str]) -> str | None:
+    """What stage `key`'s own parse_args (its parser and range checks) says of argv; None if it takes it."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            stage_module(key).parse_args(argv)
+    except SystemExit as e:
+        if e.code == 0:
+            return "it asks for --help"
+        last = said.getvalue().strip().splitlines()[-1:] or [f"exit status {e.code}"]
+        return last[0].removeprefix("error: ").removesuffix("; see --help")
+    except UserError as e:
+        return str(e)
+    return None
+
+
+def check_record_folder(record: Path, out: Path, groups: list[tuple[str, list[dict], Path]]) -> None:
+    """--save-record must be a folder (or one to make) apart from --out: neither inside the other, so that
+    a copy never lands in what it copies; and no folder it copies into may be a file."""
+    holder = next((p for p in [record, *record.absolute().parents] if p.exists()), None)
+    if holder is not None and not holder.is_dir():
+        raise UserError(f"--save-record {record}: {holder} is a file; name a folder")
+    targets = [record / name / step["out"].name for name, steps, _ in groups for step in steps]
+    if file := next((t for p in targets for t in (p.parent, p) if t.is_file()), None):
+        raise UserError(f"--save-record {record}: {file} is a file where the record keeps a folder; move it "
+                        f"away, or name another folder")
+    real_record, real_out = record.resolve(), out.resolve()
+    if real_record == real_out or real_out in real_record.parents or real_record in real_out.parents:
+        raise UserError(f"--save-record {record} and --out {out} overlap (one is the other or inside it); "
+                        f"the record is a copy of --out: name a folder outside it")
 
 
 def known_objective(label: str) -> bool:
@@ -294,6 +372,8 @@ def shown(cmd: list[str]) -> str:
 
 
 def same_args(saved: dict, now, ignore: set[str]) -> bool:
+    if not isinstance(saved, dict):  # an edited or damaged record: the step runs again
+        return False
     now = args_to_json(now)
     return all(saved.get(k) == now.get(k) for k in set(saved) | set(now) if k not in ignore)
 
@@ -305,7 +385,12 @@ def data_sha256(path: str, mtime_ns: int) -> str:
 
 
 def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    """A JSON object file; None when it is absent, unreadable or not an object (its step runs again)."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def fingerprint(step: dict) -> dict:
@@ -330,13 +415,14 @@ def finished(step: dict) -> bool:
         return False
     if stage == "04":
         return read_json(out / "fingerprint.json") == fingerprint(step)
-    meta, now = read_json(stamp), mod.parse_args(step["argv"])
+    meta, now = read_json(stamp) or {}, mod.parse_args(step["argv"])
     if not same_args(meta.get("args", {}), now, {"force"} if stage == "02" else mod.RESUME_MAY_CHANGE):
         return False
     weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
     if stage == "03" and not (meta.get("final_step") and any((out / w).exists() for w in weights)):
         return False
-    return stage == "02" or (meta.get("data", {}).get("sha256")
+    data = meta.get("data")
+    return stage == "02" or (isinstance(data, dict) and data.get("sha256")
                              == data_sha256(str(now.data), now.data.stat().st_mtime_ns))
 
 

@@ -1,6 +1,9 @@
-"""Issue 29: bad input to any stage exits 2 with one line, before any work, and loses nothing: --out
-replaces only an artifact (never the user's files or an input), --force keeps the previous artifact until
-the new one is complete, every number is checked, and the readers name file and line.
+"""Bad input to any stage exits 2 with one line, before any work, and loses nothing: --out replaces only an
+artifact (never the user's files or an input), --force keeps the previous artifact until the new one is
+complete, every number is checked, and the readers name file and line. A link as --out is followed to the
+one real folder (a loop refused), a read-only --out is refused, artifact folders get the user's umask,
+edited metas, a --device not present and a model whose config disagrees with its weights are one line,
+and experiments/compare.py checks its options and forwarded stage arguments before any work.
 
 Each test runs a stage's real main() on real artifacts that the module fixture makes with the bundled tiny
 model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every file there
@@ -11,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -18,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, gpu_present, load_script
 from cuset_common import (SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, aside_dir, finishes_out,
                           load_tasks, open_out, run_main)
 
 STAGE = {"01": load_script("01_profile.py"), "02": load_script("02_label_regions.py"),
          "03": load_script("03_train_cuset.py"), "04": load_script("04_eval_kernels.py")}
+COMPARE = load_script("experiments/compare.py")
 
 # A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
 # 04-gen: stage 04 with the model answering instead of --solutions.
@@ -246,6 +251,10 @@ BAD_FILES = {
                ":1: not UTF-8 text"),
     "latin-1 on line 2": (lambda p: p.write_bytes(b'\n{"text": "caf\xe9"}\n'), ":2: not UTF-8 text"),
     "a folder": (lambda p: p.mkdir(), ": is a folder, not a file"),
+    "nested 100,000 deep": (lambda p: p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+                            ":1: JSON nested too deeply to read"),
+    "half a surrogate pair": (lambda p: p.write_text('{"text": "a \\ud800 b"}\n'),
+                              ":1: a string holds half a UTF-16 surrogate pair (\\ud800"),
     "empty answer": (lambda p: p.write_text(json.dumps(EMPTY_ANSWER) + "\n"),
                      ":1: the response (the answer to learn) is empty"),
 }
@@ -345,3 +354,258 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_work(world, mount, 
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and says in lines[0] and "--out" in lines[0], r.stderr
     assert snapshot(world["root"]) == before
+
+
+# ---------------------------------------------------------------------------------------
+# Links, loops, read-only folders and modes: one real --out folder
+# ---------------------------------------------------------------------------------------
+
+
+def linked_copy(world: dict, stage: str, parent: Path) -> tuple[Path, Path]:
+    """(real, link): a copy of the stage's artifact in parent/real, and parent/link -> real (relative)."""
+    parent.mkdir(exist_ok=True)
+    real, link = parent / "real", parent / "link"
+    shutil.copytree(world[MADE[stage]], real)
+    link.symlink_to("real")
+    return real, link
+
+
+def still_linked(real: Path, link: Path) -> bool:
+    """The link still points at the real folder, which is a folder, and nothing lies beside them."""
+    return (link.is_symlink() and os.readlink(link) == "real" and real.is_dir() and not real.is_symlink()
+            and names_in(real.parent) == ["link", "real"])
+
+
+def config_at_odds(tmp_path: Path, change: dict) -> Path:
+    """A copy of the tiny model whose config.json differs from its weights by `change`."""
+    folder = tmp_path / f"model-{'-'.join(change)}"
+    shutil.copytree(TINY_MODEL, folder)
+    config = json.loads((folder / "config.json").read_text()) | change
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("stage", ["01", "02"])
+def test_a_link_to_the_stages_own_artifact_as_out_is_followed(world, stage, tmp_path):
+    """As in the issue: the new artifact used to replace the link, then rmtree crashed on the moved link."""
+    real, link = linked_copy(world, stage, tmp_path / "out")
+    assert STAGE[stage].main([*map(str, ARGS[stage](world)), "--out", str(link)]) == 0
+    assert still_linked(real, link)
+    assert json.loads((real / "meta.json").read_text())["args"]["out"] == str(link)  # the new artifact
+    assert STAGE[stage].main([*map(str, ARGS[stage](world)), "--out", str(real)]) == 0  # again, directly
+    assert still_linked(real, link)
+
+
+@pytest.mark.parametrize("stage", ["03", "04"])
+def test_force_through_a_link_then_a_failed_force_on_the_real_folder_keeps_the_last_result(world, stage,
+                                                                                            tmp_path, capsys):
+    """As in the issue: the first --force moved the link aside, the second deleted the previous result.
+    Stage 04's failure comes after its run folder was opened (the previous run set aside, then put back)."""
+    real, link = linked_copy(world, stage, tmp_path / "out")
+    assert STAGE[stage].main([*map(str, ARGS[stage](world)), "--force", "--out", str(link)]) == 0
+    assert still_linked(real, link)
+    last = snapshot(real)
+    bad = config_at_odds(tmp_path, {"vocab_size": 9000})
+    argv = [*ARGS["04-gen" if stage == "04" else stage](world), "--model", bad, "--force", "--out", real]
+    line, printed = refused(stage, argv, capsys)
+    assert "config.json disagrees with the weight files" in line
+    assert ("rows already done" in printed) == (stage == "04")
+    assert snapshot(real) == last and still_linked(real, link)
+
+
+def test_a_killed_force_through_a_link_keeps_the_previous_checkpoint_beside_the_real_folder(world, tmp_path):
+    """As in the issue: a --force of stage 03 through a link, killed while training, lost the previous
+    checkpoint. It waits in the real folder's hidden sibling, and a later --force on the real folder that
+    finishes deletes it only then."""
+    real, link = linked_copy(world, "03", tmp_path / "out")
+    before, aside = snapshot(real), aside_dir(real)
+    argv = [sys.executable, str(ROOT / "03_train_cuset.py"), *map(str, ARGS["03"](world)), "--max-steps",
+            "500", "--save-every", "1", "--force", "--out", str(link)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (aside.exists() and (real / "resume" / "args.json").exists()):
+        assert proc.poll() is None and time.time() < deadline, "stage 03 wrote no resume state"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert link.is_symlink() and names_in(real.parent) == [aside.name, "link", "real"]
+    assert snapshot(aside) == before and not (real / "model.safetensors").exists()
+    assert STAGE["03"].main([*map(str, ARGS["03"](world)), "--force", "--out", str(real)]) == 0
+    assert still_linked(real, link) and (real / "model.safetensors").exists()
+
+
+def test_open_out_and_finishes_out_act_on_the_folder_a_link_points_to(tmp_path):
+    """The mechanism under stages 03 and 04, through a link and then on the real folder."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    (real / "old.txt").write_text("the previous artifact")
+    link.symlink_to("real")
+    assert aside_dir(link) == aside_dir(real) == tmp_path / ".real.previous"
+    assert run_main(stage_main(link, start_over=True, fails=True), []) == 2
+    assert names_in(real) == ["old.txt"] and still_linked(real, link)
+    assert run_main(stage_main(link, start_over=True, fails=False), []) == 0
+    assert names_in(real) == ["new.txt"] and still_linked(real, link)
+    (real / "new.txt").write_text("the last complete artifact")
+    assert run_main(stage_main(real, start_over=True, fails=True), []) == 2
+    assert (real / "new.txt").read_text() == "the last complete artifact" and still_linked(real, link)
+
+
+@pytest.mark.parametrize("loop", ["itself", "a pair", "inside"])
+@pytest.mark.parametrize("stage", STAGE)
+def test_a_loop_of_links_as_out_is_refused(world, stage, loop, tmp_path, capsys):
+    links = {"itself": [("a", "a")], "a pair": [("a", "b"), ("b", "a")], "inside": [("a", "a")]}[loop]
+    for name, target in links:
+        (tmp_path / name).symlink_to(target)
+    out = tmp_path / "a" / "sub" if loop == "inside" else tmp_path / "a"
+    before = sorted(os.listdir(tmp_path))
+    line, _ = refused(stage, [*ARGS[stage](world), "--out", out], capsys)
+    assert f"--out {out}: its symbolic links form a loop" in line
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def make_read_only(path: Path):
+    """Make path read-only for this process, returning the undo. Root passes over modes, not over an
+    immutable flag: chattr +i as root (skipped where the file system has none), chmod a-w otherwise."""
+    if os.geteuid() != 0:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        path.chmod(mode & ~0o222)
+        return lambda: path.chmod(mode)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+        pytest.skip("root, and no immutable flag here (chattr) to make a file read-only for root")
+    return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("stage, what", [("01", "meta.json"), ("02", "meta.json"), ("02", "."),
+                                         ("03", "."), ("04", "."), ("04", "results.jsonl")],
+                         ids=["01-meta", "02-meta", "02-folder", "03-folder", "04-folder", "04-results"])
+def test_a_read_only_out_or_file_in_it_is_refused_before_the_work(world, stage, what, tmp_path, capsys):
+    """As in the issue: a read-only artifact was replaced, then a PermissionError followed (02), and stage
+    04 checked only the parent of --out."""
+    out = tmp_path / "out"
+    shutil.copytree(world[MADE[stage]], out)
+    undo = make_read_only(out / what)
+    try:
+        before = snapshot(tmp_path)
+        force = ["--force"] if stage in ("03", "04") else []
+        line, _ = refused(stage, [*ARGS[stage](world), "--out", out, *force], capsys)
+        assert f"--out {out}: {(out / what).resolve()} is read-only here" in line
+        assert snapshot(tmp_path) == before and names_in(tmp_path) == ["out"]
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o007])
+@pytest.mark.parametrize("stage", ["02", "03", "04"])
+def test_an_artifact_gets_the_users_umask(world, stage, umask, tmp_path):
+    """Not the temp folder's 0700 (stage 02 writes its artifact in a temp folder and renames it), nor the
+    0600 safetensors gives its files (the profile's tensors, stage 03's weights and resume state)."""
+    old = os.umask(umask)
+    try:
+        assert STAGE[stage].main([*map(str, ARGS[stage](world)), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(old)
+    made = [tmp_path / "out", *(tmp_path / "out").rglob("*")]
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in made}
+    assert modes == {str(p.relative_to(tmp_path)): (0o777 if p.is_dir() else 0o666) & ~umask for p in made}
+
+
+# ---------------------------------------------------------------------------------------
+# Artifact metas, devices and model configs: one line naming what is wrong
+# ---------------------------------------------------------------------------------------
+
+META_EDITS = {
+    "categories": ("02", "profile", lambda m: m | {"categories": {"api": "api"}},
+                   "'categories' is an object of 1 entries"),
+    "data": ("02", "profile", lambda m: m | {"data": "d8.jsonl"}, "'data' is the string \"d8.jsonl\""),
+    "counts": ("02", "profile", lambda m: m | {"counts": [8, 100]}, "'counts' is an array of 2 entries"),
+    "counts.samples": ("02", "profile", lambda m: m | {"counts": m["counts"] | {"samples": "8"}},
+                       "'counts.samples' is the string \"8\", must be an integer >= 0"),
+    "max_length": ("03", "regions", lambda m: m | {"max_length": "256"},
+                   "'max_length' is the string \"256\""),
+    "no max_length": ("03", "regions", lambda m: {k: v for k, v in m.items() if k != "max_length"},
+                      "'max_length' is missing"),
+    "profile": ("03", "regions", lambda m: m | {"profile": "profile"}, "'profile' is the string \"profile\""),
+    "profile.path": ("03", "regions", lambda m: m | {"profile": m["profile"] | {"path": 7}},
+                     "'profile.path' is 7, must be a path"),
+}
+
+
+@pytest.mark.parametrize("case", META_EDITS)
+def test_an_edited_meta_is_refused_naming_file_and_key(world, case, tmp_path, capsys):
+    stage, artifact, edit, says = META_EDITS[case]
+    copy = tmp_path / artifact
+    shutil.copytree(world[artifact], copy)
+    meta = copy / "meta.json"
+    meta.write_text(json.dumps(edit(json.loads(meta.read_text()))))
+    reader = ["--profile", copy] if stage == "02" else ["--objective", "cuset", "--regions", copy]
+    refuses_and_keeps(world, stage, reader, f"{meta}: key {says}", capsys)
+
+
+DEVICES = ["gpu", "nonsense", "cuda:99"] + ([] if gpu_present() else ["cuda"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stage", ["01", "03", "04-gen"])
+def test_a_device_that_is_not_there_is_one_line(world, stage, device, capsys):
+    refuses_and_keeps(world, stage, ["--device", device], f"--device {device}: ", capsys)
+
+
+CONFIG_CHANGES = {
+    "vocab": ({"vocab_size": 9000}, "disagrees with the weight files (1 tensor(s) of another shape"),
+    "fewer layers": ({"num_hidden_layers": 3}, "disagrees with the weight files (9 tensor(s) that it has no"),
+    "more layers": ({"num_hidden_layers": 5}, "disagrees with the weight files (9 tensor(s) that they lack"),
+    "a string": ({"hidden_size": "256"}, "Field 'hidden_size' expected int, got str"),
+    "negative": ({"vocab_size": -1}, "its config.json cannot describe a model"),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_CHANGES)
+@pytest.mark.parametrize("stage", ["01", "03", "04-gen"])
+def test_a_model_whose_config_disagrees_with_its_weights_is_one_line(world, stage, case, tmp_path, capsys):
+    change, says = CONFIG_CHANGES[case]
+    out = ["--out", world["run"], "--force"] if stage == "04-gen" else []  # 04 fails with its folder open
+    refuses_and_keeps(world, stage, ["--model", config_at_odds(tmp_path, change), *out], says, capsys)
+
+
+# ---------------------------------------------------------------------------------------
+# experiments/compare.py: every option and forwarded stage argument checked before any work
+# ---------------------------------------------------------------------------------------
+
+COMPARE_BAD = {
+    "preset": (["--preset", "nope"], "argument --preset: invalid choice: 'nope'"),
+    "seeds": (["--seeds", "abc"], "argument --seeds: invalid int value: 'abc'"),
+    "lr": (["--train-args", "--lr -1"], "--train-args '--lr -1': python 03_train_cuset.py refuses"),
+    "quote": (["--train-args", "--lr '1"], "--train-args \"--lr '1\": No closing quotation"),
+    "stop-after": (["--stop-after", "-1"], "--stop-after -1: must be an integer >= 1"),
+    "max-length": (["--max-length", "0"], "--max-length 0: must be an integer >= 1"),
+    "profile": (["--profile-args", "--batch-tokens 0"], "--profile-args '--batch-tokens 0': python 01_"),
+    "regions": (["--regions-args", "--rho 2"], "--regions-args '--rho 2': python 02_label_regions.py"),
+    "eval": (["--eval-args", "--top-p 2"], "--eval-args '--top-p 2': python 04_eval_kernels.py"),
+    "standalone": (["--standalone-args", "--num-samples 0"], "--standalone-args '--num-samples 0': python"),
+    "record-file": (["--save-record", "{tmp}/notes.txt"], "notes.txt is a file; name a folder"),
+    "record-out": (["--save-record", "{tmp}/out"], "overlap"),
+    "record-inside": (["--save-record", "{tmp}/out/record"], "overlap"),
+    "record-group-file": (["--save-record", "{tmp}/record"], "record/base is a file where the record keeps"),
+    "out-file": (["--out", "{tmp}/notes.txt"], "--out {tmp}/notes.txt is a file"),
+}
+
+
+@pytest.mark.parametrize("case", COMPARE_BAD)
+def test_compare_refuses_a_bad_option_before_any_work(case, tmp_path, monkeypatch, capsys):
+    """As in the issue: --lr -1 used to run the base stages first, --stop-after -1 made out/base, a quote
+    raised ValueError, a bad preset printed a usage block, --save-record into --out raised SameFileError."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "comparison.md").write_text("an earlier comparison\n")
+    (tmp_path / "notes.txt").write_text("the user's notes\n")
+    (tmp_path / "record").mkdir()
+    (tmp_path / "record" / "base").write_text("a file where a record keeps the base stages\n")
+    monkeypatch.chdir(tmp_path)  # the default --out (runs/...) would be made here
+    argv, says = COMPARE_BAD[case]
+    argv, says = [a.replace("{tmp}", str(tmp_path)) for a in argv], says.replace("{tmp}", str(tmp_path))
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert run_main(COMPARE.main, ["--preset", "cpu-quick", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], err
+    assert snapshot(tmp_path) == before
