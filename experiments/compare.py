@@ -2,18 +2,26 @@
 
 Runs stages 01 and 02 once with the base model (on the training data, for the regions stage 03 uses, and
 on the held-out data, for the "hard tokens" columns), then for each objective and seed: 03 (train), 01
-with the checkpoint on the held-out data (token metrics) and 04 in kernel and standalone mode (kernel
-verdicts). Each stage is called as a subprocess (`python 0N_*.py ...`, output in <run>/log.txt); this
-file only decides what to run and aggregates the artifacts: the method lives in the stages.
+with the checkpoint on the held-out data (token metrics) and 04 once per evaluation (kernel verdicts).
+Each stage is called as a subprocess (`python 0N_*.py ...`, output in <run>/log.txt); this file only
+decides what to run and aggregates the artifacts: the method lives in the stages.
 
-An objective may name a regions variant after a dot: `cuset.no-snap` trains cuset on regions that stage 02
-made with --no-snap-lines (REGION_VARIANTS), for data whose snapped regions cover much of each response.
-With --eval-base (preset cpu-real) stage 04 also evaluates the untrained base model, a row of its own.
+Evaluations. An evaluation is a name and stage-04 arguments of its own, into <run>/eval-<name>/; its name
+begins with its mode (`kernel`, `kernel-sampled`, `standalone`). `--evaluation kernel --evaluation
+"kernel-sampled=--num-samples 4 --temperature 0.8 --seed 0"` gives the greedy verdict beside pass@1 and
+pass@4 of samples; `--modes kernel,standalone` means one evaluation per mode, named by it.
+
+Variants. An objective may name a variant after a dot (VARIANTS): extra arguments of one stage for its
+runs. `cuset.no-snap` trains cuset on regions that stage 02 made with --no-snap-lines (for data whose
+snapped regions cover much of each response); `profit.t01` trains profit with --profit-threshold 0.01.
+With --eval-base (presets cpu-real, cpu-power) stage 04 also evaluates the untrained base model, a row of
+its own.
 
     python experiments/compare.py --preset cpu-quick                  # tiny model, 2 CPU cores (see --help)
     python data/build_smollm2.py && python experiments/compare.py --preset cpu-real   # a real model, hours
     python experiments/compare.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --out runs/compare-qwen1.5b
     python experiments/compare.py --preset cpu-quick --objectives sft,cuset --seeds 1   # a smaller look
+    python experiments/compare.py --preset cpu-power --runs sft-seed0,cuset-seed0          # part of one
     python experiments/compare.py --help
 
 Outputs in --out: comparison.md (tables, what each column means, the commands), comparison.json (every
@@ -43,8 +51,12 @@ times for mtimes).
 
 Metrics (comparison.md says what each column means). Token metrics come from stage 01's profile of the
 checkpoint on the held-out data, aligned token by token with the base model's (same tokenizer and data,
-checked). Paired differences to sft: per held-out sample (token metrics) or prompt (kernel metrics), the
-objective's value minus sft's, each averaged over seeds; 95% percentile bootstrap over those units.
+checked). Paired differences to sft: per objective a matrix [seeds, units] (units: held-out samples for
+token metrics, prompts = task x level for pass@1, each prompt's value its share of passing samples); a
+bootstrap draws the units with replacement, the same draw for the objective and sft, and each side's
+seeds with replacement, independently (seed k of one objective is a training apart from seed k of sft);
+95% percentile interval of mean(objective) - mean(sft), its standard error, and the smallest difference
+that design resolves at 80% power and a 5% two-sided level: (z_0.975 + z_0.8) x SE.
 """
 from __future__ import annotations
 
@@ -55,6 +67,7 @@ import io
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -63,6 +76,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -76,10 +90,18 @@ from profiling.shards import partial_dir  # noqa: E402
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")
+EVALUATION_NAME = re.compile(rf"({'|'.join(MODES)})(-[A-Za-z0-9]+)*")  # its mode first: kernel-sampled
 HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE: EVAL_SFT_KERNEL_FILE,
             SFT_FILE: EVAL_SFT_FILE}  # training data -> its held-out twin
-# `<objective>.<variant>`: stage 02 arguments of its regions
-REGION_VARIANTS = {"no-snap": ["--no-snap-lines"]}
+# `<objective>.<variant>`: extra arguments of one stage for that objective's runs. A stage-02 variant makes
+# regions of its own (base/regions.<variant>) and applies to the objectives that read regions; a stage-03
+# variant changes the training only, for the objectives it names.
+VARIANTS = {
+    "no-snap": {"stage": "02", "args": ["--no-snap-lines"]},
+    # ProFit's fixed threshold (stage 03's default p >= 0.1) ten times lower: whether the threshold, not the
+    # method, fails on a model whose confidences sit low
+    "t01": {"stage": "03", "args": ["--profit-threshold", "0.01"], "objectives": ("profit",)},
+}
 PRESETS = {  # per stage: arguments appended to its command line (--profile-args etc. replace them)
     "full": {"objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
              "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
@@ -93,6 +115,16 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
                  "eval_base": True, "objectives": ("sft", "profit", "cuset", "cuset.no-snap"), "seeds": 2,
                  "profile": [], "regions": [], "train": ["--lr", "1e-4", "--epochs", "1"],
                  "eval": ["--levels", "1,2,3", "--backend", "emulate"], "standalone": []},
+    # Every objective x 3 seeds, greedy and sampled verdicts: a design sized to resolve a few points of
+    # pass@1 (docs/comparison.md, "The powered design"). Its training data, epochs and lr are placeholders
+    # until the pilot sets them.
+    "cpu-power": {"model": SMOLLM2_MODEL, "data": SFT_KERNEL_ORIGINALS_FILE, "eval_base": True,
+                  "objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
+                  "train": ["--lr", "1e-4", "--epochs", "4"],  # placeholder: the pilot sets data and steps
+                  "evaluations": {"kernel": ["--num-samples", "1", "--temperature", "0"],
+                                  "kernel-sampled": ["--num-samples", "4", "--temperature", "0.8",
+                                                     "--top-p", "0.95", "--seed", "0"]},
+                  "eval": ["--levels", "1,2,3", "--backend", "emulate"], "standalone": []},
 }
 PRESET_NOTES = {"full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
 --lr 1e-5 --epochs 3; stage 04 levels 1-3 of the 40 eval tasks, 5 samples at temperature 0.8 (pass@1 and
@@ -111,7 +143,16 @@ model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train record
 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks (120
 prompts, greedy) under the emulate backend. About 50 minutes a run at one torch thread beside a second
 run (2026-12-02; docs/comparison.md has the measured times), seed by seed: split it across processes and
-sessions with --runs and keep what finished with --save-record."""}
+sessions with --runs and keep what finished with --save-record.""",
+                "cpu-power": """\
+SmolLM2-135M-Instruct (data/build_smollm2.py): the base model, then sft, dft, profit, cuset and its two
+ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode train records, 4 epochs at
+lr 1e-4 (placeholders until the pilot sets data and steps); stage 04 in kernel mode, levels 1-3 of the 40
+eval tasks (120 prompts) under the emulate backend, twice: `kernel` greedy (one reply per prompt) and
+`kernel-sampled`, 4 replies per prompt at temperature 0.8, top-p 0.95, sampling seed 0 (unbiased pass@1
+and pass@4). Paired intervals resample seeds and prompts. Split it across processes and sessions with
+--runs and keep what finished with --save-record; `profit.t01` (--objectives) is the diagnostic of
+profit's threshold."""}
 PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}"
                         for name, note in PRESET_NOTES.items())
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
@@ -127,7 +168,8 @@ COLUMNS = {
     "nll": "mean negative log-likelihood of the gold token, nats per token (confidences below float32's "
            "smallest normal count as that: at most 87.3)",
     "acc": "token accuracy: share of tokens whose argmax is the gold token",
-    "compile_rate / pass@1 / pass@k": "stage 04's summary.json (overall) in that mode",
+    "compile_rate / pass@1 / pass@k": "stage 04's summary.json (overall) of that evaluation "
+                                      "(<evaluation>.<metric>: its folder eval-<evaluation>)",
 }
 
 
@@ -137,19 +179,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = ap.add_argument
     a("--preset", choices=tuple(PRESETS), default="full", help=PRESET_HELP)
     a("--model", default=None, help="base model: hub id or local folder (default: the preset's; the bundled "
-                                    "tiny model, SmolLM2 for cpu-real)")
-    a("--data", type=Path, default=None, help=f"training SFT JSONL of stages 01-03 (default: the preset's; "
-                                              f"{SFT_KERNEL_FILE.relative_to(ROOT)} but for cpu-real)")
+                                    "tiny model, SmolLM2 for cpu-real and cpu-power)")
+    a("--data", type=Path, default=None,
+      help=f"training SFT JSONL of stages 01-03 (default: the preset's; {SFT_KERNEL_FILE.relative_to(ROOT)} "
+           "but for cpu-real and cpu-power)")
     a("--eval-data", type=Path, default=None,
       help="held-out SFT JSONL (default: the held-out twin of --data)")
     a("--out", type=Path, default=None, help="output folder (default: runs/compare-<preset>)")
-    a("--objectives", default=None, help="comma-separated objectives, each optionally with a regions "
-                                         f"variant ({', '.join(REGION_VARIANTS)}): "
-                                         "cuset.no-snap (default: the preset's)")
+    a("--objectives", default=None, help="comma-separated objectives, each optionally with a variant after "
+                                         f"a dot ({variants_help()}): e.g. cuset.no-snap, profit.t01 "
+                                         "(default: the preset's)")
     a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
-    a("--modes", default=None, help="stage 04 modes (default: the preset's; both but for cpu-real)")
+    a("--modes", default=None, help="stage 04 modes, one evaluation each, named by its mode (default: the "
+                                    "preset's evaluations; both modes but for cpu-real and cpu-power)")
+    a("--evaluation", action="append", default=None, metavar="NAME[=ARGS]",
+      help="a stage-04 evaluation into <run>/eval-NAME, with ARGS (one string) after --eval-args; NAME "
+           f"begins with its mode ({', '.join(MODES)}), e.g. --evaluation kernel --evaluation "
+           "'kernel-sampled=--num-samples 4 --temperature 0.8 --seed 0'; repeat it for each (default: "
+           "the preset's; instead of --modes)")
     a("--eval-base", action=argparse.BooleanOptionalAction, default=None,
-      help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real)")
+      help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real and cpu-power)")
     a("--max-length", type=int, default=2048,
       help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
     for stage in ("profile", "regions", "train", "eval", "standalone"):
@@ -174,7 +223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
-    args.modes = args.modes.split(",") if args.modes else list(preset.get("modes", MODES))
+    args.evaluations = evaluations(args.evaluation, args.modes, preset)
     args.eval_base = preset.get("eval_base", False) if args.eval_base is None else args.eval_base
     args.model = args.model or str(preset.get("model", TINY_MODEL))
     args.data = args.data or preset.get("data", SFT_KERNEL_FILE)
@@ -182,16 +231,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UserError(f"{SMOLLM2_MODEL}: not built; run `python data/build_smollm2.py` (about a minute)")
     forwarded = {stage: getattr(args, f"{stage}_args") for stage in FORWARDED}  # as typed (None: preset's)
     for stage, given in forwarded.items():
-        setattr(args, f"{stage}_args", split_args(stage, given) if given is not None else list(preset[stage]))
-    if bad := ([o for o in args.objectives if not known_objective(o)]
-               + [m for m in args.modes if m not in MODES]):
-        raise UserError(f"unknown objective or mode {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, "
-                        f"those that use regions with a variant ({', '.join(REGION_VARIANTS)}) after a dot; "
-                        f"modes: {', '.join(MODES)}")
-    if ("sft" not in args.objectives or len(set(args.objectives)) < len(args.objectives)
-            or min(args.seeds, args.bootstrap) < 1):
-        raise UserError("--objectives must include sft (the differences are to sft), each objective once; "
-                        "--seeds and --bootstrap must be >= 1")
+        setattr(args, f"{stage}_args",
+                split_args(f"--{stage}-args", given) if given is not None else list(preset[stage]))
+    check_objectives(args.objectives)
     if args.eval_data is None:
         args.eval_data = HELD_OUT.get(args.data.resolve())
         if args.eval_data is None:
@@ -209,17 +251,58 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_objectives(objectives: list[str]) -> None:
+    """Each objective known, with a variant only where it applies; sft among them; each once."""
+    if bad := [o for o in objectives if not known_objective(o)]:
+        raise UserError(f"unknown objective {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, each "
+                        f"optionally with a variant after a dot ({variants_help()})")
+    if "sft" not in objectives or len(set(objectives)) < len(objectives):
+        raise UserError("--objectives must include sft (the differences are to sft), each objective once")
+
+
 # The stage whose arguments each --<name>-args forwards (standalone: stage 04, after --eval-args).
 FORWARDED = {"profile": "01", "regions": "02", "train": "03", "eval": "04", "standalone": "04"}
 
 
-def split_args(name: str, given: str) -> list[str]:
-    """A forwarded argument string split as a shell would; an unbalanced quote is a UserError."""
+def split_args(option: str, given: str) -> list[str]:
+    """An argument string split as a shell would; an unbalanced quote is a UserError naming `option`."""
     try:
         return shlex.split(given)
     except ValueError as e:
-        raise UserError(f"--{name}-args {given!r}: {e} (an unbalanced quote?); quote it as one shell word, "
-                        f"e.g. --{name}-args '--flag value'") from None
+        example = f"{option} '--flag value'" if option.endswith("-args") else \
+            "--evaluation 'NAME=--flag value'"
+        raise UserError(f"{option} {given!r}: {e} (an unbalanced quote?); quote it as one shell word, "
+                        f"e.g. {example}") from None
+
+
+def evaluations(given: list[str] | None, modes: str | None, preset: dict) -> dict[str, list[str]]:
+    """{name: its own stage-04 arguments}, in order: --evaluation's, else one per --modes mode (named by it,
+    no arguments of its own), else the preset's evaluations (or modes)."""
+    if given is not None and modes:
+        raise UserError("give --evaluation or --modes, not both (--modes kernel is --evaluation kernel)")
+    if given is not None:
+        pairs = [(name, own) for name, _, own in (text.partition("=") for text in given)]
+    elif modes:
+        pairs = [(mode, []) for mode in modes.split(",")]
+    else:
+        pairs = list(preset.get("evaluations", {m: [] for m in preset.get("modes", MODES)}).items())
+    for name, _ in pairs:
+        if not EVALUATION_NAME.fullmatch(name):
+            raise UserError(f"evaluation {name!r}: a name begins with its mode ({', '.join(MODES)}), then "
+                            f"optionally -<letters or digits>, e.g. kernel-sampled (--evaluation, --modes)")
+    pairs = [(name, split_args(f"--evaluation {name}", own) if isinstance(own, str) else list(own))
+             for name, own in pairs]
+    for name, own in pairs:
+        if any(a == "--mode" or a.startswith("--mode=") for a in own):
+            raise UserError(f"evaluation {name}: its name gives its mode; leave --mode out of its arguments")
+    if len({name for name, _ in pairs}) < len(pairs):
+        raise UserError(f"evaluations {', '.join(n for n, _ in pairs)}: each name once")
+    return dict(pairs)
+
+
+def evaluation_mode(name: str) -> str:
+    """An evaluation's stage-04 mode: the first word of its name."""
+    return name.split("-")[0]
 
 
 def check_before_work(args, forwarded: dict[str, str | None]) -> None:
@@ -235,16 +318,27 @@ def check_before_work(args, forwarded: dict[str, str | None]) -> None:
     elif not args.report_only:
         check_model_source(args.model)
     for step in base_steps + [s for r in runs for s in r["steps"]]:
-        if (refusal := stage_refusal(step["stage"], step["argv"])) is None:
-            continue
-        name = next(n for n, key in FORWARDED.items() if key == step["stage"])
-        if step["out"].name == "eval-standalone" and stage_refusal(  # its own arguments come last
-                "04", step["argv"][: len(step["argv"]) - len(args.standalone_args)]) is None:
+        if (refusal := stage_refusal(step["stage"], step["argv"])) is not None:
+            raise UserError(f"{refused_source(args, step, forwarded)}: python {STAGES[step['stage']]} "
+                            f"refuses its arguments ({refusal}); see python {STAGES[step['stage']]} --help")
+
+
+def refused_source(args, step: dict, forwarded: dict[str, str | None]) -> str:
+    """The option whose arguments a refused stage call took last: a stage-04 call ends with the
+    evaluation's own arguments and then, in standalone mode, --standalone-args, so it is asked again
+    without those, one part at a time."""
+    name = next(n for n, key in FORWARDED.items() if key == step["stage"])
+    if step["stage"] == "04":
+        argv, evaluation = step["argv"], step["evaluation"]
+        standalone = args.standalone_args if evaluation_mode(evaluation) == "standalone" else []
+        own = args.evaluations[evaluation]
+        if standalone and stage_refusal("04", argv[: len(argv) - len(standalone)]) is None:
             name = "standalone"
-        source = f"--{name}-args {forwarded[name]!r}" if forwarded[name] is not None else \
-            f"--{name}-args (the preset's, with the options given)"
-        raise UserError(f"{source}: python {STAGES[step['stage']]} refuses its arguments ({refusal}); "
-                        f"see python {STAGES[step['stage']]} --help")
+        elif own and stage_refusal("04", argv[: len(argv) - len(standalone) - len(own)]) is None:
+            given = "--evaluation" if args.evaluation is not None else "the preset's evaluation"
+            return f"{given} {evaluation} ({shlex.join(own)!r})"
+    return f"--{name}-args {forwarded[name]!r}" if forwarded[name] is not None else \
+        f"--{name}-args (the preset's, with the options given)"
 
 
 def stage_refusal(key: str, argv: list[str]) -> str | None:
@@ -280,15 +374,36 @@ def check_record_folder(record: Path, out: Path, groups: list[tuple[str, list[di
 
 
 def known_objective(label: str) -> bool:
-    """`sft`, `cuset`, ... or `cuset.no-snap`: a variant only where the objective uses regions."""
+    """`sft`, `cuset`, ... or `<objective>.<variant>` (cuset.no-snap, profit.t01): a variant where it
+    applies."""
     objective, _, variant = label.partition(".")
     return objective in OBJECTIVES and (not variant or (
-        variant in REGION_VARIANTS and objective in stage_module("03").REGION_OBJECTIVES))
+        variant in VARIANTS and objective in variant_objectives(variant)))
+
+
+def variant_objectives(variant: str) -> tuple[str, ...]:
+    """The objectives a variant applies to: a stage-02 one to those that read regions."""
+    spec = VARIANTS[variant]
+    return stage_module("03").REGION_OBJECTIVES if spec["stage"] == "02" else spec["objectives"]
+
+
+def variants_help() -> str:
+    """Each variant, the stage arguments it adds and the objectives it applies to, for --help and errors."""
+    return "; ".join(f"{name}: stage {spec['stage']} {shlex.join(spec['args'])}, for "
+                     + ("the objectives that read regions" if spec["stage"] == "02"
+                        else ", ".join(spec["objectives"]))
+                     for name, spec in VARIANTS.items())
+
+
+def variant_args(variant: str, stage: str) -> list[str]:
+    """The arguments a variant (or "" for none) adds to `stage`'s command line."""
+    return list(VARIANTS[variant]["args"]) if variant and VARIANTS[variant]["stage"] == stage else []
 
 
 def region_variants(args) -> list[str]:
-    """The regions variants the objectives name (`cuset.no-snap` -> no-snap), sorted."""
-    return sorted({label.partition(".")[2] for label in args.objectives} - {""})
+    """The stage-02 variants the objectives name (`cuset.no-snap` -> no-snap), sorted."""
+    named = {label.partition(".")[2] for label in args.objectives}
+    return sorted(v for v in named if variant_args(v, "02"))
 
 
 def regions_dir(base: Path, variant: str) -> Path:
@@ -325,34 +440,36 @@ def plan(args) -> tuple[list[dict], list[dict]]:
             reg = regions_dir(base, variant) if not tag else base / f"regions{tag}"
             steps.append({"stage": "02", "out": reg, "inputs": [prof / "meta.json"],
                           "argv": [*m, "--data", str(data), "--profile", str(prof), "--out", str(reg),
-                                   *args.regions_args, *REGION_VARIANTS.get(variant, [])]})
-    steps += [eval_step(args, args.model, base, mode) for mode in args.modes if args.eval_base]
+                                   *args.regions_args, *variant_args(variant, "02")]})
+    steps += [eval_step(args, args.model, base, name) for name in args.evaluations if args.eval_base]
     runs = []
     # seed by seed: a stop midway leaves every objective's first seeds, comparable, not one objective's all
     for seed in range(args.seeds):
         for label in args.objectives:
             objective, _, variant = label.partition(".")
             d = args.out / f"{label}-seed{seed}"
-            ckpt, held, regions = d / "ckpt", d / "profile-heldout", regions_dir(base, variant)
+            ckpt, held = d / "ckpt", d / "profile-heldout"
+            regions = regions_dir(base, variant if variant_args(variant, "02") else "")
             uses_regions = objective in stage_module("03").REGION_OBJECTIVES
             run = [{"stage": "03", "out": ckpt, "inputs": [regions / "meta.json"] if uses_regions else [],
                     "argv": [*m, "--data", str(args.data), "--regions", str(regions),
                              "--objective", objective, "--seed", str(seed), "--out", str(ckpt), *ml,
-                             *args.train_args]},
+                             *args.train_args, *variant_args(variant, "03")]},
                    {"stage": "01", "out": held, "inputs": [ckpt / "meta.json"],
                     "argv": ["--model", str(ckpt), "--data", str(args.eval_data), "--out", str(held), *ml,
                              *args.profile_args]}]
-            run += [eval_step(args, str(ckpt), d, mode, [ckpt / "meta.json"]) for mode in args.modes]
+            run += [eval_step(args, str(ckpt), d, name, [ckpt / "meta.json"]) for name in args.evaluations]
             runs.append({"name": d.name, "objective": label, "seed": seed, "dir": d, "steps": run})
     return steps, runs
 
 
-def eval_step(args, model: str, folder: Path, mode: str, inputs: list[Path] = ()) -> dict:
-    """Stage 04 on the eval split in one mode, into <folder>/eval-<mode>."""
-    out = folder / f"eval-{mode}"
-    return {"stage": "04", "out": out, "inputs": list(inputs),
+def eval_step(args, model: str, folder: Path, name: str, inputs: list[Path] = ()) -> dict:
+    """Stage 04 on the eval split, one evaluation, into <folder>/eval-<name>: --eval-args, then the
+    evaluation's own arguments, then (standalone mode) --standalone-args."""
+    out, mode = folder / f"eval-{name}", evaluation_mode(name)
+    return {"stage": "04", "out": out, "inputs": list(inputs), "evaluation": name,
             "argv": ["--model", model, "--mode", mode, "--split", "eval", "--out", str(out), *args.eval_args,
-                     *(args.standalone_args if mode == "standalone" else [])]}
+                     *args.evaluations[name], *(args.standalone_args if mode == "standalone" else [])]}
 
 
 def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
@@ -378,7 +495,7 @@ def same_args(saved: dict, now, ignore: set[str]) -> bool:
     return all(saved.get(k) == now.get(k) for k in set(saved) | set(now) if k not in ignore)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def data_sha256(path: str, mtime_ns: int) -> str:
     """sha256 of a data file, once per version of it (finished() asks for every step)."""
     return sha256_file(Path(path))
@@ -630,29 +747,57 @@ def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarr
     return metrics, units
 
 
-def kernel_metrics(folder: Path, mode: str) -> tuple[dict, dict, str, int]:
-    """Stage 04's overall compile rate, pass@1 and pass@k, per-prompt pass@1 (unit: task x level), backend,
-    k."""
+def kernel_metrics(folder: Path, name: str) -> tuple[dict, dict, str, int]:
+    """One evaluation's overall compile rate, pass@1 and pass@k (stage 04's summary.json), its per-prompt
+    pass@1 (unit: task x level; the prompt's share of passing samples c/n, unbiased), backend, k."""
     summary = json.loads((folder / "summary.json").read_text())
     k = summary["num_samples"]
     over = summary["overall"]
-    metrics = {f"{mode}.compile_rate": over["compile_rate"], f"{mode}.pass@1": over["pass@1"],
-               f"{mode}.pass@k": over.get(f"pass@{k}", over["pass@1"])}
+    metrics = {f"{name}.compile_rate": over["compile_rate"], f"{name}.pass@1": over["pass@1"],
+               f"{name}.pass@k": over.get(f"pass@{k}", over["pass@1"])}
     judged: dict[str, list[bool]] = {}
     for r in read_appended_jsonl(folder / "results.jsonl"):
         if r["outcome"] not in ("unsupported", "task_error"):
             judged.setdefault(f"{r['task_id']}/L{r['level']}", []).append(r["outcome"] == "pass")
-    units = {f"{mode}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
+    units = {f"{name}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
     return metrics, units, summary["backend"], k
 
 
-def bootstrap(d: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of the mean of d, resampling its entries with replacement."""
-    rng = np.random.default_rng(seed)
-    means = np.concatenate([d[rng.integers(0, len(d), (min(200, n_boot - i), len(d)))].mean(1)
-                            for i in range(0, n_boot, 200)])
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
+# The power statement: a two-sided test at the 5% level (z_0.975) with 80% power (z_0.8) detects a true
+# difference of (z_0.975 + z_0.8) x SE four times in five (normal approximation, the SE the bootstrap's).
+POWER_Z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)  # 1.960 + 0.842
+BOOTSTRAP_CHUNK = 250  # resamples at a time: [250, seeds, units] float64 is a few MB at 200 prompts
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int = 0) -> dict:
+    """The objective minus sft from a [Sa, U] and b [Sb, U] (seeds x units, the same units in the same
+    order; nan where a run has no value for a unit). A resample draws U units with replacement, one draw
+    for both sides (paired by unit), and Sa seeds of a and Sb seeds of b with replacement, each side apart
+    (independent trainings; one seed: a no-op); its statistic is the mean over the drawn units of a's mean
+    over its drawn seeds minus b's (nan-aware). Returns the point estimate, units and seeds used, the 95%
+    percentile interval, the standard error (the resamples' standard deviation) and the smallest
+    difference resolved at 80% power and a 5% two-sided level, POWER_Z x SE."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a unit (or a draw) without a value is nan
+        keep = ~np.isnan(np.nanmean(a, 0) - np.nanmean(b, 0))  # units with a value on both sides
+        a, b = a[:, keep], b[:, keep]
+        (sa, units), sb = a.shape, b.shape[0]
+        out = {"diff": math.nan, "units": int(units), "seeds": [int(sa), int(sb)], "ci95": [math.nan] * 2,
+               "se": math.nan, "resolves": math.nan}
+        if not units:
+            return out
+        rng, stats = np.random.default_rng(seed), []
+        for start in range(0, n_boot, BOOTSTRAP_CHUNK):
+            r = min(BOOTSTRAP_CHUNK, n_boot - start)
+            drawn = rng.integers(0, units, (r, 1, units))  # [R, 1, U]: the units, one draw for both sides
+            mean_a = np.nanmean(a[rng.integers(0, sa, (r, sa, 1)), drawn], 1)  # [R, Sa, U] -> [R, U]
+            mean_b = np.nanmean(b[rng.integers(0, sb, (r, sb, 1)), drawn], 1)  # [R, Sb, U] -> [R, U]
+            stats.append(np.nanmean(mean_a - mean_b, 1))  # [R]
+        stats = np.concatenate(stats)  # [n_boot]
+        se = float(np.nanstd(stats, ddof=1)) if n_boot > 1 else math.nan
+        out |= {"diff": float(np.nanmean(np.nanmean(a, 0) - np.nanmean(b, 0))), "se": se,
+                "ci95": [float(x) for x in np.nanpercentile(stats, [2.5, 97.5])], "resolves": POWER_Z * se}
+    return out
 
 
 def aggregate(args, runs: list[dict]) -> dict:
@@ -667,14 +812,15 @@ def aggregate(args, runs: list[dict]) -> dict:
     groups = {"all": np.ones(len(sample_of), bool), "sensitive": bt["sensitive"] > 0,
               "base_hard": bt["confidence"] < reg["tau"][sample_of], "base_region": reg["region_id"] >= 0}
     groups |= {f"cat.{name}": bt["sensitive"] == code for code, name in names.items()}
-    per_run, backends, ks = {}, set(), set()
+    per_run, backends, ks = {}, set(), {name: set() for name in args.evaluations}
     base_run = {"name": "base", "objective": "base", "seed": 0, "dir": base_dir, "profile": bt}
     for r in [base_run] + [r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]}
                            for r in runs]:
         metrics, units = token_metrics(r["profile"], groups, sample_of, n)
-        for mode in args.modes if r is not base_run or args.eval_base else ():
-            km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{mode}", mode)
-            metrics, units, backends, ks = metrics | km, units | ku, backends | {backend}, ks | {k}
+        for name in args.evaluations if r is not base_run or args.eval_base else ():
+            km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{name}", name)
+            metrics, units, backends = metrics | km, units | ku, backends | {backend}
+            ks[name].add(k)
         per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics,
                               "units": units}
     table = {}
@@ -684,7 +830,8 @@ def aggregate(args, runs: list[dict]) -> dict:
                         "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
                     for k in rows[0]}
     return {"per_run": per_run, "table": table, "paired": paired(args, per_run),
-            "backends": sorted(backends), "k": sorted(ks),
+            "backends": sorted(backends), "k": {name: sorted(k) for name, k in ks.items()},
+            "evaluations": args.evaluations,
             "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n,
             "region_coverage": region_coverage(args)}
 
@@ -701,28 +848,24 @@ def region_coverage(args) -> dict[str, float]:
     return out
 
 
+def unit_matrices(per_run: dict, objectives: list[str], key: str) -> list[np.ndarray]:
+    """Each objective's values of `key` as a matrix [seeds, units] over the same units in the same order:
+    held-out samples (arrays, aligned by the profiles) or prompts (task/level -> value; nan where a run has
+    no verdict for a prompt)."""
+    runs = [[v["units"][key] for v in per_run.values() if v["objective"] == o] for o in objectives]
+    if not isinstance(runs[0][0], dict):
+        return [np.stack(r).astype(np.float64) for r in runs]
+    prompts = sorted(set().union(*(u for r in runs for u in r)))
+    return [np.array([[u.get(p, math.nan) for p in prompts] for u in r], dtype=np.float64) for r in runs]
+
+
 def paired(args, per_run: dict) -> dict:
-    """Objective minus sft per unit (held-out sample, or prompt), each averaged over seeds; bootstrap CI."""
-    def seed_mean(o: str, key: str) -> np.ndarray | dict:
-        units = [v["units"][key] for v in per_run.values() if v["objective"] == o]
-        if isinstance(units[0], dict):  # prompts: keyed by task/level
-            return {u: float(np.mean([x[u] for x in units if u in x])) for u in set().union(*units)}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a unit nan in every seed stays nan
-            return np.nanmean(np.stack(units), axis=0)
-    out = {}
-    keys = [k for k in next(v for v in per_run.values() if v["objective"] == "sft")["units"]]
-    for o in [o for o in args.objectives if o != "sft"] + (["base"] if args.eval_base else []):
-        out[o] = {}
-        for key in keys:
-            a, b = seed_mean(o, key), seed_mean("sft", key)
-            if isinstance(a, dict):
-                common = sorted(set(a) & set(b))
-                a, b = np.array([a[u] for u in common]), np.array([b[u] for u in common])
-            d = (a - b)[~np.isnan(a - b)]
-            out[o][key] = {"diff": float(d.mean()) if len(d) else math.nan, "units": len(d),
-                           "ci95": list(bootstrap(d, args.bootstrap)) if len(d) else [math.nan, math.nan]}
-    return out
+    """Every objective (and the base model, when evaluated) against sft, per paired metric: the bootstrap
+    over seeds and units of paired_bootstrap."""
+    keys = list(next(v for v in per_run.values() if v["objective"] == "sft")["units"])
+    others = [o for o in args.objectives if o != "sft"] + (["base"] if args.eval_base else [])
+    return {o: {key: paired_bootstrap(*unit_matrices(per_run, [o, "sft"], key), args.bootstrap)
+                for key in keys} for o in others}
 
 
 # ---------------------------------------------------------------------------------------
@@ -751,28 +894,80 @@ def cell(s: dict) -> str:
     return f"{s['mean']:.3f}" + ("" if math.isnan(s["std"]) else f" ± {s['std']:.3f}")
 
 
+def number(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.3f}"
+
+
+def md_table(cols: list[str], rows: list[str], fmt, label=lambda c: c) -> list[str]:
+    """A markdown table: one row per objective, fmt(objective, column) per cell, label(column) heads."""
+    if not cols or not rows:
+        return ["(none: the comparison has only sft)"]
+    return ["| objective | " + " | ".join(map(label, cols)) + " |", "|---" * (len(cols) + 1) + "|",
+            *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows]]
+
+
+def kernel_section(args, res: dict) -> list[str]:
+    """Kernel verdicts per evaluation: compile rate, pass@1 and (several replies per prompt) pass@k."""
+    t, ks = res["table"], {name: "/".join(map(str, k)) for name, k in res["k"].items()}
+    cols = [f"{name}.{m}" for name in args.evaluations for m in ("compile_rate", "pass@1", "pass@k")
+            if m != "pass@k" or res["k"][name] != [1]]  # one reply per prompt: pass@k is pass@1
+
+    def label(c: str) -> str:  # pass@k: k = the evaluation's --num-samples
+        name, _, metric = c.partition(".")
+        return f"{name}.pass@{ks[name]}" if metric == "pass@k" else c
+    described = [f"`{name}` ({shlex.join(own) + '; ' if own else ''}{ks[name]} repl"
+                 f"{'y' if ks[name] == '1' else 'ies'} per prompt)" for name, own in args.evaluations.items()]
+    return ["## Kernel verdicts (stage 04, eval split)", "",
+            f"Evaluations, with their stage-04 arguments after --eval-args: {', '.join(described)}. pass@1 "
+            "is the unbiased c/n of each prompt (c of its n replies pass), averaged over prompts; pass@k is "
+            "stage 04's unbiased pass@k.", "",
+            *md_table(cols, (["base"] if args.eval_base else []) + args.objectives,
+                      lambda o, c: cell(t[o][c]), label), ""]
+
+
+def paired_section(args, res: dict) -> list[str]:
+    """The paired differences to sft (what the bootstrap resampled) and the power statement."""
+    paired = res["paired"]
+    cols = list(paired[next(iter(paired))]) if paired else []
+
+    def diff(o: str, c: str) -> str:
+        p = paired[o][c]
+        return "n/a" if math.isnan(p["diff"]) else \
+            f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
+
+    def resolves(o: str, c: str) -> str:
+        p = paired[o][c]
+        return "n/a" if math.isnan(p["resolves"]) else f"{number(p['resolves'])} (SE {number(p['se'])})"
+    drawn = "seeds and units" if args.seeds > 1 else "units; one seed, so no seed draw"
+    passes = [c for c in cols if c.endswith(".pass@1")]
+    return [f"## Paired differences to sft (95% bootstrap interval; resampled: {drawn})", "",
+            "Units: held-out samples for the token metrics (a sample's value: its mean over its tokens of "
+            "that kind), prompts (task x level) for pass@1 (a prompt's value: c/n, its share of passing "
+            f"replies). Each objective is a matrix [seeds, units]. In each of {args.bootstrap} resamples "
+            "(numpy seed 0) the units are drawn with replacement, one draw for the objective and sft "
+            "(paired by unit), and the objective's seeds and sft's seeds are drawn with replacement, each "
+            "apart (seed k of an objective is a training apart from seed k of sft); the statistic is the "
+            "objective's mean over its drawn seeds and units minus sft's. Cells: the difference on every "
+            "seed and unit [2.5th, 97.5th percentile of the resamples]."
+            + (" With one seed per objective the seed draw is a no-op: the intervals hold the units' "
+               "variance, not the seed-to-seed one." if args.seeds == 1 else "")
+            + (" `base` is one run: only sft's seeds are drawn against it." if args.eval_base else ""), "",
+            *md_table(cols, list(paired), diff), "",
+            "## Power: the smallest difference this design resolves", "",
+            f"{POWER_Z:.2f} x SE (z_0.975 + z_0.8, SE the standard deviation of the resamples above): the "
+            "true difference a two-sided test at the 5% level detects with 80% power (normal "
+            "approximation, the variance as measured here).", "",
+            *[f"- {o}: resolves differences of " + ", ".join(
+                f"{number(paired[o][c]['resolves'])} in pass@1 ({c.partition('.')[0]})" for c in passes)
+              for o in paired if passes], *([""] if passes and paired else []),
+            *md_table(cols, list(paired), resolves), ""]
+
+
 def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
     t, objs = res["table"], ["base", *args.objectives]
     token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
-    kernel_cols = [f"{mode}.{m}" for mode in args.modes for m in ("compile_rate", "pass@1", "pass@k")
-                   if m != "pass@k" or res["k"] != [1]]  # one sample per prompt: pass@k is pass@1
-    cats = category_columns(t)
-
-    k = "/".join(map(str, res["k"]))  # pass@k: k = stage 04's --num-samples
-
-    def table(cols: list[str], rows: list[str], fmt) -> list[str]:
-        if not cols or not rows:
-            return ["(none: the comparison has only sft)"]
-        return ["| objective | " + " | ".join(c.replace("pass@k", f"pass@{k}") for c in cols) + " |",
-                "|---" * (len(cols) + 1) + "|",
-                *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows]]
-
-    def diff(o: str, c: str) -> str:
-        p = res["paired"][o][c]
-        if math.isnan(p["diff"]):
-            return "n/a"
-        return f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
     seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
+    variants = sorted({label.partition(".")[2] for label in args.objectives} - {""})
     lines = [f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})", "",
              f"Base model `{typed(args.model)}`; training data `{typed(args.data)}`; held-out data "
              f"`{typed(args.eval_data)}` "
@@ -785,25 +980,18 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
                  "commands below are what ran): "
              + " ".join(PRESET_NOTES[args.preset].split()),
              "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model"
-             + (" (greedy decoding: one run)." if args.eval_base else " (token metrics only)."),
+             + (" (one run)." if args.eval_base else " (token metrics only)."),
              "", "Regions stage 03 read, share of the training data's response tokens inside them: "
              + ", ".join(f"`{k}` {100 * v:.1f}%" for k, v in res["region_coverage"].items())
-             + " (`.no-snap`: stage 02 with --no-snap-lines; cuset's token mask is its regions).",
+             + " (cuset's token mask is its regions)."
+             + "".join(f" `.{v}`: stage {VARIANTS[v]['stage']} with {shlex.join(VARIANTS[v]['args'])}."
+                       for v in variants),
              "", "## Held-out token metrics (stage 01 on the held-out data)", "",
-             *table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
-             f"## Kernel verdicts (stage 04, eval split; {k} sample(s) per prompt)", "",
-             *table(kernel_cols, (["base"] if args.eval_base else []) + args.objectives,
-                    lambda o, c: cell(t[o][c])), "",
-             "## Paired differences to sft (95% bootstrap interval)", "",
-             "Per held-out sample (token metrics: the sample's mean over its tokens of that kind) or per "
-             "prompt (pass@1: task x level), the objective's value minus sft's, each averaged over seeds; "
-             f"the mean over units and a percentile interval from {args.bootstrap} resamples of the units "
-             "(seed 0).", "",
-             *table(list(res["paired"][next(iter(res["paired"]))]) if res["paired"] else [],
-                    list(res["paired"]), diff), "",
+             *md_table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
+             *kernel_section(args, res), *paired_section(args, res),
              "## Held-out NLL per CUDA-sensitivity category", "",
-             *table([c[4:-4]
-                     for c in cats], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])), "", figure_note, "",
+             *md_table([c[4:-4] for c in category_columns(t)], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])),
+             "", figure_note, "",
              "## Columns", "", *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],
              "- `.nll`/`.acc` of a group: over all its tokens of all held-out samples (token-weighted)", "",
              "## Stage times (seconds, the last execution of each step)", "",

@@ -1,9 +1,11 @@
-"""experiments/compare.py (issue 14): the comparison command end to end on a micro configuration (tiny model,
-2 objectives x 2 seeds, 2 training steps, 3 held-out samples, stage 04 on one task under emulation, both
+"""experiments/compare.py: the comparison command end to end on a micro configuration (tiny model, 2
+objectives x 2 seeds, 2 training steps, 3 held-out samples, stage 04 on one task under emulation, both
 modes): stopped after 8 stage calls (--stop-after), killed (SIGKILL) in the middle of a training, continued
 (finished runs and steps skipped, the training resumed), and called once more with everything done (it only
 re-aggregates); the table checked against numbers recomputed here from the profiles and stage 04's rows;
-how an interrupted stage is continued; refusals of misaligned profiles and bad options."""
+how an interrupted stage is continued; refusals of misaligned profiles and bad options; a preset with a
+greedy and a sampled evaluation; variants of stage 02 and stage 03; the paired bootstrap over seeds and
+units and its power statement on matrices whose answer is known; the committed cpu-real record's table."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -220,15 +223,15 @@ def test_misaligned_profiles_are_refused(micro, tmp_path):
             compare.read_profile(copy, base)
 
 
-def test_a_regions_variant_and_the_base_model_get_steps_rows_and_differences(tmp_path):
-    """cuset.no-snap trains on regions stage 02 made with --no-snap-lines; --eval-base evaluates the base
-    model,
-    which gets kernel rows and a paired difference to sft; the region coverage of each variant is
-    reported."""
+def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(tmp_path):
+    """The cpu-power preset (on the tiny model, one seed): its two evaluations, `kernel` (greedy, one reply)
+    and `kernel-sampled` (4 replies), each into eval-<name> of the base model and of every run, with the
+    greedy verdict, the sampled pass@1 and pass@4 side by side in the table and both pass@1s paired;
+    cuset.no-snap trains on regions stage 02 made with --no-snap-lines, whose coverage is reported."""
     train, held, out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "out"
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:6]))
     held.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:2]))
-    argv = ["--preset", "cpu-real", "--model", str(ROOT / "data" / "models" / "tiny-cuda-lm"), "--seeds",
+    argv = ["--preset", "cpu-power", "--model", str(ROOT / "data" / "models" / "tiny-cuda-lm"), "--seeds",
             "1", "--objectives", "sft,cuset.no-snap", "--data", str(train), "--eval-data", str(held),
             "--out", str(out), "--max-length", "512", "--regions-args", "--permutations 10 --html-samples 1",
             "--train-args", "--max-steps 1 --batch-size 2 --micro-batch-size 2", "--eval-args",
@@ -237,22 +240,68 @@ def test_a_regions_variant_and_the_base_model_get_steps_rows_and_differences(tmp
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res, base = json.loads((out / "comparison.json").read_text()), out / "base"
+    md = (out / "comparison.md").read_text()
     assert json.loads((base / "regions.no-snap" / "meta.json").read_text())["args"]["snap_lines"] is False
     ckpt_meta = json.loads((out / "cuset.no-snap-seed0" / "ckpt" / "meta.json").read_text())
-    trained_on = ckpt_meta["args"]["regions"]
-    assert Path(trained_on) == base / "regions.no-snap"
+    assert Path(ckpt_meta["args"]["regions"]) == base / "regions.no-snap"
     for variant in ("regions", "regions.no-snap"):
         inside = load_file(str(base / variant / "tensors.safetensors"))["region_id"] >= 0
         assert math.isclose(res["region_coverage"][variant], inside.mean(), rel_tol=1e-9)
-    rows = [json.loads(x) for x in (base / "eval-kernel" / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 1
-    assert res["table"]["base"]["kernel.pass@1"]["mean"] == float(rows[0]["outcome"] == "pass")
-    assert set(res["paired"]) == {"cuset.no-snap", "base"} and "kernel.pass@1" in res["paired"]["base"]
-    assert not (out / "sft-seed0" / "eval-standalone").exists()  # the preset's modes: kernel only
+    for group, row in (("base", "base"), ("sft-seed0", "sft"), ("cuset.no-snap-seed0", "cuset.no-snap")):
+        for name, n in (("kernel", 1), ("kernel-sampled", 4)):
+            folder = out / group / f"eval-{name}"
+            fingerprint = json.loads((folder / "fingerprint.json").read_text())
+            assert json.loads((folder / "summary.json").read_text())["num_samples"] == n, folder
+            assert fingerprint["temperature"] == (0.8 if n > 1 else 0.0)
+            rows = [json.loads(x) for x in (folder / "results.jsonl").read_text().splitlines()]
+            assert sorted(x["sample"] for x in rows) == list(range(n))
+            passed = np.mean([x["outcome"] == "pass" for x in rows])  # c / n of the one prompt
+            assert res["table"][row][f"{name}.pass@1"]["mean"] == passed
+            assert res["per_run"][group]["units"][f"{name}.pass@1"] == {f"{rows[0]['task_id']}/L1": passed}
+        assert not (out / group / "eval-standalone").exists()  # the preset's evaluations: kernel mode only
+    assert res["k"] == {"kernel": [1], "kernel-sampled": [4]}
+    kernel_table = md.split("## Kernel verdicts")[1].split("\n## ")[0]
+    assert ("| objective | kernel.compile_rate | kernel.pass@1 | kernel-sampled.compile_rate | "
+            "kernel-sampled.pass@1 | kernel-sampled.pass@4 |") in kernel_table
+    assert "`kernel-sampled` (--num-samples 4 --temperature 0.8 --top-p 0.95 --seed 0; 4 replies" \
+        in kernel_table
+    assert set(res["paired"]) == {"cuset.no-snap", "base"}
+    for o in res["paired"]:
+        for name in ("kernel", "kernel-sampled"):
+            p = res["paired"][o][f"{name}.pass@1"]
+            assert p["units"] == 1 and p["seeds"] == [1, 1]
+            assert f"- {o}: resolves differences of " in md and f"in pass@1 ({name})" in md
+    assert "## Paired differences to sft (95% bootstrap interval; resampled: units; one seed, so no seed " \
+           "draw)" in md and "the seed draw is a no-op" in md
+
+
+def test_a_training_variant_adds_its_stage_03_arguments_to_its_objective_only(tmp_path):
+    """profit.t01 trains profit with --profit-threshold 0.01 (as stage 03 parses it) on the default
+    regions; no regions of its own are made; a variant is refused for an objective it does not apply to."""
+    args = compare.parse_args([*MICRO, "--objectives", "sft,profit,profit.t01", "--seeds", "1", "--out",
+                               str(tmp_path)])
+    base_steps, runs = compare.plan(args)
+    assert [s["out"].name for s in base_steps if s["stage"] == "02"] == ["regions", "regions-heldout"]
+    train = {r["objective"]: compare.stage_module("03").parse_args(r["steps"][0]["argv"]) for r in runs}
+    assert train["profit.t01"].profit_threshold == 0.01 and train["profit"].profit_threshold == 0.1
+    assert train["profit.t01"].objective == "profit" and train["sft"].profit_threshold == 0.1
+    assert train["profit.t01"].regions == train["profit"].regions == tmp_path / "base" / "regions"
+    assert [r["name"] for r in runs] == ["sft-seed0", "profit-seed0", "profit.t01-seed0"]
+    for label in ("cuset.t01", "sft.t01", "profit.no-snap", "cuset.bogus"):
+        with pytest.raises(UserError, match=f"unknown objective {label}"):
+            compare.parse_args([*MICRO, "--objectives", f"sft,{label}", "--out", str(tmp_path)])
 
 
 @pytest.mark.parametrize("argv,msg", [(["--objectives", "sft,bogus"], "unknown objective"),
                                       (["--objectives", "sft.no-snap"], "unknown objective"),
+                                      (["--objectives", "sft,cuset.t01"], "unknown objective cuset.t01"),
+                                      (["--modes", "kernel", "--evaluation", "kernel"], "not both"),
+                                      (["--evaluation", "greedy"], "a name begins with its mode"),
+                                      (["--evaluation", "kernel", "--evaluation", "kernel"],
+                                       "each name once"),
+                                      (["--evaluation", "kernel-x=--mode standalone"], "leave --mode out"),
+                                      (["--evaluation", "kernel-x=--top-p 2"],
+                                       "--evaluation kernel-x ('--top-p 2'): python 04_eval_kernels.py"),
                                       (["--objectives", "cuset"], "must include sft"),
                                       (["--data", "nowhere.jsonl"], "pass --eval-data"),
                                       (["--runs", "sft-seed0,sft-seed9"], "no run sft-seed9")])
@@ -305,8 +354,128 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     assert compare.continuation(ev, print) == ("--force",) and not compare.finished(ev)
 
 
-def test_bootstrap_is_deterministic_and_brackets_the_mean():
-    d = np.random.default_rng(1).normal(0.3, 1.0, 50)
-    lo, hi = compare.bootstrap(d, 2000)
-    assert (lo, hi) == compare.bootstrap(d, 2000) and lo < d.mean() < hi
-    assert compare.bootstrap(np.full(7, 0.5), 100) == (0.5, 0.5)
+# ---------------------------------------------------------------------------------------
+# The paired bootstrap over seeds and units, on matrices [seeds, units] whose answer is known
+# ---------------------------------------------------------------------------------------
+
+# Float tolerance of a statistic that is exact in real arithmetic: means of at most a few hundred values of
+# magnitude <= 3 in float64 (eps 2.2e-16) round to within 1e-13; 1e-12 leaves a margin.
+EXACT = 1e-12
+
+
+def bootstrap_variance(d: np.ndarray, seed_offsets: list[np.ndarray]) -> float:
+    """The bootstrap's own variance of the statistic when objective - sft is d[u] (per unit) plus additive
+    seed offsets on each side: a mean of U units drawn with replacement has variance var_pop(d) / U, a
+    mean of S seeds drawn with replacement var_pop(offsets) / S, and the draws are independent."""
+    return d.var() / len(d) + sum(e.var() / len(e) for e in seed_offsets)
+
+
+def test_identical_matrices_give_an_interval_around_0_as_narrow_as_the_seeds_allow():
+    """The objective and sft the same matrix: every unit's value cancels in each resample (paired by unit),
+    so the statistic is the mean of the objective's drawn seed offsets minus sft's; with seeds that agree
+    the interval is exactly 0, with seeds that disagree it stays within the offsets' range."""
+    units = np.random.default_rng(1).normal(0.0, 1.0, 120)  # [U]: prompts far apart
+    agree = np.tile(units, (3, 1))  # [S, U]
+    p = compare.paired_bootstrap(agree, agree.copy(), 2000)
+    assert p["units"] == 120 and p["seeds"] == [3, 3]
+    assert all(abs(x) <= EXACT for x in (p["diff"], *p["ci95"], p["se"]))
+    offsets = np.array([-0.01, 0.0, 0.02])  # [S]
+    disagree = units + offsets[:, None]  # [S, U]
+    p = compare.paired_bootstrap(disagree, disagree.copy(), 2000)
+    spread = offsets.max() - offsets.min()
+    assert abs(p["diff"]) <= EXACT and -spread - EXACT <= p["ci95"][0] < 0 < p["ci95"][1] <= spread + EXACT
+
+
+def test_a_known_shift_is_recovered_with_the_standard_error_of_the_design():
+    """The objective is sft plus 0.05 at every entry: each resample's statistic is 0.05 (the units and
+    seeds cancel). Then sft's values plus 0.05 plus noise per unit, seeds that agree: the estimate is the
+    noise's mean plus 0.05, and the bootstrap's standard error that of a mean of U paired differences."""
+    rng = np.random.default_rng(2)  # the matrices' values; the bootstrap draws with its own seed
+    sft = rng.normal(0.5, 0.3, (3, 150)) + rng.normal(0, 0.05, (3, 1))  # [S, U], seeds that disagree
+    p = compare.paired_bootstrap(sft + 0.05, sft, 2000)
+    assert math.isclose(p["diff"], 0.05, abs_tol=EXACT)
+    assert max(abs(x - 0.05) for x in p["ci95"]) > 0.001  # the seeds are drawn apart: they do not cancel
+    same = compare.paired_bootstrap(np.tile(sft[0] + 0.05, (3, 1)), np.tile(sft[0], (3, 1)), 500)
+    assert all(math.isclose(x, 0.05, abs_tol=EXACT) for x in (same["diff"], *same["ci95"]))
+    noise = rng.normal(0, 0.2, 150)  # [U]
+    shifted = compare.paired_bootstrap(np.tile(sft[0] + 0.05 + noise, (3, 1)), np.tile(sft[0], (3, 1)), 2000)
+    assert math.isclose(shifted["diff"], 0.05 + noise.mean(), abs_tol=EXACT)
+    assert shifted["ci95"][0] < 0.05 + noise.mean() < shifted["ci95"][1]
+    # 2,000 resamples estimate a standard error to about 1/sqrt(2 x 2000) = 1.6% (normal approximation)
+    assert math.isclose(shifted["se"], np.sqrt(bootstrap_variance(noise, [])), rel_tol=0.08)
+
+
+def test_resampling_seeds_widens_the_interval_when_seeds_disagree_and_not_when_they_agree():
+    """The same units, with and without seed offsets. The offsets are the same on both sides: a bootstrap
+    that drew one seed index for both would cancel them; drawn apart, each side adds var(offsets) / S."""
+    rng = np.random.default_rng(3)
+    sft = rng.normal(0.3, 0.3, 100)  # [U]
+    d = rng.normal(0.02, 0.1, 100)  # [U]: objective - sft per unit
+    offsets = np.array([-0.03, 0.0, 0.03])  # [S]: seed to seed, twice the units' standard error (0.01)
+    agree = compare.paired_bootstrap(np.tile(sft + d, (3, 1)), np.tile(sft, (3, 1)), 2000)
+    one_seed = compare.paired_bootstrap((sft + d)[None], sft[None], 2000)
+    disagree = compare.paired_bootstrap(sft + d + offsets[:, None], sft + offsets[:, None], 2000)
+    assert one_seed["seeds"] == [1, 1] and agree["seeds"] == disagree["seeds"] == [3, 3]
+    for p in (agree, one_seed, disagree):
+        assert math.isclose(p["diff"], d.mean(), abs_tol=EXACT)
+    # each standard error against the bootstrap's own variance of this design (1.6% Monte Carlo, above)
+    assert math.isclose(agree["se"], np.sqrt(bootstrap_variance(d, [])), rel_tol=0.08)
+    assert math.isclose(one_seed["se"], np.sqrt(bootstrap_variance(d, [])), rel_tol=0.08)
+    assert math.isclose(disagree["se"], np.sqrt(bootstrap_variance(d, [offsets, offsets])), rel_tol=0.08)
+    width = {k: p["ci95"][1] - p["ci95"][0] for k, p in (("agree", agree), ("disagree", disagree))}
+    assert width["disagree"] > 1.5 * width["agree"]  # sqrt(1 + 2 x 0.0006 / 3 / (0.01 / 100)) = 2.2 expected
+
+
+def test_units_without_a_value_and_one_seed_against_three():
+    """A prompt without a verdict in one seed (stage 04's `unsupported`) counts with the seeds that have one;
+    a unit with no value on a side is left out; the base model (one run) is paired with sft's three seeds."""
+    rng = np.random.default_rng(4)
+    base, sft = rng.random((1, 40)), rng.random((3, 40))  # [1, U], [3, U]
+    base[0, 7], sft[1, 3], sft[:, 5] = np.nan, np.nan, np.nan
+    p = compare.paired_bootstrap(base, sft, 2000)
+    keep = [u for u in range(40) if u not in (5, 7)]
+    expected = np.mean([base[0, u] - np.nanmean(sft[:, u]) for u in keep])
+    assert p["units"] == 38 and p["seeds"] == [1, 3] and math.isclose(p["diff"], expected, abs_tol=EXACT)
+    assert p["ci95"][0] < expected < p["ci95"][1] and not math.isnan(p["se"])
+    assert compare.paired_bootstrap(np.full((2, 3), np.nan), sft[:, :3], 100)["units"] == 0
+
+
+def test_the_power_statement_is_the_difference_detected_four_times_in_five():
+    """resolves = (z_0.975 + z_0.8) x SE: a true difference of that size, estimated with that standard
+    error, lies beyond the 5% two-sided critical value (1.96 SE) with probability 0.8."""
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0.1, 0.3, (3, 80)), rng.normal(0.0, 0.3, (3, 80))
+    p = compare.paired_bootstrap(a, b, 2000)
+    z = NormalDist()
+    power = 1 - z.cdf(z.inv_cdf(0.975) - p["resolves"] / p["se"])
+    assert math.isclose(power, 0.8, abs_tol=1e-9)
+    assert math.isclose(p["resolves"] / p["se"], 1.96 + 0.84, abs_tol=0.005)
+    assert p == compare.paired_bootstrap(a.copy(), b.copy(), 2000)  # the same draws every time (seed 0)
+
+
+def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
+    """--report-only on a copy of docs/records/cpu-real (its evaluations are the old `kernel` mode): the
+    table comes out, the point estimates of the paired differences are those the record holds (the
+    bootstrap changed, not the estimate), every interval brackets its estimate, and the kernel verdicts
+    are each run's stage-04 summary averaged over seeds."""
+    record = tmp_path / "cpu-real"
+    shutil.copytree(ROOT / "docs" / "records" / "cpu-real", record)
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "compare.py"), "--preset", "cpu-real",
+                        "--report-only", "--out", str(record)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((record / "comparison.json").read_text())
+    committed = json.loads((ROOT / "docs" / "records" / "cpu-real" / "comparison.json").read_text())
+    assert set(res["paired"]) == set(committed["paired"]) == {"profit", "cuset", "cuset.no-snap", "base"}
+    for o, metrics in committed["paired"].items():
+        for key, old in metrics.items():
+            new = res["paired"][o][key]
+            assert math.isclose(new["diff"], old["diff"], abs_tol=EXACT) and new["units"] == old["units"]
+            assert new["ci95"][0] <= new["diff"] <= new["ci95"][1]
+            assert new["seeds"] == [1 if o == "base" else 2, 2] and new["resolves"] > 0
+    for o in ("sft", "profit", "cuset", "cuset.no-snap"):
+        passes = [json.loads((record / f"{o}-seed{s}" / "eval-kernel" / "summary.json").read_text())
+                  ["overall"]["pass@1"] for s in range(2)]
+        assert math.isclose(res["table"][o]["kernel.pass@1"]["mean"], np.mean(passes), abs_tol=EXACT)
+    md = (record / "comparison.md").read_text()
+    assert "| objective | kernel.compile_rate | kernel.pass@1 |" in md
+    assert "resampled: seeds and units)" in md and "- cuset: resolves differences of " in md
