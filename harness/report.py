@@ -1,6 +1,7 @@
 """What stage 04 shows its user, apart from the protocol in 04_eval_kernels.py: the progress line
 (done/total, elapsed, ETA) of generation, compiles and runs, and summary.json and summary.md from
-the summary that 04_eval_kernels.summarize computes.
+the summary that 04_eval_kernels.summarize computes, with the generation record (harness/generation.py:
+generation_record); a --generate-only run's summary holds that record and no verdicts.
 """
 from __future__ import annotations
 
@@ -68,7 +69,32 @@ def summary_markdown(summary: dict, header: str) -> str:
     counts = {"task_error": summary["outcomes"]["task_error"], "unchecked": summary["overall"]["unchecked"],
               "emulated": summary["backend"] == "emulated"}
     lines += [line for kind, n in counts.items() if n for line in ("", NOTES[kind].format(n=n))]
+    if summary.get("generation"):
+        lines += ["", generation_line(summary["generation"])]
     return "\n".join(lines) + "\n"
+
+
+def generation_line(record: dict) -> str:
+    """One sentence of what generating took (the generation record)."""
+    return (f"Generation: {record['engine']} ({record['version']}, {record['dtype']}, {record['device']}; "
+            f"{record['chosen']}), loaded in {record['load_s']:,.1f} s; {record['tokens']:,} tokens in "
+            f"{record['seconds']:,.1f} s, {record['tokens_per_s']} tokens/s with loading excluded.")
+
+
+def write_generation_summary(out: Path, summary: dict) -> str:
+    """summary.json and summary.md of a --generate-only run (generation_summary in 04_eval_kernels.py), each
+    written atomically; returns the markdown, which says that nothing was judged."""
+    record, file = summary["generation"], summary["completions_file"]
+    md = "\n".join([
+        f"# Generation only: {summary['model']}, mode {summary['mode']}, levels {summary['levels']}", "",
+        f"**No verdicts**: nothing was compiled, run or judged. {summary['completions']} of "
+        f"{summary['rows']} completions are in {file}; score them with `04_eval_kernels.py --solutions "
+        f"{file}` (same --tasks, --mode, --levels), or rerun this command without --generate-only in the "
+        f"same --out.", "",
+        generation_line(record) if record else "Nothing was generated: every completion was there already."])
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "summary.md", md + "\n")
+    return md
 
 
 def write_summary(out: Path, summary: dict, header: str) -> str:

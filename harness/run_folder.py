@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, append_jsonl, check_out_dir, load_tasks, open_out,
                           read_appended_jsonl, read_jsonl, sha256_file, write_jsonl_atomic, write_text_atomic)
+from harness.generation import generation_settings
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
 # and its completion (up to --max-new-tokens tokens of a few bytes each), written twice (appended, then in
@@ -44,7 +45,7 @@ def run_fingerprint(args, backend: str) -> dict:
     """What defines a run's rows: a rerun into the same --out resumes only when all of it is equal."""
     source = ({"source": "reference"} if args.reference else
               {"source": "solutions", "solutions_sha256": sha256_file(args.solutions)} if args.solutions else
-              {"source": "model"} | model_fingerprint(args.model))
+              {"source": "model"} | model_fingerprint(args.model) | generation_settings(args))
     values = vars(args) | {"tasks": sha256_file(args.tasks), "backend": backend,
                            "emulate_checks": backend == "emulated" and args.emulate_checks}
     return source | {k: values[k] for k in FINGERPRINTED}

