@@ -1,13 +1,23 @@
 """Stage 02: low-confidence CUDA-sensitive regions and region-aware sample weights.
 
-CuSeT's second level of CUDA sensitivity: the few sensitive tokens the base model predicts
-with LOW confidence cluster into regions (index arithmetic, guards, shared-memory staging,
-synchronization, write-back). This stage finds those regions in the stage-01 profile,
-gives each sample a weight from its region mass, tests the finding on the data against
-three permutation nulls (does low confidence come in runs at all? do SENSITIVE low tokens
-cluster more than other low tokens? the same on untagged tokens) and says in one sentence
-what the data supports, and draws samples as an HTML page. The rules are our
-reconstruction (docs/method.md "Regions").
+CuSeT's second level of CUDA sensitivity: the few sensitive tokens the base model predicts with LOW
+confidence cluster into regions (index arithmetic, guards, shared-memory staging, synchronization,
+write-back). This stage finds those regions in the stage-01 profile and weights each sample by its region
+mass, in the order the data flows (the rules are our reconstruction; notation and formulas:
+docs/method.md "Regions"):
+
+  threshold  tau_i of each sample, a quantile of its confidences p0_it; a token is low when p0_it < tau_i
+  seeds      the low-confidence CUDA-sensitive tokens
+  growth     low tokens chain across at most --gap confident tokens; a chain that holds a seed is a region
+  snapping   a region extends to the whole source lines it touches; overlapping regions merge
+  category   a region's category is the majority one of its sensitive tokens
+  mass       m_i, the missing confidence (1 - p0_it) summed over sample i's region tokens, per token
+  weight     w_i, rising with m_i, clipped, at token-weighted mean 1 (stage 03 scales the loss with it)
+
+It then tests the paper's observation on the data against three permutation nulls (does low confidence
+come in runs at all? do SENSITIVE low tokens cluster more than other low tokens? the same on untagged
+tokens), says in one sentence what the data supports (labeling/observation.py), and draws samples as an
+HTML page (labeling/report.py).
 
 Inputs -> outputs:
   profile artifact (01_profile.py; default data/artifacts/profile)
@@ -16,8 +26,8 @@ Inputs -> outputs:
                           region_start / region_end int64 [R] (flat token index, end exclusive),
                           tau / sample_mass / sample_weight float32 [S], sample_offsets int64 [S+1]
      meta.json            stage, args, model, tokenizer_fingerprint, data, max_length, categories,
-                          profile {path (absolute), meta_sha256, tensors_sha256}, counts, finding \
-(the report's figures)
+                          profile {path (absolute), meta_sha256, tensors_sha256}, counts,
+                          finding (the report's figures)
      report.md            the finding (also printed)
      regions.html         self-contained page: tokens shaded by confidence, regions outlined
 
@@ -29,6 +39,7 @@ Commands:
 --model and --data (with its --data-fields and --data-where) must name what 01_profile.py was run with,
 or the profile is refused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,18 +49,44 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common import (DATA, RHO, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
-                          args_to_json, check_meta_matches, check_out_dir, check_ranges, json_safe,
-                          load_tokenizer, num, pct, read_artifact, read_jsonl, render_html, render_report,
-                          render_sample, run_main, sample_threshold, sha256_file, tokenizer_fingerprint,
-                          write_artifact)
+from cuset_common.artifacts import (
+    args_to_json,
+    check_meta_matches,
+    check_out_dir,
+    read_artifact,
+    tokenizer_fingerprint,
+    write_artifact,
+)
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data_sources import add_data_arguments, data_checks, data_flags, load_data
+from cuset_common.files import json_safe, read_jsonl, sha256_file
+from cuset_common.method import RHO, TAU_MAX, sample_threshold
+from cuset_common.models import load_tokenizer
+from cuset_common.paths import DATA, TINY_MODEL
+from labeling.labels import RegionLabels
+from labeling.observation import compute_finding
+from labeling.report import render_html, render_report
 
 STAGE = "02_label_regions"
-PROFILE_TENSORS = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16,
-                   "sensitive": np.uint8, "char_start": np.int32, "char_end": np.int32,
-                   "line_index": np.int32}  # all [T]
-LEVEL = 0.05  # significance level the report's plain sentence reads its tests at (per category: after Holm)
+PROFILE_TENSORS = {
+    "token_ids": np.int32,
+    "confidence": np.float32,
+    "entropy": np.float16,
+    "sensitive": np.uint8,
+    "char_start": np.int32,
+    "char_end": np.int32,
+    "line_index": np.int32,
+}  # all [T]
+KNOB_RANGES = {  # the values each option accepts (check_ranges)
+    "rho": "[0, 1]",
+    "tau_max": "(0, 1]",
+    "gap": "[0, inf)",
+    "alpha": "[0, inf)",
+    "w_max": "[1, inf)",
+    "permutations": "[0, inf)",
+    "seed": "[0, inf)",
+    "html_samples": "[0, inf)",
+}
 THRESHOLD_ROWS = 256  # samples padded into one [rows, longest] block for sample_threshold
 
 
@@ -58,35 +95,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         pass
 
     ap = ArgumentParser(description=__doc__, formatter_class=Formatter)
-    ap.add_argument("--profile", type=Path, default=DATA / "artifacts" / "profile",
-                    help="stage-01 artifact folder")
-    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "regions",
-                    help="regions artifact folder")
-    ap.add_argument("--model", type=str, default=str(TINY_MODEL),
-                    help="model of the profile (hub id or folder)")
+    ap.add_argument(
+        "--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder"
+    )
+    ap.add_argument(
+        "--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)"
+    )
     add_data_arguments(ap, "SFT data the profile was made from")
-    ap.add_argument("--rho", type=float, default=RHO,
-                    help="quantile of a sample's p0 for its threshold tau_i")
+    ap.add_argument(
+        "--rho", type=float, default=RHO, help="quantile of a sample's p0 for its threshold tau_i"
+    )
     ap.add_argument("--tau-max", type=float, default=TAU_MAX, help="upper bound on tau_i")
     ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
     ap.add_argument("--alpha", type=float, default=1.0, help="weight slope: w = 1 + alpha * m / mean(m)")
     ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
-    ap.add_argument("--weight-norm", choices=("token-mean", "none"), default="token-mean",
-                    help="token-mean: rescale w to token-weighted mean 1 (the sft "
-                         "loss scale); none: keep clipped w")
-    ap.add_argument("--snap-lines", action=argparse.BooleanOptionalAction, default=True,
-                    help="extend regions to whole source lines")
+    ap.add_argument(
+        "--weight-norm",
+        choices=("token-mean", "none"),
+        default="token-mean",
+        help="token-mean: rescale w to token-weighted mean 1 (the sft loss scale); none: keep clipped w",
+    )
+    ap.add_argument(
+        "--snap-lines",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="extend regions to whole source lines",
+    )
     ap.add_argument("--permutations", type=int, default=200, help="draws of each permutation null")
     ap.add_argument("--seed", type=int, default=0, help="seed of the permutation nulls")
-    ap.add_argument("--html-samples", type=int, default=8,
-                    help="samples on the HTML page (highest region mass)")
-    ap.add_argument("--force", action="store_true",
-                    help="use a profile made from other inputs anyway; replace "
-                         "another stage's artifact in --out")
+    ap.add_argument(
+        "--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)"
+    )
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="use a profile made from other inputs anyway; replace another stage's artifact in --out",
+    )
     args = ap.parse_args(argv)
-    check_ranges(ap, args, {"rho": "[0, 1]", "tau_max": "(0, 1]", "gap": "[0, inf)", "alpha": "[0, inf)",
-                            "w_max": "[1, inf)", "permutations": "[0, inf)", "seed": "[0, inf)",
-                            "html_samples": "[0, inf)"})
+    check_ranges(ap, args, KNOB_RANGES)
     return args
 
 
@@ -106,11 +155,12 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     hint = f"python 01_profile.py --model {args.model} {data_flags(args)} --out {args.profile}"
     tensors, meta = read_artifact(args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS)
     fingerprint = tokenizer_fingerprint(load_tokenizer(args.model))
-    seen = {"model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
-            **data_checks(meta.get("data")),
-            "tokenizer_fingerprint": meta.get("tokenizer_fingerprint")}
-    expected = {"model": args.model, **data_checks(load_data(args)[1]),
-                "tokenizer_fingerprint": fingerprint}
+    seen = {
+        "model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
+        **data_checks(meta.get("data")),
+        "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+    }
+    expected = {"model": args.model, **data_checks(load_data(args)[1]), "tokenizer_fingerprint": fingerprint}
     check_meta_matches(seen, expected, args.profile, hint, args.force)
     try:
         samples = [s for _, s in read_jsonl(args.profile / "samples.jsonl")]
@@ -121,29 +171,31 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     check_profile_tensors(tensors, len(samples), args.profile, hint)
     names = {int(k): v for k, v in sorted((meta.get("categories") or {}).items(), key=lambda kv: int(kv[0]))}
     if not set(np.unique(tensors["sensitive"]).tolist()) <= {0, *names}:
-        raise UserError(f"{args.profile}: meta.json 'categories' lacks a code "
-                        f"used in 'sensitive'; rerun {hint}")
+        raise UserError(
+            f"{args.profile}: meta.json 'categories' lacks a code used in 'sensitive'; rerun {hint}"
+        )
     return tensors, meta, samples, names
 
 
 def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> None:
     """What read_artifact's generic check leaves: one offset per sample of samples.jsonl, lines in order."""
+
     def bad(msg: str) -> UserError:
         return UserError(f"{where}: {msg}; rerun {hint}")
 
-    off, n_tok = t["sample_offsets"], len(t["confidence"])
-    if len(off) != n_samples + 1:
-        raise bad(f"sample_offsets cover {len(off) - 1} samples but samples.jsonl holds {n_samples}")
-    if n_tok == 0:
+    offsets, n_tokens = t["sample_offsets"], len(t["confidence"])
+    if len(offsets) != n_samples + 1:
+        raise bad(f"sample_offsets cover {len(offsets) - 1} samples but samples.jsonl holds {n_samples}")
+    if n_tokens == 0:
         raise bad("the profile holds no response tokens")
-    sample_of = np.repeat(np.arange(n_samples), np.diff(off))
+    sample_of = np.repeat(np.arange(n_samples), np.diff(offsets))
     line_steps = np.diff(t["line_index"].astype(np.int64))[sample_of[1:] == sample_of[:-1]]
     if np.any(line_steps < 0):
         raise bad("line_index decreases within a sample")
 
 
 # ---------------------------------------------------------------------------------------
-# Regions (docs/method.md "Regions", our reconstruction), on flat arrays over all T response tokens
+# The region rule (docs/method.md "Regions", our reconstruction), on flat arrays over all T response tokens
 # ---------------------------------------------------------------------------------------
 
 
@@ -155,32 +207,43 @@ def adaptive_thresholds(p: np.ndarray, offsets: np.ndarray, rho: float, tau_max:
     """
     n_tok, tau = np.diff(offsets), np.zeros(len(offsets) - 1)  # [S], [S]
     for lo in range(0, len(n_tok), THRESHOLD_ROWS):
-        n = n_tok[lo:lo + THRESHOLD_ROWS]  # [b]
+        n = n_tok[lo : lo + THRESHOLD_ROWS]  # [b]
         valid = np.arange(max(int(n.max()), 1)) < n[:, None]  # [b, W]
         rows = np.zeros(valid.shape)  # [b, W]; row-major True entries are the block's tokens in order
-        rows[valid] = p[offsets[lo]:offsets[lo + len(n)]]
+        rows[valid] = p[offsets[lo] : offsets[lo + len(n)]]
         block = sample_threshold(torch.from_numpy(rows), torch.from_numpy(valid), rho, tau_max)  # [b]
-        tau[lo:lo + len(n)] = block.numpy()
+        tau[lo : lo + len(n)] = block.numpy()
     return np.where(n_tok > 0, tau, 0.0)
 
 
-def grow_regions(low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray,
-                 gap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Grow each seed over low-confidence neighbours (p0 < tau_i), bridging <= gap confident tokens.
+def seed_tokens(low: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """bool [T]: the seeds of regions, the tokens both low-confidence and CUDA-sensitive."""
+    return low & (category > 0)
 
-    Low tokens chain when they are in the same sample and at most gap + 1 positions apart; a
-    chain holding a seed is a region [first low token, last low token + 1). Returns (starts,
-    ends) int64 [R], sorted and disjoint.
+
+def low_chains(low: np.ndarray, sample_of: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
+    """The chaining rule: two consecutive low-confidence tokens chain when they are in the same sample and at
+    most gap + 1 positions apart (at most `gap` confident tokens between them).
+
+    Returns (positions [L] of the low tokens, chain [L] of each, numbered 0, 1, ... in order). Regions grow
+    along these chains (grow_regions), and the observation's run statistic counts on them.
     """
-    idx = np.flatnonzero(low)  # [L] positions of low-confidence tokens
-    if len(idx) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    new_chain = np.ones(len(idx), dtype=bool)
+    idx = np.flatnonzero(low)  # [L]
+    new_chain = np.ones(len(idx), dtype=bool)  # [L] the token does not chain to the low token before it
     new_chain[1:] = (np.diff(idx) > gap + 1) | (sample_of[idx[1:]] != sample_of[idx[:-1]])
-    chain = np.cumsum(new_chain) - 1  # [L] chain of each low token
-    first = np.flatnonzero(new_chain)
-    last = np.r_[first[1:], len(idx)] - 1
-    has_seed = np.bincount(chain, weights=seed[idx], minlength=len(first)) > 0
+    return idx, np.cumsum(new_chain) - 1
+
+
+def grow_regions(
+    low: np.ndarray, seed: np.ndarray, sample_of: np.ndarray, gap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Grow each seed over its chain of low-confidence tokens (low_chains): a chain that holds a seed is a
+    region [its first low token, its last low token + 1). Returns (starts, ends) int64 [R], sorted and
+    disjoint."""
+    idx, chain = low_chains(low, sample_of, gap)  # [L], [L]
+    first = np.flatnonzero(np.diff(chain, prepend=-1))  # [C] first low token of each chain
+    last = np.r_[first[1:], len(idx)] - 1  # [C] last low token of each chain
+    has_seed = np.bincount(chain, weights=seed[idx], minlength=len(first)) > 0  # [C]
     return idx[first][has_seed].astype(np.int64), idx[last][has_seed].astype(np.int64) + 1
 
 
@@ -192,8 +255,10 @@ def snap_to_lines(starts: np.ndarray, ends: np.ndarray, line_index: np.ndarray, 
     line's first and last token without crossing into another sample.
     """
     key = sample_of.astype(np.int64) * (int(line_index.max()) + 1) + line_index  # [T]
-    return (np.searchsorted(key, key[starts], side="left").astype(np.int64),
-            np.searchsorted(key, key[ends - 1], side="right").astype(np.int64))
+    return (
+        np.searchsorted(key, key[starts], side="left").astype(np.int64),
+        np.searchsorted(key, key[ends - 1], side="right").astype(np.int64),
+    )
 
 
 def merge_overlaps(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -216,221 +281,114 @@ def label_tokens(starts: np.ndarray, ends: np.ndarray, n_tokens: int) -> np.ndar
     return np.where(inside, np.cumsum(opened)[:n_tokens] - 1, -1).astype(np.int32)
 
 
-def region_categories(region_id: np.ndarray, sensitive: np.ndarray, n_regions: int) -> np.ndarray:
+def region_categories(region_id: np.ndarray, category: np.ndarray, n_regions: int) -> np.ndarray:
     """Majority category of each region's sensitive tokens, uint8 [R]; a tie: the lower code (assumption)."""
-    inside = (region_id >= 0) & (sensitive > 0)
-    counts = np.bincount(region_id[inside].astype(np.int64) * 10 + sensitive[inside],
-                         minlength=n_regions * 10).reshape(n_regions, 10)
+    inside = (region_id >= 0) & (category > 0)
+    counts = np.bincount(
+        region_id[inside].astype(np.int64) * 10 + category[inside], minlength=n_regions * 10
+    ).reshape(n_regions, 10)
     return (np.argmax(counts[:, 1:], axis=1) + 1).astype(np.uint8)  # argmax picks the first maximum
 
 
-def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray,
-                n_tok: np.ndarray) -> np.ndarray:
+def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n_tok: np.ndarray) -> np.ndarray:
     """m_i = sum over sample i's region tokens of (1 - p0), divided by n_i; [S] (0 for an empty sample)."""
     summed = np.bincount(sample_of, weights=(1.0 - p) * (region_id >= 0), minlength=len(n_tok))
     return summed / np.maximum(n_tok, 1)
 
 
-def sample_weights(mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float,
-                   norm: str = "token-mean") -> np.ndarray:
+def sample_weights(
+    mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float, norm: str = "token-mean"
+) -> np.ndarray:
     """w_i = clip(1 + alpha * m_i / mean(m), 1, w_max); norm "token-mean" then divides by the token-weighted
     mean so that sum_i n_i w_i / sum_i n_i = 1, norm "none" keeps the clipped weights.
 
-    Why token-mean 1: the cuset loss is sum_i w_i sum_t m_it l_it / N, so a mean weight of 1 per token keeps
-    it on the sft scale and one learning rate serves both. The price: once any sample has a region the
-    divisor exceeds 1, so samples with little or no region mass end below 1, down-weighted against sft
-    (the report gives how many and how far). Assumption: mean(m) is over samples with response tokens;
-    with no region anywhere every weight is 1. The rescale only divides, so w stays <= w_max.
+    Why token-mean 1: the cuset loss is sum_i w_i sum_t k_it l_it / N (docs/method.md), so a mean weight of
+    1 per token keeps it on the sft scale and one learning rate serves both. The price: once any sample has
+    a region the divisor exceeds 1, so samples with little or no region mass end below 1, down-weighted
+    against sft (the report gives how many and how far). Assumption: mean(m) is over samples with response
+    tokens; with no region anywhere every weight is 1. The rescale only divides, so w stays <= w_max.
     """
     mean_m = mass[n_tok > 0].mean()
     raw = np.clip(1.0 + alpha * mass / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(mass)
     return raw * n_tok.sum() / (n_tok * raw).sum() if norm == "token-mean" else raw
 
 
+def label_regions(t: dict, args: argparse.Namespace) -> RegionLabels:
+    """The region rule on the profile's tensors t, step by step: thresholds, seeds, growth, snapping and
+    merging, categories, region mass, sample weights."""
+    p = t["confidence"].astype(np.float64)  # p0_it [T]
+    category, line_index, offsets = t["sensitive"], t["line_index"].astype(np.int64), t["sample_offsets"]
+    n_tok = np.diff(offsets)  # n_i [S]
+    sample_of = np.repeat(np.arange(len(n_tok)), n_tok)  # [T] sample of each token
+
+    tau = adaptive_thresholds(p, offsets, args.rho, args.tau_max)  # [S]
+    low = p < tau[sample_of]  # [T]
+    starts, ends = grow_regions(low, seed_tokens(low, category), sample_of, args.gap)  # [R]
+    if args.snap_lines:
+        starts, ends = merge_overlaps(*snap_to_lines(starts, ends, line_index, sample_of))
+    region_id = label_tokens(starts, ends, len(p))  # [T]
+    mass = region_mass(p, region_id, sample_of, n_tok)  # [S]
+    return RegionLabels(
+        sample_offsets=offsets,
+        tokens_per_sample=n_tok,
+        sample_of=sample_of,
+        confidence=p,
+        entropy=t["entropy"].astype(np.float64),
+        category=category,
+        line_index=line_index,
+        char_start=t["char_start"],
+        char_end=t["char_end"],
+        tau=tau,
+        low=low,
+        region_id=region_id,
+        region_start=starts,
+        region_end=ends,
+        region_category=region_categories(region_id, category, len(starts)),
+        mass=mass,
+        weight=sample_weights(mass, n_tok, args.alpha, args.w_max, args.weight_norm),
+    )
+
+
 # ---------------------------------------------------------------------------------------
-# The finding, each claim tested against the null that tests it (docs/method.md "Regions").
-# Clustering statistic: the share of low-confidence tokens of a kind (tag code; 0 = not sensitive)
-# in multi-token runs, i.e. with another low token of their sample within gap + 1 positions.
+# The artifact
 # ---------------------------------------------------------------------------------------
 
-NULLS = {  # name: (tokens the statistic is on, what the null moves, what a rejection shows)
-    "a": ("sensitive", "confidences shuffled within each sample", "low confidence comes in runs"),
-    "b": ("sensitive", "tags rotated within each sample",
-          "sensitive low tokens cluster more than other low tokens"),
-    "c": ("non-sensitive", "confidences shuffled within each sample",
-          "the same without tags (control for a)"),
-}
 
-
-def in_multi_token_run(low: np.ndarray, sample_of: np.ndarray, gap: int) -> np.ndarray:
-    """bool [T]: the token is low and another low token of its sample lies within gap + 1 positions,
-    i.e. exactly the low tokens whose chain in grow_regions holds >= 2 low tokens."""
-    idx = np.flatnonzero(low)  # [L] positions of low tokens
-    out = np.zeros(len(low), dtype=bool)
-    if len(idx) < 2:
-        return out
-    chained = (np.diff(idx) <= gap + 1) & (sample_of[idx[1:]] == sample_of[idx[:-1]])  # [L-1] low j and j+1
-    out[idx[np.r_[False, chained] | np.r_[chained, False]]] = True
-    return out
-
-
-def run_counts(low: np.ndarray, multi: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """int64 [2, 10]: per tag code (0 = not sensitive), low tokens in multi-token runs and low tokens."""
-    return np.stack([np.bincount(codes[multi], minlength=10), np.bincount(codes[low], minlength=10)])
-
-
-def run_shares(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Share of low tokens in runs from run_counts [..., 2, 10]: (all sensitive [...], per code [..., 10]);
-    NaN where a kind has no low token."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return counts[..., 0, 1:].sum(-1) / counts[..., 1, 1:].sum(-1), counts[..., 0, :] / counts[..., 1, :]
-
-
-def low_share_gap(counts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Low-confidence share of sensitive tokens minus that of other tokens, from run_counts [..., 2, 10] and
-    the tokens per code [10]. Either share alone is about rho by construction; their difference is not."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return counts[..., 1, 1:].sum(-1) / tokens[1:].sum() - counts[..., 1, 0] / tokens[0]
-
-
-def shuffled_confidence_null(p, tau_t, codes, sample_of, gap: int, n_perm: int, rng) -> np.ndarray:
-    """Nulls (a) and (c): run_counts [n_perm, 2, 10] with each sample's confidences shuffled over its
-    positions.
-
-    Tags, positions and each sample's tau stay fixed and low confidence may land anywhere, so a
-    rejection says low confidence comes in runs, for whatever tokens the statistic is on; it says
-    nothing about CUDA sensitivity unless (c), the same test on untagged tokens, does not reject.
-    """
-    out = np.zeros((n_perm, 2, 10), np.int64)
-    for k in range(n_perm):
-        low = p[np.argsort(sample_of + rng.random(len(p)))] < tau_t  # [T] a shuffle within each sample
-        out[k] = run_counts(low, in_multi_token_run(low, sample_of, gap), codes)
-    return out
-
-
-def rotated_tags_null(low, multi, codes, off, sample_of, n_perm: int, rng) -> np.ndarray:
-    """Null (b): run_counts [n_perm, 2, 10] with each sample's tags rotated (cyclically) by a random offset.
-
-    Confidences and runs stay fixed, and the tags keep their own spacing (a lexeme of several
-    tokens stays whole), so a rejection says sensitive low tokens sit in runs more than the other
-    low tokens of the same samples: the CUDA-specific claim.
-    """
-    n, start = np.diff(off)[sample_of], off[sample_of]  # [T] length and first token of each token's sample
-    pos = np.arange(len(codes)) - start  # [T] position within the sample
-    out = np.zeros((n_perm, 2, 10), np.int64)
-    for k in range(n_perm):
-        shift = rng.integers(np.maximum(np.diff(off), 1))[sample_of]  # [T] one offset per sample
-        out[k] = run_counts(low, multi, codes[start + (pos + shift) % n])
-    return out
-
-
-def p_value(observed: float, null: np.ndarray, side: str = "greater") -> float:
-    """Permutation p-value (1 + #{draws at least as extreme}) / (1 + #draws) over the draws where the
-    statistic is defined; side "greater", "less" or "two" (twice the smaller one-sided p, at most 1)."""
-    null = null[~np.isnan(null)]
-    if np.isnan(observed) or len(null) == 0:
-        return float("nan")
-    if side == "two":
-        return min(1.0, 2 * min(p_value(observed, null), p_value(observed, null, "less")))
-    hits = null >= observed - 1e-12 if side == "greater" else null <= observed + 1e-12
-    return float((1 + hits.sum()) / (1 + len(null)))
-
-
-def holm(p) -> np.ndarray:
-    """Holm's step-down adjustment of a family of p-values; NaN (untested) stays NaN, outside the family."""
-    p = np.asarray(p, dtype=np.float64)
-    order = np.flatnonzero(~np.isnan(p))
-    order = order[np.argsort(p[order], kind="stable")]
-    out = np.full(len(p), np.nan)
-    out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (len(order) - np.arange(len(order)))))
-    return out
-
-
-def mean(x) -> float:
-    x = np.asarray(x, dtype=np.float64)
-    x = x[~np.isnan(x)]
-    return float(x.mean()) if len(x) else float("nan")
-
-
-def spread(x) -> dict[str, float]:
-    """mean, sd and quantiles of x (NaN when x is empty)."""
-    q = np.quantile(x, [0, 0.1, 0.5, 0.9, 1]) if len(x) else [float("nan")] * 5
-    return {"mean": mean(x), "sd": float(np.std(x)) if len(x) else float("nan"),
-            **{k: float(v) for k, v in zip(("min", "p10", "median", "p90", "max"), q)}}
-
-
-def against(observed: float, null: np.ndarray, side: str = "greater") -> dict[str, float]:
-    """A statistic against its null draws: observed, null mean and sd, permutation p."""
-    return {"observed": float(observed), "null_mean": mean(null),
-            "null_sd": spread(null[~np.isnan(null)])["sd"], "p": p_value(observed, null, side)}
-
-
-def compute_finding(v: dict, names: dict[int, str], args) -> dict:
-    """Every figure of the report (also stored in meta.json). v holds the arrays of main():
-    [T] per token, [R] per region, [S] per sample; low confidence means p0 < tau of the sample."""
-    p, codes, tau_t, sample_of = v["p"], v["sensitive"], v["tau_t"], v["sample_of"]
-    low, sens, in_region, has, w = p < tau_t, codes > 0, v["region_id"] >= 0, v["n_tok"] > 0, v["weight"]
-    multi, tokens = in_multi_token_run(low, sample_of, args.gap), np.bincount(codes, minlength=10)
-    rng = np.random.default_rng(args.seed)
-    obs = run_counts(low, multi, codes)  # [2, 10]
-    null_a = shuffled_confidence_null(p, tau_t, codes, sample_of, args.gap, args.permutations, rng)
-    null_b = rotated_tags_null(low, multi, codes, v["off"], sample_of, args.permutations, rng)
-    (obs_s, obs_c), (a_s, a_c), (b_s, b_c) = run_shares(obs), run_shares(null_a), run_shares(null_b)
-    p_a, p_b = ([p_value(obs_c[c], null[:, c]) for c in names] for null in (a_c, b_c))
-    per_cat = {name: {"code": c, "tokens": int(tokens[c]), "low_conf_tokens": int(obs[1, c]),
-                      "low_conf_share": mean(low[codes == c]), "mean_p": mean(p[codes == c]),
-                      "clustered_share": float(obs_c[c]), "null_a_mean": mean(a_c[:, c]), "p_a": pa,
-                      "p_a_holm": ha, "null_b_mean": mean(b_c[:, c]), "p_b": pb, "p_b_holm": hb,
-                      "regions": int((v["cats"] == c).sum())}
-               for (c, name), pa, ha, pb, hb in zip(names.items(), p_a, holm(p_a), p_b, holm(p_b))}
-    nulls = {k: {**dict(zip(("tokens", "moves", "rejection_shows"), NULLS[k])), **against(o, null)}
-             for k, o, null in (("a", obs_s, a_s), ("b", obs_s, b_s), ("c", obs_c[0], a_c[:, 0]))}
-    starts, ends, line = v["starts"], v["ends"], v["line"]
-    f = {
-        "tokens": len(p), "sensitive_tokens": int(sens.sum()), "low_conf_tokens": int(low.sum()),
-        "permutations": args.permutations, "seed": args.seed, "level": LEVEL, "nulls": nulls,
-        "low_share": {"sensitive": mean(low[sens]), "other": mean(low[~sens]),
-                      **against(low_share_gap(obs, tokens), low_share_gap(null_b, tokens), "two"),
-                      "test": "sensitive minus other, against the tag rotations of null (b), two-sided"},
-        "above_tau_max_sensitive": mean(p[sens] >= args.tau_max),
-        "above_tau_max_other": mean(p[~sens] >= args.tau_max),
-        "mean_entropy_sensitive": mean(v["entropy"][sens]), "mean_entropy_other": mean(v["entropy"][~sens]),
-        "per_category": per_cat,
-        "regions": {"count": len(starts), "tokens": int(in_region.sum()),
-                    "samples_with_regions": int(np.unique(sample_of[in_region]).size),
-                    "length_tokens": spread(ends - starts),
-                    "length_lines": spread(line[ends - 1] - line[starts] + 1)},
-        "weights": {"norm": args.weight_norm, "samples": int(has.sum()), **spread(w[has]),
-                    "samples_above_1": int(np.sum(w[has] > 1.0)),
-                    "samples_below_1": int(np.sum(w[has] < 1.0)), "mean_mass": mean(v["mass"][has]),
-                    "token_weighted_mean": float((w * v["n_tok"]).sum() / len(p))},
+def artifact_tensors(labels: RegionLabels) -> dict[str, np.ndarray]:
+    """The regions artifact's tensors: regions per token and per region, and tau_i, m_i, w_i per sample."""
+    return {
+        "region_id": labels.region_id,
+        "region_category": labels.region_category,
+        "region_start": labels.region_start,
+        "region_end": labels.region_end,
+        "tau": labels.tau.astype(np.float32),
+        "sample_mass": labels.mass.astype(np.float32),
+        "sample_weight": labels.weight.astype(np.float32),
+        "sample_offsets": labels.sample_offsets.astype(np.int64),
     }
-    f["conclusion"] = conclusion(f)
-    return f
 
 
-def conclusion(f: dict) -> str:
-    """One plain sentence of what the data does and does not support, read off the tests at LEVEL:
-    (a) and (c) for runs at all, (b) for the CUDA-specific claim (per category after Holm), the low share."""
-    a, b, c, ls = f["nulls"]["a"], f["nulls"]["b"], f["nulls"]["c"], f["low_share"]
-    if b["p"] != b["p"]:  # NaN: no draws
-        return ("No permutation test was run (--permutations 0), so this data "
-                "supports no claim about clustering.")
-    sa, sb, sc, sl = (q < LEVEL for q in (a["p"], b["p"], c["p"], ls["p"]))
-    runs = ("low confidence comes in runs, for sensitive and non-sensitive tokens alike" if sa and sc else
-            "low-confidence sensitive tokens come in runs, non-sensitive ones do not" if sa else
-            "low-confidence non-sensitive tokens come in runs, sensitive ones do not" if sc else
-            "low confidence does not come in runs")
-    vs = f"{pct(b['observed'])} in runs vs {pct(b['null_mean'])}, b: p = {num(b['p'], 4)}"
-    cats = ", ".join(n for n, cat in f["per_category"].items() if cat["p_b_holm"] < LEVEL) or "none"
-    spec = (f"low-confidence sensitive tokens {'sit' if sb else 'do not sit'} in runs "
-            f"{'' if sb else 'significantly '}more than their tags rotated over the same confidences "
-            f"({vs}), so it {'supports' if sb else 'does not support'} that CUDA-sensitive low-confidence "
-            f"tokens cluster specially (categories that do after Holm: {cats})")
-    how = ("more" if ls["observed"] > 0 else "less") if sl else "neither more nor less"
-    return (f"At level {LEVEL}: {runs} (a: p = {num(a['p'], 4)}, c: p = {num(c['p'], 4)}); {spec}; and "
-            f"sensitive tokens are {how} often low-confidence than other tokens ({pct(ls['sensitive'])} vs "
-            f"{pct(ls['other'])}, p = {num(ls['p'], 4)}).")
+def artifact_meta(args: argparse.Namespace, profile_meta: dict, labels: RegionLabels, finding: dict) -> dict:
+    """meta.json: the run's arguments, the profile's identity (stage 03 checks it), counts and the finding."""
+    inherited = ("model", "tokenizer_fingerprint", "data", "max_length", "categories")
+    return {
+        "stage": STAGE,
+        "args": args_to_json(args),
+        **{k: profile_meta.get(k) for k in inherited},
+        "profile": {
+            "path": str(args.profile.resolve()),
+            "meta_sha256": sha256_file(args.profile / "meta.json"),
+            "tensors_sha256": sha256_file(args.profile / "tensors.safetensors"),
+        },
+        "counts": {
+            "samples": len(labels.tokens_per_sample),
+            "response_tokens": len(labels.confidence),
+            "regions": len(labels.region_start),
+            "region_tokens": int((labels.region_id >= 0).sum()),
+            "seeds": int(seed_tokens(labels.low, labels.category).sum()),
+        },
+        "finding": json_safe(finding),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -440,51 +398,20 @@ def conclusion(f: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    t, meta, samples, names = load_profile(args)
+    tensors, profile_meta, samples, names = load_profile(args)
     # room: the profile's tensors are more than the regions artifact needs (24 bytes per token against 4)
     inputs = {"--profile": args.profile, "--data": args.data, "--model": Path(args.model)}
     check_out_dir(args.out, STAGE, inputs, args.force, (args.profile / "tensors.safetensors").stat().st_size)
-    p = t["confidence"].astype(np.float64)  # [T]
-    sensitive, line_index, off = t["sensitive"], t["line_index"].astype(np.int64), t["sample_offsets"]
-    n_tok = np.diff(off)  # [S]
-    sample_of = np.repeat(np.arange(len(n_tok)), n_tok)  # [T] sample of each token
 
-    tau = adaptive_thresholds(p, off, args.rho, args.tau_max)  # [S]
-    low = p < tau[sample_of]  # [T]
-    starts, ends = grow_regions(low, low & (sensitive > 0), sample_of, args.gap)  # [R]
-    if args.snap_lines:
-        starts, ends = merge_overlaps(*snap_to_lines(starts, ends, line_index, sample_of))
-    region_id = label_tokens(starts, ends, len(p))  # [T]
-    cats = region_categories(region_id, sensitive, len(starts))  # [R]
-    mass = region_mass(p, region_id, sample_of, n_tok)  # [S]
-    weight = sample_weights(mass, n_tok, args.alpha, args.w_max, args.weight_norm)  # [S]
-
-    v = {"off": off, "n_tok": n_tok, "sample_of": sample_of, "p": p,
-         "entropy": t["entropy"].astype(np.float64), "sensitive": sensitive, "line": line_index,
-         "cs": t["char_start"], "ce": t["char_end"], "tau": tau, "tau_t": tau[sample_of],
-         "region_id": region_id, "starts": starts, "ends": ends, "cats": cats, "mass": mass,
-         "weight": weight}
-    finding = compute_finding(v, names, args)
+    labels = label_regions(tensors, args)
+    finding = compute_finding(labels, names, args, chain_rule=low_chains)
     report = render_report(finding, args, len(samples))
-    shown = np.argsort(-mass, kind="stable")[: args.html_samples].tolist()  # highest region mass first
-    page = render_html([render_sample(i, samples[i], v, names) for i in shown], finding, args, names)
+    page = render_html(labels, samples, finding, args, names)
 
-    tensors = {"region_id": region_id, "region_category": cats, "region_start": starts, "region_end": ends,
-               "tau": tau.astype(np.float32), "sample_mass": mass.astype(np.float32),
-               "sample_weight": weight.astype(np.float32), "sample_offsets": off.astype(np.int64)}
-    out_meta = {"stage": STAGE, "args": args_to_json(args),
-                **{k: meta.get(k)
-                   for k in ("model", "tokenizer_fingerprint", "data", "max_length", "categories")},
-                "profile": {"path": str(args.profile.resolve()),
-                            "meta_sha256": sha256_file(args.profile / "meta.json"),
-                            "tensors_sha256": sha256_file(args.profile / "tensors.safetensors")},
-                "counts": {"samples": len(n_tok), "response_tokens": len(p), "regions": len(starts),
-                           "region_tokens": int((region_id >= 0).sum()),
-                           "seeds": int((low & (sensitive > 0)).sum())},
-                "finding": json_safe(finding)}
-    write_artifact(args.out, tensors, out_meta, {"report.md": report, "regions.html": page})
+    meta = artifact_meta(args, profile_meta, labels, finding)
+    write_artifact(args.out, artifact_tensors(labels), meta, {"report.md": report, "regions.html": page})
     print(report)
-    print(f"wrote {args.out} ({len(starts)} regions; report.md, regions.html)")
+    print(f"wrote {args.out} ({len(labels.region_start)} regions; report.md, regions.html)")
     return 0
 
 

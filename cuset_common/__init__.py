@@ -13,15 +13,13 @@ and HTML page) lives here so that the stage reads as one story. Modules:
   data       SFT records in any supported form, and the tokenization every stage uses
   models     loading models and tokenizers with one-line errors; the plain-head check
   method     formulas stages 01-03 share: sample_threshold, gold_logprobs, and their defaults
-  resume     the state a killed run continues from (stage 01's shards, stage 03's resume/ folder)
+  resume     the state a killed run of stage 03 continues from (its resume/ folder)
   scale      distributed setup, FSDP2 sharding, the memory plan and the step log (stage 03)
-  profiling  stage 01's batching (auto batch size and chunk rows per device, the batch plan), summary
-  reports    stage 02's report.md and regions.html
-  cuda_source reading CUDA C++ for stage 01's tagger (imported as cuset_common.cuda_source)
   data_sources --data as a table, dataset folder or hub id, with --data-fields and --data-where
               (imported as cuset_common.data_sources)
 
-`from cuset_common import X` names every public name of these modules but cuda_source and data_sources.
+`from cuset_common import X` names every public name of these modules but data_sources. Stage 01's helpers
+(batching, resume shards, the tagger and its C++ reading) are in profiler/.
 """
 from .artifacts import (EVAL_RUN_FILES, SCHEMA_VERSION, STAGES, TRAIN_RUN_FILES, args_to_json,
                         artifact_stage, aside_dir, check_flat_tensors, check_meta_matches, check_out_dir,
@@ -38,10 +36,6 @@ from .models import (MODEL_PARTS, check_head_is_plain, check_hub_id, check_model
 from .paths import (DATA, EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, MODES, NVCC_DEFAULT_ARCH, NVCC_FLAGS,
                     NVCC_NATIVE_ARCH, ROOT, SFT_FILE, SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE,
                     SMOLLM2_MODEL, SYSTEM_PROMPT, TASKS_FILE, TINY_MODEL)
-from .profiling import (AUTO, check_response_tokens, for_device, line_indices, make_batches,
-                        positive_or_auto, print_profile_summary)
-from .reports import (CATEGORY_COLORS, CSS, display_lines, json_safe, num, pct, region_boxes, render_html,
-                      render_line, render_report, render_sample, shade)
 from .tasks import (KERNEL_SIGNATURE, TASK_REQUIRED, build_messages, build_prompt, fence, load_tasks,
                     signature_parts)
 
@@ -52,8 +46,8 @@ from .tasks import (KERNEL_SIGNATURE, TASK_REQUIRED, build_messages, build_promp
 _LAZY = {
     **dict.fromkeys(("RHO", "TAU_MAX", "entropy_of", "gold_logprob_entropy", "gold_logprobs", "head_logits",
                      "row_chunks", "sample_threshold"), "method"),
-    **dict.fromkeys(("check_partial", "check_resume", "checkpoint_room", "load_resume", "load_shards",
-                     "partial_dir", "resume_dir", "save_resume", "save_shard", "state_options"), "resume"),
+    **dict.fromkeys(("check_resume", "checkpoint_room", "load_resume", "resume_dir", "save_resume",
+                     "state_options"), "resume"),
     **dict.fromkeys(("all_reduce_stats", "decoder_layers", "format_memory_plan", "fsdp_micro_batch",
                      "log_step", "memory_plan", "setup_distributed", "shard_fsdp"), "scale"),
 }
@@ -79,12 +73,10 @@ __all__ = ["EVAL_RUN_FILES", "SCHEMA_VERSION", "STAGES", "TRAIN_RUN_FILES", "arg
            "check_head_is_plain", "check_hub_id", "check_model_source", "load_causal_lm", "load_tokenizer",
            "output_head", "DATA", "EVAL_SFT_FILE", "EVAL_SFT_KERNEL_FILE", "LEVELS", "MODES",
            "NVCC_DEFAULT_ARCH", "NVCC_FLAGS", "NVCC_NATIVE_ARCH", "ROOT", "SFT_FILE", "SFT_KERNEL_FILE",
-           "SFT_KERNEL_ORIGINALS_FILE", "SMOLLM2_MODEL", "SYSTEM_PROMPT", "TASKS_FILE", "TINY_MODEL", "AUTO",
-           "check_response_tokens", "for_device", "line_indices", "make_batches", "positive_or_auto",
-           "print_profile_summary", "CATEGORY_COLORS", "CSS", "display_lines", "json_safe", "num", "pct",
-           "region_boxes", "render_html", "render_line", "render_report", "render_sample", "shade",
-           "check_partial", "check_resume", "checkpoint_room", "load_resume", "load_shards", "partial_dir",
-           "resume_dir", "save_resume", "save_shard", "state_options", "all_reduce_stats", "decoder_layers",
+           "SFT_KERNEL_ORIGINALS_FILE", "SMOLLM2_MODEL", "SYSTEM_PROMPT", "TASKS_FILE", "TINY_MODEL",
+           "check_resume",
+           "checkpoint_room", "load_resume", "resume_dir", "save_resume", "state_options", "all_reduce_stats",
+           "decoder_layers",
            "format_memory_plan", "fsdp_micro_batch", "log_step", "memory_plan", "setup_distributed",
            "shard_fsdp", "KERNEL_SIGNATURE", "TASK_REQUIRED", "build_messages", "build_prompt", "fence",
            "load_tasks", "signature_parts"]

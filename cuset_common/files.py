@@ -32,6 +32,16 @@ def write_jsonl_atomic(path: Path, records: list[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
+def json_safe(x):
+    """NaN -> None in dicts, lists and tuples, recursively: strict JSON has no NaN (a figure that could not
+    be computed is written as null)."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return None if isinstance(x, float) and x != x else x  # x != x: NaN
+
+
 def append_jsonl(path: Path, records: list[dict]) -> None:
     """Append records and fsync, so that a kill loses at most the line being written (a torn last
     line, which read_appended_jsonl drops)."""

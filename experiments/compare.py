@@ -86,7 +86,7 @@ from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, S
                           args_to_json, check_model_source, check_ranges, load_script,
                           read_appended_jsonl, read_artifact, resume_dir, run_main, sha256_file,
                           write_text_atomic)
-from profiling.shards import partial_dir  # noqa: E402
+from profiler.shards import partial_dir  # noqa: E402
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")

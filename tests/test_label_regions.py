@@ -1,10 +1,11 @@
 """Stage 02 (02_label_regions.py): region rules, weights, the finding, the artifact and the HTML page.
 
-Most tests run on synthetic profile artifacts written with cuset_common.write_artifact, so
+Most tests run on synthetic profile artifacts written with cuset_common.artifacts.write_artifact, so
 every confidence and tag is chosen by hand and the region rules can be checked exactly.
 They name the bundled tiny model (data/models/tiny-cuda-lm), whose tokenizer the profile check fingerprints.
 The end-to-end test runs 01_profile.py on the tiny model and tests/fixtures/sft_small.jsonl.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,23 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import load_script
-from cuset_common import ROOT, TINY_MODEL, sha256_file, tokenizer_fingerprint, write_artifact
+from cuset_common.artifacts import tokenizer_fingerprint, write_artifact
+from cuset_common.cli import load_script
+from cuset_common.files import sha256_file
+from cuset_common.paths import ROOT, TINY_MODEL
+from labeling import observation
 
-CATEGORIES = {"1": "signature", "2": "indexing", "3": "guard", "4": "shared_memory", "5": "synchronization",
-              "6": "warp_atomic", "7": "launch", "8": "memory_api", "9": "write_back"}
+CATEGORIES = {
+    "1": "signature",
+    "2": "indexing",
+    "3": "guard",
+    "4": "shared_memory",
+    "5": "synchronization",
+    "6": "warp_atomic",
+    "7": "launch",
+    "8": "memory_api",
+    "9": "write_back",
+}
 
 
 stage = load_script("02_label_regions.py")
@@ -39,8 +52,9 @@ def tok() -> tuple[str, str]:
     return str(TINY_MODEL), tokenizer_fingerprint(AutoTokenizer.from_pretrained(TINY_MODEL))
 
 
-def make_profile(folder: Path, samples: list[list[tuple[str, float, int]]], model: str, data: Path,
-                 fingerprint: str) -> Path:
+def make_profile(
+    folder: Path, samples: list[list[tuple[str, float, int]]], model: str, data: Path, fingerprint: str
+) -> Path:
     """A profile artifact as 01_profile.py writes it; each sample is a list of (token text, p0, category)."""
     cols = {k: [] for k in ("confidence", "sensitive", "char_start", "char_end", "line_index")}
     records, offsets = [], [0]
@@ -51,21 +65,43 @@ def make_profile(folder: Path, samples: list[list[tuple[str, float, int]]], mode
                 cols[k].append(v)
             pos += len(s)
         offsets.append(offsets[-1] + len(toks))
-        records.append({"index": i, "id": f"s{i}", "line": i + 1, "response_text": text,
-                        "n_prompt_tokens": 3, "n_response_tokens": len(toks), "truncated": False})
+        records.append(
+            {
+                "index": i,
+                "id": f"s{i}",
+                "line": i + 1,
+                "response_text": text,
+                "n_prompt_tokens": 3,
+                "n_response_tokens": len(toks),
+                "truncated": False,
+            }
+        )
     n = offsets[-1]
-    tensors = {"token_ids": np.arange(n, dtype=np.int32),
-               "confidence": np.array(cols["confidence"], np.float32),
-               "entropy": np.linspace(0, 3, n).astype(np.float16),
-               "sensitive": np.array(cols["sensitive"], np.uint8),
-               "char_start": np.array(cols["char_start"], np.int32),
-               "char_end": np.array(cols["char_end"], np.int32),
-               "line_index": np.array(cols["line_index"], np.int32),
-               "sample_offsets": np.array(offsets, np.int64)}
-    meta = {"stage": "01_profile", "args": {}, "model": model, "tokenizer_fingerprint": fingerprint,
-            "data": {"path": str(data), "sha256": sha256_file(data)}, "max_length": 512,
-            "counts": {"samples": len(samples), "response_tokens": n, "truncated": 0,
-                       "no_response": sum(1 for s in samples if not s)}, "categories": CATEGORIES}
+    tensors = {
+        "token_ids": np.arange(n, dtype=np.int32),
+        "confidence": np.array(cols["confidence"], np.float32),
+        "entropy": np.linspace(0, 3, n).astype(np.float16),
+        "sensitive": np.array(cols["sensitive"], np.uint8),
+        "char_start": np.array(cols["char_start"], np.int32),
+        "char_end": np.array(cols["char_end"], np.int32),
+        "line_index": np.array(cols["line_index"], np.int32),
+        "sample_offsets": np.array(offsets, np.int64),
+    }
+    meta = {
+        "stage": "01_profile",
+        "args": {},
+        "model": model,
+        "tokenizer_fingerprint": fingerprint,
+        "data": {"path": str(data), "sha256": sha256_file(data)},
+        "max_length": 512,
+        "counts": {
+            "samples": len(samples),
+            "response_tokens": n,
+            "truncated": 0,
+            "no_response": sum(1 for s in samples if not s),
+        },
+        "categories": CATEGORIES,
+    }
     write_artifact(folder, tensors, meta, {"samples.jsonl": "".join(json.dumps(r) + "\n" for r in records)})
     return folder
 
@@ -74,8 +110,22 @@ def random_samples(n_samples: int, seed: int) -> list[list[tuple[str, float, int
     """Code-like samples: lines of tokens, ~25% sensitive, confidences mostly high, some low runs;
     newline tokens carry the next line's indentation (as byte-level BPE merges them)."""
     rng = np.random.default_rng(seed)
-    words = ["int", "i", "=", "blockIdx.x", "*", "if", "(", ")", "out[i]", "__syncthreads();", "x", "+", "n",
-             ";"]
+    words = [
+        "int",
+        "i",
+        "=",
+        "blockIdx.x",
+        "*",
+        "if",
+        "(",
+        ")",
+        "out[i]",
+        "__syncthreads();",
+        "x",
+        "+",
+        "n",
+        ";",
+    ]
     samples = []
     for _ in range(n_samples):
         toks = []
@@ -97,8 +147,23 @@ def inputs(tmp_path, tok):
     data = tmp_path / "sft.jsonl"
     data.write_text('{"prompt": "p", "completion": "c"}\n')
     model, fp = tok
-    return data, model, fp, ["--model", model, "--data", str(data), "--profile", str(tmp_path / "profile"),
-                             "--out", str(tmp_path / "regions"), "--permutations", "50"]
+    return (
+        data,
+        model,
+        fp,
+        [
+            "--model",
+            model,
+            "--data",
+            str(data),
+            "--profile",
+            str(tmp_path / "profile"),
+            "--out",
+            str(tmp_path / "regions"),
+            "--permutations",
+            "50",
+        ],
+    )
 
 
 def read_regions(folder: Path) -> tuple[dict, dict]:
@@ -117,6 +182,17 @@ def test_adaptive_threshold_is_quantile_capped_by_tau_max():
     assert tau[0] == pytest.approx(np.quantile(p[:5], 0.25))  # 0.2
     assert tau[1] == 0.0  # empty sample: nothing can be below
     assert tau[2] == 0.5  # quantile 0.9625 capped at tau_max
+
+
+def test_low_chains_links_low_tokens_at_most_gap_apart_within_a_sample():
+    low = np.array([1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 1], bool)
+    sample = np.array([0] * 9 + [1] * 2)
+    idx, chain = stage.low_chains(low, sample, gap=2)
+    assert idx.tolist() == [0, 1, 4, 8, 9, 10]
+    # 1 -> 4 bridges 2 confident tokens, 4 -> 8 would bridge 3; 8 and 9 are in different samples
+    assert chain.tolist() == [0, 0, 0, 1, 2, 2]
+    idx, chain = stage.low_chains(np.zeros(4, bool), np.zeros(4, int), gap=2)
+    assert idx.size == chain.size == 0
 
 
 def test_grow_bridges_at_most_gap_confident_tokens_and_needs_a_seed():
@@ -155,8 +231,7 @@ def test_snap_to_lines_and_merge():
 def test_label_tokens_and_majority_category():
     rid = stage.label_tokens(np.array([1, 5]), np.array([4, 8]), 9)
     assert rid.tolist() == [-1, 0, 0, 0, -1, 1, 1, 1, -1] and rid.dtype == np.int32
-    sens = np.array([2, 3, 3, 2, 0, 7, 2, 0, 3],
-                    np.uint8)  # region 0: 3,3,2 -> guard; region 1: 7,2 tie -> 2
+    sens = np.array([2, 3, 3, 2, 0, 7, 2, 0, 3], np.uint8)  # region 0: 3,3,2 -> guard; region 1: 7,2 tie -> 2
     assert stage.region_categories(rid, sens, 2).tolist() == [3, 2]
 
 
@@ -192,30 +267,48 @@ def test_multi_token_run_matches_the_grown_chains(gap):
     rng = np.random.default_rng(gap)
     low = rng.random(400) < 0.3
     sample = np.sort(rng.integers(0, 12, 400))
-    assert np.array_equal(stage.in_multi_token_run(low, sample, gap), naive_multi(low, sample, gap))
-    assert not stage.in_multi_token_run(np.zeros(5, bool), np.zeros(5, int), gap).any()
-    assert not stage.in_multi_token_run(np.array([False, True]), np.zeros(2, int), gap).any()
+    assert np.array_equal(
+        observation.in_multi_token_run(low, sample, gap, stage.low_chains), naive_multi(low, sample, gap)
+    )
+    assert not observation.in_multi_token_run(
+        np.zeros(5, bool), np.zeros(5, int), gap, stage.low_chains
+    ).any()
+    assert not observation.in_multi_token_run(
+        np.array([False, True]), np.zeros(2, int), gap, stage.low_chains
+    ).any()
 
 
 def test_holm_and_p_values():
-    assert stage.holm([0.01, 0.04, np.nan, 0.03]) == pytest.approx([0.03, 0.06, np.nan, 0.06], nan_ok=True)
-    assert stage.holm([0.5, 0.9]).tolist() == [1.0, 1.0] and stage.holm([]).size == 0
+    assert observation.holm([0.01, 0.04, np.nan, 0.03]) == pytest.approx(
+        [0.03, 0.06, np.nan, 0.06], nan_ok=True
+    )
+    assert observation.holm([0.5, 0.9]).tolist() == [1.0, 1.0] and observation.holm([]).size == 0
     null = np.array([0.1, 0.2, 0.3, np.nan])  # a draw where the statistic is undefined is left out
-    assert stage.p_value(0.3, null) == pytest.approx(2 / 4) and stage.p_value(0.05, null, "less") == 1 / 4
-    assert stage.p_value(0.35, null,
-                         "two") == pytest.approx(2 / 4) and stage.p_value(0.2, null, "two") == 1.0
-    assert np.isnan(stage.p_value(0.3, np.zeros(0))) and np.isnan(stage.p_value(np.nan, null))
+    assert (
+        observation.p_value(0.3, null) == pytest.approx(2 / 4)
+        and observation.p_value(0.05, null, "less") == 1 / 4
+    )
+    assert (
+        observation.p_value(0.35, null, "two") == pytest.approx(2 / 4)
+        and observation.p_value(0.2, null, "two") == 1.0
+    )
+    assert np.isnan(observation.p_value(0.3, np.zeros(0))) and np.isnan(observation.p_value(np.nan, null))
 
 
 def test_confidence_shuffle_stays_within_samples_and_is_seeded():
     p = np.r_[np.full(30, 0.1), np.full(50, 0.9)]  # sample 0 all low, sample 1 all high
     codes = np.r_[np.full(30, 3), np.full(50, 4)].astype(np.uint8)
     sample = np.repeat([0, 1], [30, 50])
-    null = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20,
-                                          np.random.default_rng(1))
+
+    def draw():
+        rng = np.random.default_rng(1)
+        return observation.shuffled_confidence_null(
+            p, np.full(80, 0.5), codes, sample, 2, 20, rng, stage.low_chains
+        )
+
+    null = draw()
     assert np.all(null[:, 1, 3] == 30) and np.all(null[:, 1, 4] == 0)  # no low confidence crosses a sample
-    again = stage.shuffled_confidence_null(p, np.full(80, 0.5), codes, sample, 2, 20,
-                                           np.random.default_rng(1))
+    again = draw()
     assert np.array_equal(null, again)
 
 
@@ -225,7 +318,7 @@ def test_tag_rotation_keeps_a_lexeme_whole_and_stays_within_samples():
     codes = np.r_[[2, 2, 0, 0, 0, 0, 0, 0], np.full(6, 5)].astype(np.uint8)
     low = np.r_[[True, True], np.zeros(6, bool), np.ones(6, bool)]
     off, sample = np.array([0, 8, 14]), np.repeat([0, 1], [8, 6])
-    null = stage.rotated_tags_null(low, low, codes, off, sample, 4000, np.random.default_rng(0))
+    null = observation.rotated_tags_null(low, low, codes, off, sample, 4000, np.random.default_rng(0))
     # the low tokens stay where they are
     assert np.all(null[:, 1, 5] == 6) and np.all(null[:, 1, :].sum(1) == 8)
     on_pair = np.bincount(null[:, 1, 2], minlength=3) / 4000  # tags landing on the low pair: 0, 1 or 2
@@ -245,8 +338,8 @@ def runs_samples(planted: bool, seed: int, n_samples: int = 60, length: int = 96
         for k, item in enumerate(rng.permutation([2, 3, 0, 0])):  # run tagged 2, run tagged 3, isolated x2
             size = 5 if item else 1
             a = k * q + int(rng.integers(4, q - 3 - size))
-            p[a:a + size] = 0.1
-            cat[a + 1:a + 4] = item * planted  # 3 tags inside a run (none for an isolated one)
+            p[a : a + size] = 0.1
+            cat[a + 1 : a + 4] = item * planted  # 3 tags inside a run (none for an isolated one)
         if planted:
             cat[rng.choice(np.flatnonzero(p > 0.5), 4, replace=False)] = rng.integers(2, 4, 4)
         else:
@@ -270,8 +363,10 @@ def test_finding_on_planted_clustering(inputs, tmp_path):
     assert cats["launch"]["p_b"] is None
     assert f["low_share"]["sensitive"] > 0.5 > 0.1 > f["low_share"]["other"]
     assert f["low_share"]["p"] == pytest.approx(2 / 201)  # two-sided
-    assert ("so it supports that CUDA-sensitive low-confidence tokens cluster specially (categories that do "
-            "after Holm: indexing, guard)" in f["conclusion"])
+    assert (
+        "so it supports that CUDA-sensitive low-confidence tokens cluster specially (categories that do "
+        "after Holm: indexing, guard)" in f["conclusion"]
+    )
     report = (tmp_path / "regions" / "report.md").read_text()
     assert f["conclusion"] in report and report.count("| (") == 3 and "| 0.0050 (0.0100) |" in report
 
@@ -289,8 +384,10 @@ def test_finding_when_tags_ignore_the_runs(inputs, tmp_path):
     assert f["low_share"]["p"] > 0.25
     assert all(c["p_b_holm"] is None or c["p_b_holm"] > 0.05 for c in f["per_category"].values())
     assert "for sensitive and non-sensitive tokens alike" in f["conclusion"]
-    assert ("does not support that CUDA-sensitive low-confidence tokens cluster specially (categories that "
-            "do after Holm: none)" in f["conclusion"])
+    assert (
+        "does not support that CUDA-sensitive low-confidence tokens cluster specially (categories that "
+        "do after Holm: none)" in f["conclusion"]
+    )
     assert "neither more nor less often low-confidence" in f["conclusion"]
 
 
@@ -326,9 +423,16 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
     T, S = len(prof["confidence"]), len(samples)
     R = len(t["region_start"])
-    expected = {"region_id": (np.int32, T), "region_category": (np.uint8, R), "region_start": (np.int64, R),
-                "region_end": (np.int64, R), "tau": (np.float32, S), "sample_mass": (np.float32, S),
-                "sample_weight": (np.float32, S), "sample_offsets": (np.int64, S + 1)}
+    expected = {
+        "region_id": (np.int32, T),
+        "region_category": (np.uint8, R),
+        "region_start": (np.int64, R),
+        "region_end": (np.int64, R),
+        "tau": (np.float32, S),
+        "sample_mass": (np.float32, S),
+        "sample_weight": (np.float32, S),
+        "sample_offsets": (np.int64, S + 1),
+    }
     want = {k: (np.dtype(d), (n,)) for k, (d, n) in expected.items()}
     assert {k: (v.dtype, v.shape) for k, v in t.items()} == want
     assert R > 3 and np.array_equal(t["sample_offsets"], prof["sample_offsets"])
@@ -348,9 +452,17 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     assert meta["profile"]["meta_sha256"] == sha256_file(tmp_path / "profile" / "meta.json")
     assert meta["args"]["rho"] == 0.2 and meta["counts"]["regions"] == R and meta["counts"]["samples"] == S
     report = (out / "report.md").read_text()
-    for needle in ("What this data supports", "only the difference is evidence", "three nulls",
-                   "| 2 indexing |", "## Regions", "## Sample w", "end below 1", "sft scale",
-                   "use --permutations >= "):  # 50 draws: too few for Holm to pass over 7 categories
+    for needle in (
+        "What this data supports",
+        "only the difference is evidence",
+        "three nulls",
+        "| 2 indexing |",
+        "## Regions",
+        "## Sample w",
+        "end below 1",
+        "sft scale",
+        "use --permutations >= ",
+    ):  # 50 draws: too few for Holm to pass over 7 categories
         assert needle in report
     assert "three nulls" in capsys.readouterr().out
     f = meta["finding"]
@@ -365,8 +477,13 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
 def test_without_line_snapping_regions_are_the_grown_chains(inputs, tmp_path):
     data, model, fp, argv = inputs
     make_profile(tmp_path / "profile", random_samples(30, seed=1), model, data, fp)
-    assert stage.main(argv + ["--no-snap-lines", "--gap", "1", "--rho", "0.3", "--tau-max", "0.4",
-                              "--weight-norm", "none"]) == 0
+    assert (
+        stage.main(
+            argv
+            + ["--no-snap-lines", "--gap", "1", "--rho", "0.3", "--tau-max", "0.4", "--weight-norm", "none"]
+        )
+        == 0
+    )
     t, meta = read_regions(tmp_path / "regions")
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
     check_region_invariants(t, prof)
@@ -381,13 +498,25 @@ def test_without_line_snapping_regions_are_the_grown_chains(inputs, tmp_path):
 
 def test_hand_written_profile_gives_the_expected_regions(inputs, tmp_path):
     data, model, fp, argv = inputs
-    s0 = [("int ", 0.9,
-           0), ("i", 0.9, 0), (" = ", 0.9, 0), ("blockIdx", 0.1, 2), (".x", 0.2, 2), (";", 0.9, 0),
-          ("\n", 0.9, 0),                                                                    # 0-6: line 0
-          ("if ", 0.9, 3), ("(i < n)", 0.3, 3), (" out[i] = x;", 0.9, 9), ("\n", 0.9, 0),  # 7-10: line 1
-          ("    ", 0.9, 0), ("// done", 0.05, 0), ("\n", 0.9, 0),                           # 11-13: line 2
-          ("__syncthreads", 0.9, 5), ("();", 0.9, 0)]                                       # 14-15: line 3
-    s1 = [("return", 0.2, 3), (";", 0.9, 0)]                                                # 16-17
+    s0 = [
+        ("int ", 0.9, 0),
+        ("i", 0.9, 0),
+        (" = ", 0.9, 0),
+        ("blockIdx", 0.1, 2),
+        (".x", 0.2, 2),
+        (";", 0.9, 0),
+        ("\n", 0.9, 0),  # 0-6: line 0
+        ("if ", 0.9, 3),
+        ("(i < n)", 0.3, 3),
+        (" out[i] = x;", 0.9, 9),
+        ("\n", 0.9, 0),  # 7-10: line 1
+        ("    ", 0.9, 0),
+        ("// done", 0.05, 0),
+        ("\n", 0.9, 0),  # 11-13: line 2
+        ("__syncthreads", 0.9, 5),
+        ("();", 0.9, 0),
+    ]  # 14-15: line 3
+    s1 = [("return", 0.2, 3), (";", 0.9, 0)]  # 16-17
     make_profile(tmp_path / "profile", [s0, s1], model, data, fp)
     # rho = 1 makes tau = tau_max = 0.5 in both samples: low tokens are exactly those with p < 0.5
     # (3, 4, 8, 12, 16). Seeds 3-4 chain; 8 is 4 positions on (3 confident tokens > gap 2);
@@ -406,15 +535,16 @@ def test_hand_written_profile_gives_the_expected_regions(inputs, tmp_path):
     assert list(zip(t["region_start"], t["region_end"])) == [(3, 13), (16, 17)]
     assert stage.main(argv + ["--rho", "1", "--permutations", "0"]) == 0  # no null draws: p reported as n/a
     f = read_regions(tmp_path / "regions")[1]["finding"]
-    assert all(n["p"] is None
-               for n in f["nulls"].values()) and f["conclusion"].startswith("No permutation test")
+    assert all(n["p"] is None for n in f["nulls"].values()) and f["conclusion"].startswith(
+        "No permutation test"
+    )
     assert "| n/a |" in (tmp_path / "regions" / "report.md").read_text()
 
 
 def test_html_page_is_self_contained_and_outlines_every_region(inputs, tmp_path):
     data, model, fp, argv = inputs
     samples = random_samples(12, seed=2)
-    samples[3] = [("a<b & \"c\" ", 0.1, 7), ("</span><script>", 0.2, 0), ("\n", 0.9, 0)]  # must be escaped
+    samples[3] = [('a<b & "c" ', 0.1, 7), ("</span><script>", 0.2, 0), ("\n", 0.9, 0)]  # must be escaped
     make_profile(tmp_path / "profile", samples, model, data, fp)
     assert stage.main(argv + ["--html-samples", "100"]) == 0
     page = (tmp_path / "regions" / "regions.html").read_text()
@@ -441,8 +571,7 @@ def test_html_page_is_self_contained_and_outlines_every_region(inputs, tmp_path)
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("what",
-                         ["model", "data", "tokenizer", "stage", "schema", "offsets", "samples_line"])
+@pytest.mark.parametrize("what", ["model", "data", "tokenizer", "stage", "schema", "offsets", "samples_line"])
 def test_foreign_or_broken_profile_is_refused(inputs, tmp_path, capsys, what):
     data, model, fp, argv = inputs
     prof = make_profile(tmp_path / "profile", random_samples(6, seed=3), model, data, fp)
@@ -498,17 +627,37 @@ FIXTURE = ROOT / "tests" / "fixtures" / "sft_small.jsonl"
 
 
 def test_end_to_end_on_the_tiny_model(tmp_path, capsys):
-    missing = [p for p in (ROOT / "01_profile.py", TINY_MODEL / "model.safetensors", FIXTURE)
-               if not p.exists()]
+    missing = [
+        p for p in (ROOT / "01_profile.py", TINY_MODEL / "model.safetensors", FIXTURE) if not p.exists()
+    ]
     if missing:
         pytest.skip(f"end-to-end needs {', '.join(str(p.relative_to(ROOT)) for p in missing)}")
     profile = load_script("01_profile.py")
-    assert profile.main(["--model", str(TINY_MODEL), "--data", str(FIXTURE),
-                         "--out", str(tmp_path / "profile"), "--max-length", "256"]) == 0
+    assert (
+        profile.main(
+            [
+                "--model",
+                str(TINY_MODEL),
+                "--data",
+                str(FIXTURE),
+                "--out",
+                str(tmp_path / "profile"),
+                "--max-length",
+                "256",
+            ]
+        )
+        == 0
+    )
     # The same model folder spelled differently (relative path) is the same model.
     common = ["--model", os.path.relpath(TINY_MODEL), "--data", str(FIXTURE)]
-    argv = common + ["--profile", str(tmp_path / "profile"), "--out", str(tmp_path / "regions"),
-                     "--permutations", "50"]
+    argv = common + [
+        "--profile",
+        str(tmp_path / "profile"),
+        "--out",
+        str(tmp_path / "regions"),
+        "--permutations",
+        "50",
+    ]
     assert stage.main(argv) == 0
     t, meta = read_regions(tmp_path / "regions")
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
@@ -516,8 +665,10 @@ def test_end_to_end_on_the_tiny_model(tmp_path, capsys):
     n = np.diff(t["sample_offsets"])
     assert (t["sample_weight"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)
     assert meta["counts"]["response_tokens"] == len(prof["confidence"]) > 0
-    assert meta["tokenizer_fingerprint"] == json.loads((tmp_path / "profile" / "meta.json").read_text())[
-        "tokenizer_fingerprint"]
+    assert (
+        meta["tokenizer_fingerprint"]
+        == json.loads((tmp_path / "profile" / "meta.json").read_text())["tokenizer_fingerprint"]
+    )
     page = (tmp_path / "regions" / "regions.html").read_text()
     assert page.count("<section class='sample'>") == min(8, len(n))
     # Another model's profile is refused (the tiny tokenizer differs from the one in the profile).

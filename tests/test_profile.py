@@ -1,18 +1,16 @@
 """Stage 01 (01_profile.py) on the bundled tiny model and small fixtures.
 
-Covers: artifact schema, exactness against a plain unbatched float32 forward pass (issue 4,
-point 3), the response ending at the end-of-turn token (issue 9, item 6), the CUDA-sensitivity
-tagger on hand-written snippets (issue 9, item 9: derived output pointers, ternary guards,
-pointer-offset indexing, loop termination tests), the four record forms, truncation /
-no-response counting, refusals (malformed line, unknown form, a folder without a model: item 13),
-the shared head check (item 2), resume after SIGKILL (item 11), and the speed changes of issue 15:
+Covers: artifact schema, exactness against a plain unbatched float32 forward pass, the response ending
+at the end-of-turn token, the tags of the fixture kernels in the artifact (the tagger's rules by
+example: tests/test_tagger.py), the four record forms, truncation / no-response counting, refusals
+(malformed line, unknown form, a folder without a model), the shared head check, resume after SIGKILL,
 --batch-size and --chunk-rows auto (1 and 128 on a CPU, 8 and 1024 on a GPU) giving the batched values
 and resuming alike, the in-place entropy equal to torch.special.entr even with -inf logits.
 """
+
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -20,8 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import load_script
-from cuset_common import encode_sample, load_sft, run_main
+from cuset_common.cli import load_script, run_main
+from cuset_common.data import encode_sample, load_sft
+from cuset_common.method import gold_logprob_entropy
+from cuset_common.models import load_tokenizer
+from profiler.batching import for_device, make_batches
+from profiler.shards import partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -46,9 +48,26 @@ def read_profile(out: Path) -> tuple[dict, dict, list[dict]]:
 def profiled(tmp_path_factory):
     """One profile of the small SFT fixture, batched (3 per batch) and chunked (7 rows) on purpose."""
     out = tmp_path_factory.mktemp("art") / "profile"
-    rc = stage.main(["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out),
-                     "--max-length", str(MAX_LEN), "--batch-size", "3", "--chunk-rows", "7",
-                     "--device", "cpu", "--precision", "fp32"])
+    rc = stage.main(
+        [
+            "--model",
+            str(TINY_MODEL),
+            "--data",
+            str(SFT_SMALL),
+            "--out",
+            str(out),
+            "--max-length",
+            str(MAX_LEN),
+            "--batch-size",
+            "3",
+            "--chunk-rows",
+            "7",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ]
+    )
     assert rc == 0
     return out, *read_profile(out)
 
@@ -57,8 +76,10 @@ def profiled(tmp_path_factory):
 def model_and_tokenizer():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return (AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval(),
-            AutoTokenizer.from_pretrained(TINY_MODEL))
+    return (
+        AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval(),
+        AutoTokenizer.from_pretrained(TINY_MODEL),
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -76,9 +97,17 @@ def test_help_exits_cleanly(capsys):
 def test_artifact_schema(profiled):
     out, t, meta, samples = profiled
     n_records = len(load_sft(SFT_SMALL))
-    dtypes = {"token_ids": np.int32, "confidence": np.float32, "entropy": np.float16,
-              "argmax_correct": np.uint8, "sensitive": np.uint8, "char_start": np.int32,
-              "char_end": np.int32, "line_index": np.int32, "sample_offsets": np.int64}
+    dtypes = {
+        "token_ids": np.int32,
+        "confidence": np.float32,
+        "entropy": np.float16,
+        "argmax_correct": np.uint8,
+        "sensitive": np.uint8,
+        "char_start": np.int32,
+        "char_end": np.int32,
+        "line_index": np.int32,
+        "sample_offsets": np.int64,
+    }
     assert set(t) == set(dtypes)
     for k, dt in dtypes.items():
         assert t[k].dtype == dt, k
@@ -96,9 +125,17 @@ def test_artifact_schema(profiled):
     assert meta["model"] == str(TINY_MODEL) and meta["max_length"] == MAX_LEN
     assert meta["data"]["path"] == str(SFT_SMALL) and len(meta["data"]["sha256"]) == 64
     assert len(meta["tokenizer_fingerprint"]) == 64 and meta["args"]["max_length"] == MAX_LEN
-    assert meta["categories"] == {"1": "signature", "2": "indexing", "3": "guard", "4": "shared_memory",
-                                  "5": "synchronization", "6": "warp_atomic", "7": "launch",
-                                  "8": "memory_api", "9": "write_back"}
+    assert meta["categories"] == {
+        "1": "signature",
+        "2": "indexing",
+        "3": "guard",
+        "4": "shared_memory",
+        "5": "synchronization",
+        "6": "warp_atomic",
+        "7": "launch",
+        "8": "memory_api",
+        "9": "write_back",
+    }
     c = meta["counts"]
     assert c["samples"] == n_records and c["response_tokens"] == T
     assert c["truncated"] == sum(s["truncated"] for s in samples) >= 1  # the two full programs exceed 384
@@ -106,8 +143,15 @@ def test_artifact_schema(profiled):
 
     assert [s["index"] for s in samples] == list(range(n_records))
     for s, rec in zip(samples, load_sft(SFT_SMALL)):
-        assert set(s) == {"index", "id", "line", "response_text", "n_prompt_tokens", "n_response_tokens",
-                          "truncated"}
+        assert set(s) == {
+            "index",
+            "id",
+            "line",
+            "response_text",
+            "n_prompt_tokens",
+            "n_response_tokens",
+            "truncated",
+        }
         assert s["id"] == rec["id"] and s["line"] == rec["line"]
         assert rec["response"] in s["response_text"]  # plus the template's end-of-turn token
         i = s["index"]
@@ -122,7 +166,7 @@ def test_tokens_spans_and_lines_match_the_tokenizer(profiled, model_and_tokenize
         lo, hi = t["sample_offsets"][s["index"]], t["sample_offsets"][s["index"] + 1]
         text = s["response_text"]
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert t["token_ids"][lo:hi].tolist() == ids[:hi - lo]
+        assert t["token_ids"][lo:hi].tolist() == ids[: hi - lo]
         starts, ends = t["char_start"][lo:hi], t["char_end"][lo:hi]
         assert np.all(starts <= ends) and np.all(ends <= len(text)) and np.all(np.diff(starts) >= 0)
         assert t["line_index"][lo:hi].tolist() == [text[:a].count("\n") for a in starts]
@@ -131,10 +175,8 @@ def test_tokens_spans_and_lines_match_the_tokenizer(profiled, model_and_tokenize
 
 
 def test_chat_response_ends_with_the_end_of_turn_token_and_nothing_after(profiled, model_and_tokenizer):
-    """Issue 9 item 6: ChatML writes `<|im_end|>\\n`; the model stops at <|im_end|>, so the `\\n` is not a
-    response
-    token: the last profiled token of every complete chat sample is the end-of-turn token, ending the
-    text."""
+    """ChatML writes `<|im_end|>\\n`; the model stops at <|im_end|>, so the `\\n` is not a response token:
+    the last profiled token of every complete chat sample is the end-of-turn token, ending the text."""
     _, t, meta, samples = profiled
     _, tok = model_and_tokenizer
     assert meta["chat_template"]
@@ -150,7 +192,7 @@ def test_chat_response_ends_with_the_end_of_turn_token_and_nothing_after(profile
 
 
 def test_confidence_equals_unbatched_fp32_forward(profiled, model_and_tokenizer):
-    """Issue point 3: each stored confidence is the softmax prob of the gold token from a plain
+    """Each stored confidence is the softmax prob of the gold token from a plain
     unbatched float32 forward pass, within 1e-4 (entropy within float16 rounding)."""
     _, t, _, samples = profiled
     model, tok = model_and_tokenizer
@@ -158,17 +200,17 @@ def test_confidence_equals_unbatched_fp32_forward(profiled, model_and_tokenizer)
         enc = encode_sample(tok, rec, MAX_LEN)
         start, n = enc["response_start"], s["n_response_tokens"]
         assert start == s["n_prompt_tokens"]
-        ids = torch.tensor([enc["input_ids"][:start + n]])  # [1, L]
+        ids = torch.tensor([enc["input_ids"][: start + n]])  # [1, L]
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)  # [L, V]
         gold = ids[0, start:]  # [n]
-        ref_p = logp[start - 1:start - 1 + n].gather(1, gold[:, None])[:, 0].exp().numpy()
-        ref_h = -(logp.exp() * logp).sum(-1)[start - 1:start - 1 + n].numpy()
+        ref_p = logp[start - 1 : start - 1 + n].gather(1, gold[:, None])[:, 0].exp().numpy()
+        ref_h = -(logp.exp() * logp).sum(-1)[start - 1 : start - 1 + n].numpy()
         lo = t["sample_offsets"][s["index"]]
-        assert np.abs(t["confidence"][lo:lo + n] - ref_p).max() <= 1e-4
+        assert np.abs(t["confidence"][lo : lo + n] - ref_p).max() <= 1e-4
         # and relatively: a tiny probability must be right too, not just small
-        np.testing.assert_allclose(np.log(t["confidence"][lo:lo + n]), np.log(ref_p), rtol=0, atol=1e-4)
-        np.testing.assert_allclose(t["entropy"][lo:lo + n].astype(np.float32), ref_h, rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(np.log(t["confidence"][lo : lo + n]), np.log(ref_p), rtol=0, atol=1e-4)
+        np.testing.assert_allclose(t["entropy"][lo : lo + n].astype(np.float32), ref_h, rtol=2e-3, atol=2e-3)
 
 
 def test_argmax_correct_equals_a_naive_full_logits_argmax(profiled, model_and_tokenizer):
@@ -182,14 +224,14 @@ def test_argmax_correct_equals_a_naive_full_logits_argmax(profiled, model_and_to
     for rec, s in zip(load_sft(SFT_SMALL), samples):
         enc = encode_sample(tok, rec, MAX_LEN)
         start, n = enc["response_start"], s["n_response_tokens"]
-        ids = torch.tensor([enc["input_ids"][:start + n]])  # [1, L]
+        ids = torch.tensor([enc["input_ids"][: start + n]])  # [1, L]
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, start - 1:start - 1 + n].float()  # [n, V]
+            logits = model(input_ids=ids).logits[0, start - 1 : start - 1 + n].float()  # [n, V]
         naive = (logits.argmax(-1) == ids[0, start:]).numpy()  # [n]
         top2 = logits.topk(2, dim=-1).values  # [n, 2]
         tie = ((top2[:, 0] - top2[:, 1]) < 1e-4).numpy()
         lo = t["sample_offsets"][s["index"]]
-        got = t["argmax_correct"][lo:lo + n].astype(bool)
+        got = t["argmax_correct"][lo : lo + n].astype(bool)
         differ += int((got != naive)[~tie].sum())
         near_ties, total = near_ties + int(tie.sum()), total + n
     assert differ == 0 and near_ties <= total // 100 and total > 0
@@ -235,8 +277,25 @@ def test_bf16_autocast_path_runs_and_agrees_roughly(tmp_path, profiled):
     bf16 allows a loose tolerance."""
     out, data = tmp_path / "profile", tmp_path / "two.jsonl"
     data.write_text("".join(SFT_SMALL.read_text().splitlines(keepends=True)[3:5]))
-    assert stage.main(["--model", str(TINY_MODEL), "--data", str(data), "--out", str(out),
-                       "--max-length", str(MAX_LEN), "--device", "cpu", "--precision", "bf16"]) == 0
+    assert (
+        stage.main(
+            [
+                "--model",
+                str(TINY_MODEL),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--max-length",
+                str(MAX_LEN),
+                "--device",
+                "cpu",
+                "--precision",
+                "bf16",
+            ]
+        )
+        == 0
+    )
     t, meta, _ = read_profile(out)
     assert meta["precision"] == "bf16-autocast"
     ref = profiled[1]
@@ -247,274 +306,6 @@ def test_bf16_autocast_path_runs_and_agrees_roughly(tmp_path, profiled):
 
 
 # ---------------------------------------------------------------------------------------
-# Tagger on hand-written CUDA (docs/method.md, "CUDA sensitivity")
-# ---------------------------------------------------------------------------------------
-
-SNIPPET = r'''Here is the kernel; it calls __syncthreads() between the phases and uses threadIdx.
-
-```cpp
-// Block sum: threadIdx and __syncthreads in this comment are not code
-#include <cstdio>
-__device__ float square(float v) { return v * v; }
-
-__global__ void __launch_bounds__(256) block_sum(const float* __restrict__ x, float* out, int n) {
-    extern __shared__ float buf[];
-    int tid = threadIdx.x;
-    int i = blockIdx.x * blockDim.x + tid;
-    float v = (i < n) ? square(x[i]) : 0.0f;
-    buf[tid] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 32; s >>= 1) {
-        if (tid < s) buf[tid] += buf[tid + s];
-        __syncthreads();
-    }
-    if (tid >= 32) return;
-    float threads = buf[tid] + buf[tid + 32];
-    int index_count = 3;
-    for (int k = 0; k < index_count; ++k) threads *= 1.0f;
-    threads += __shfl_down_sync(0xffffffff, threads, 16);
-    if (tid == 0) atomicAdd(out + gridDim.x, threads);
-    if (tid == 0) out[blockIdx.x] = threads;
-}
-
-int main() {
-    const char* msg = "call __syncthreads() and cudaMalloc here";
-    int n = 1000, threads = 256;
-    int blocks = (n + threads - 1) / threads;
-    float *d_x, *d_out;
-    cudaMalloc(&d_x, n * sizeof(float));
-    cudaMemcpy(d_x, h_x, n * sizeof(float), cudaMemcpyHostToDevice);
-    dim3 grid(blocks);
-    block_sum<<<grid, threads, threads * sizeof(float)>>>(d_x, d_out, n);
-    cudaDeviceSynchronize();
-    /* block comment: atomicAdd blockIdx cudaFree */
-    for (int i = 0; i < n; ++i) printf("%d\n", i);
-    cudaFree(d_x);
-    return 0;
-}
-```
-The launch uses one block per 256 elements; atomicAdd combines the blocks.
-'''
-
-
-def category_of(text: str, needle: str, nth: int = 0) -> int:
-    """Category the tagger gives to a token spanning the nth occurrence of needle."""
-    starts = [m.start() for m in re.finditer(re.escape(needle), text)]
-    assert len(starts) > nth, f"{needle!r} occurs {len(starts)} times"
-    a = starts[nth]
-    return int(stage.tag_tokens(text, [(a, a + len(needle))])[0])
-
-
-@pytest.mark.parametrize("needle, nth, code", [
-    ("__global__", 0, 1), ("__launch_bounds__", 0, 1), ("__restrict__", 0, 1), ("__device__", 0, 1),
-    ("threadIdx", 2, 2), ("blockDim", 0, 2), ("gridDim", 0, 2), ("int tid", 0, 2), ("int i =", 0, 2),
-    ("+ tid;", 0, 2), ("int s =", 0, 2), ("s >>= 1", 0, 2),
-    ("(i < n)", 0, 3), ("if (tid < s)", 0, 3), ("return;", 0, 3), ("tid == 0", 0, 3),
-    ("extern __shared__", 0, 4),
-    ("__syncthreads", 2, 5), ("__syncthreads", 3, 5), ("cudaDeviceSynchronize", 0, 5),
-    ("__shfl_down_sync", 0, 6), ("atomicAdd", 0, 6),
-    ("<<<", 0,
-     7), (">>>", 0, 7), ("grid, threads", 0, 7), ("dim3", 0, 7), ("(n + threads - 1) / threads", 0, 7),
-    ("cudaMalloc", 1, 8), ("cudaMemcpy", 0, 8), ("cudaMemcpyHostToDevice", 0, 8), ("cudaFree", 1, 8),
-    ("out[", 0, 9), ("] =", 1, 9),
-])
-def test_tagger_hits_each_category(needle, nth, code):
-    assert category_of(SNIPPET, needle, nth) == code, CATEGORIES_HELP
-
-
-CATEGORIES_HELP = "codes: " + ", ".join(f"{k} {v}" for k, v in stage.CATEGORIES.items())
-
-
-@pytest.mark.parametrize("needle, nth", [
-    ("__syncthreads", 0), ("threadIdx", 0),           # prose outside the code fence
-    ("threadIdx", 1), ("__syncthreads", 1),           # line comment
-    ("__syncthreads", 4), ("cudaMalloc", 0),          # string literal
-    ("atomicAdd", 1), ("blockIdx", 2),                # block comment
-    ("atomicAdd", 2),                                 # prose after the fence
-    ("float threads", 0), ("threads *= 1.0f", 0), ("int index_count", 0), ("k < index_count", 0),
-    ("s > 32", 0),                                    # a halving loop's termination test, not a bounds check
-    ("int n = 1000, threads", 0), ("buf[tid] = v", 0), ("return v * v", 0),
-    ("i < n; ++i", 0), ("printf", 0), ("#include <cstdio>", 0),
-])
-def test_tagger_leaves_ordinary_code_comments_and_strings_alone(needle, nth):
-    assert category_of(SNIPPET, needle, nth) == 0
-
-
-def test_tag_tokens_priority_and_empty_spans():
-    text = "__global__ void k(float* y) { if (threadIdx.x < 32) y[threadIdx.x] = 0.f; }"
-    a = text.index("(threadIdx.x < 32)")
-    # threadIdx inside a guard: named lexeme (indexing) beats the structural guard
-    assert stage.tag_tokens(text, [(a, a + 1), (a + 1, a + 10), (a + 12, a + 17)]).tolist() == [3, 2, 3]
-    assert stage.tag_tokens(text, [(5, 5)]).tolist() == [0]  # zero-width span overlaps nothing
-    assert stage.tag_tokens(text, []).dtype == np.uint8
-    assert stage.PRIORITY and sorted(stage.PRIORITY) == list(stage.CATEGORIES)
-
-
-def test_quotes_and_slashes_do_not_confuse_the_blanking():
-    text = ("__global__ void k(int* out) {\n"
-            "    char q = '\"'; // it's a quote: __syncthreads\n"
-            "    printf(\"// not a comment \\\" __syncwarp\"); __syncthreads();\n"
-            "    /* a ' and a \" */ __syncwarp();\n"
-            "    int big = 1'000'000; __threadfence();\n}\n")
-    assert category_of(text, "__syncthreads", 0) == 0 and category_of(text, "__syncthreads", 1) == 5
-    assert category_of(text, "__syncwarp", 0) == 0 and category_of(text, "__syncwarp", 1) == 5
-    assert category_of(text, "__threadfence", 0) == 5
-
-
-def test_code_view_keeps_length_and_lines():
-    view = stage.code_view(SNIPPET)
-    assert len(view) == len(SNIPPET) and view.count("\n") == SNIPPET.count("\n")
-    assert "__syncthreads" not in view[:SNIPPET.index("```")] and "call __syncthreads" not in view
-    assert "extern __shared__ float buf[];" in view
-
-
-def char_categories(text: str, needle: str, nth: int = 0) -> set[int]:
-    """Categories the tagger gives to the non-blank characters of the nth occurrence of needle, one by
-    one."""
-    a = [m.start() for m in re.finditer(re.escape(needle), text)][nth]
-    spans = [(a + k, a + k + 1) for k, c in enumerate(needle) if not c.isspace()]
-    return set(stage.tag_tokens(text, spans).tolist())
-
-
-def kernel(body: str,
-           params: str = "const float* __restrict__ x, float* __restrict__ y, int rows, int cols") -> str:
-    """A kernel with the given body, fenced like an SFT answer."""
-    return f"```cpp\n__global__ void k({params}) {{\n{body}\n}}\n```\n"
-
-
-def short_id(value) -> str | None:
-    """Test ids: the needle, not the kernel body."""
-    return None if "\n" in value or len(value) > 40 else value
-
-
-ROW = "    int row = blockIdx.x;\n    int j = threadIdx.x;\n"
-
-
-@pytest.mark.parametrize("body, store", [
-    (ROW + "    float* yr = y + row * cols;\n    if (j < cols) yr[j] = x[j];", "yr[j] ="),
-    (ROW + "    float *yr = y + row * cols;\n    yr[j] += 1.0f;", "yr[j] +="),
-    (ROW + "    float* __restrict__ yr = y + row * cols;\n    yr[j] = 0.0f;", "yr[j] ="),
-    (ROW + "    float* const yr = y + row * cols;\n    yr[j] *= 2.0f;", "yr[j] *="),
-    (ROW + "    float* yr = &y[row * cols];\n    yr[j] = 1.0f;", "yr[j] ="),
-    (ROW + "    float* yr = y + row * cols;\n    float* p = yr + 1;\n    float* q = p;\n    q[j] = 1.0f;",
-     "q[j] ="),
-    (ROW + "    float4* y4 = reinterpret_cast<float4*>(y + row * cols);\n    "
-           "y4[j] = make_float4(0, 0, 0, 0);",
-     "y4[j] ="),
-    (ROW + "    float* yr = y + row * cols;\n    *(yr + j) = 1.0f;", "*(yr + j) ="),
-    (ROW + "    float* yr = y + row * cols + j;\n    if (j < cols) *yr = 1.0f;", "*yr ="),
-    (ROW + "    y[row * cols + j] = x[j];", "y[row * cols + j] ="),
-], ids=short_id)
-def test_stores_through_pointers_derived_from_an_output_are_write_back(body, store):
-    text = kernel(body)
-    assert char_categories(text, store) - {2} == {9}, text  # the index expression inside may be indexing
-
-
-@pytest.mark.parametrize("body, access", [
-    (ROW + "    const float* xr = x + row * cols;\n    float v = xr[j];\n    y[j] = v;", "xr[j]"),
-    (ROW + "    float const* yc = y + row * cols;\n    float v = yc[j];\n    y[j] = v;", "yc[j]"),
-    (ROW + "    __shared__ float buf[32];\n    float* s = buf + j;\n    s[0] = x[j];\n    y[j] = buf[0];",
-     "s[0] ="),
-    (ROW + "    float acc[4];\n    float* a = acc;\n    a[0] = x[j];\n    y[j] = acc[0];", "a[0] ="),
-], ids=short_id)
-def test_reads_and_stores_to_non_outputs_are_not_write_back(body, access):
-    assert 9 not in char_categories(kernel(body), access)
-
-
-@pytest.mark.parametrize("body, cond", [
-    (ROW + "    float v = j < cols ? x[row * cols + j] : 0.0f;\n    y[j] = v;", "j < cols"),
-    (ROW + "    y[j] = j < cols && row < rows ? x[j] : 0.0f;", "j < cols && row < rows"),
-    ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    y[i] = i + 1 < cols ? x[i + 1] - x[i] : 0.0f;",
-     "i + 1 < cols"),
-    ("    int i = threadIdx.x;\n    float v = fmaxf(i >= rows ? 0.0f : x[i], 1.0f);\n    y[i] = v;",
-     "i >= rows"),
-    ("    int i = threadIdx.x;\n    y[i] = (i < cols) ? x[i] : 0.0f;", "(i < cols)"),
-], ids=short_id)
-def test_ternary_bounds_checks_are_guards_with_or_without_parentheses(body, cond):
-    assert char_categories(kernel(body), cond) == {3}
-
-
-@pytest.mark.parametrize("body, cond", [
-    ("    int i = threadIdx.x;\n    float v = x[i] > 0.0f ? x[i] : 0.0f;\n    y[i] = v;", "x[i] > 0.0f"),
-    ("    int i = threadIdx.x;\n    float a = x[i];\n    y[i] = a < 1.0f ? a : 1.0f;", "a < 1.0f"),
-], ids=short_id)
-def test_ternaries_on_values_are_not_guards(body, cond):
-    assert char_categories(kernel(body), cond) == {0}
-
-
-@pytest.mark.parametrize("body, expr", [
-    (ROW + "    const float* xr = x + row * cols;\n    y[j] = xr[j];", "const float* xr = x + row * cols;"),
-    (ROW + "    const float* __restrict__ xr = x + (size_t)row * cols;\n    y[j] = xr[j];",
-     "x + (size_t)row * cols"),
-    (ROW + "    float* yr = y + row * cols + j;\n    *yr = 0.0f;", "float* yr = y + row * cols + j;"),
-    (ROW + "    x += row * cols;\n    y[j] = x[j];", "x += row * cols"),
-    ("    float v = load(x + blockIdx.x * blockDim.x + threadIdx.x, 4);\n    y[0] = v;",
-     "x + blockIdx.x * blockDim.x + threadIdx.x"),
-    ("    int i = threadIdx.x;\n    atomicAdd(y + i, x[i]);", "y + i"),
-], ids=short_id)
-def test_pointer_offset_arithmetic_is_indexing_in_full(body, expr):
-    assert char_categories(kernel(body), expr) - {1} == {2}  # `__restrict__` stays signature
-
-
-def test_a_member_named_like_a_pointer_is_not_pointer_arithmetic():
-    text = kernel("    __shared__ float buf[64];\n    int s = 1;\n    buf[threadIdx.x] = buf[threadIdx.x + "
-                  "s];\n    y[threadIdx.x] = buf[0];")
-    assert char_categories(text, ".x + s") == {0, 2} and char_categories(text, "+ s") == {0}
-
-
-SHFL = ("    float v = x[threadIdx.x];\n    for ({}) v += __shfl_xor_sync(~0u, v, offset);\n"
-        "    y[threadIdx.x] = v;")
-LOOPS = [  # (kernel body, loop termination test): never a guard, whatever the loop variable derives from
-    ("    int tid = threadIdx.x;\n    for (int s = blockDim.x / 2; s > 0; s >>= 1) {\n"
-     "        if (tid < s) y[tid] += y[tid + s];\n    }", "s > 0"),
-    ("    for (unsigned int stride = blockDim.x / 2; stride > 0; stride >>= 1) { __syncthreads(); }",
-     "stride > 0"),
-    ("    for (int stride = rows / 2; stride > 0; stride /= 2) { __syncthreads(); }", "stride > 0"),
-    (SHFL.format("int offset = 16; offset > 0; offset /= 2"), "offset > 0"),
-    (SHFL.format("int offset = 1; offset < 32; offset <<= 1"), "offset < 32"),
-    (SHFL.format("int offset = warpSize / 2; offset > 0; offset >>= 1"), "offset > 0"),
-    ("    int stride = blockDim.x / 2;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }",
-     "stride > 0"),
-    ("    int stride = 128;\n    while (stride > 0) { __syncthreads(); stride >>= 1; }", "stride > 0"),
-    ("    for (int s = 1; s < blockDim.x; s *= 2) {\n        int k = 2 * s * threadIdx.x;\n"
-     "        if (k < blockDim.x) y[k] += y[k + s];\n    }", "s < blockDim.x"),
-    ("    int lane = threadIdx.x % 32;\n    for (int k = 0; k < cols; ++k) y[lane] += x[k];", "k < cols"),
-]
-
-
-@pytest.mark.parametrize("body, test", LOOPS, ids=short_id)
-def test_loop_termination_tests_are_not_guards(body, test):
-    text = kernel(body)
-    assert 3 not in char_categories(text, test), text
-
-
-def test_loop_termination_is_tagged_the_same_in_every_kernel():
-    """All the loops in one answer, several kernels: the same test gets the same (non-guard) tag
-    everywhere."""
-    text = "".join(kernel(body).replace("void k(", f"void k{n}(") for n, (body, _) in enumerate(LOOPS))
-    for test in {t for _, t in LOOPS}:
-        for nth in range(text.count(test)):
-            assert 3 not in char_categories(text, test, nth), (test, nth)
-
-
-@pytest.mark.parametrize("body, cond", [
-    ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < cols) y[i] = x[i];", "if (i < cols)"),
-    ("    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-     "    while (i < cols) { y[i] = x[i]; i += blockDim.x * gridDim.x; }", "while (i < cols)"),
-    ("    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += "
-     "blockDim.x * gridDim.x) y[i] = x[i];",
-     "i < cols"),
-    (ROW + "    for (int c = j; c < cols; c += blockDim.x) y[row * cols + c] = x[c];", "c < cols"),
-    ("    int r = blockIdx.y * blockDim.y + threadIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;\n"
-     "    if (r < rows && c < cols) y[r * cols + c] = 0.0f;", "if (r < rows && c < cols)"),
-    ("    int tid = threadIdx.x;\n    if (tid < 32) y[tid] = 0.0f;", "if (tid < 32)"),
-], ids=short_id)
-def test_bounds_checks_on_index_variables_stay_guards(body, cond):
-    text = kernel(body)
-    assert char_categories(text, cond) - {2} == {3}, text  # builtins inside stay indexing
-
-
-# ---------------------------------------------------------------------------------------
 # Record forms, truncation, refusals
 # ---------------------------------------------------------------------------------------
 
@@ -522,8 +313,23 @@ def test_bounds_checks_on_index_variables_stay_guards(body, cond):
 def test_record_forms_truncation_and_no_response(tmp_path, model_and_tokenizer):
     out = tmp_path / "profile"
     data = FIXTURES / "profile_forms.jsonl"
-    assert stage.main(["--model", str(TINY_MODEL), "--data", str(data), "--out", str(out),
-                       "--max-length", "256", "--device", "cpu"]) == 0
+    assert (
+        stage.main(
+            [
+                "--model",
+                str(TINY_MODEL),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--max-length",
+                "256",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     t, meta, samples = read_profile(out)
     by_id = {s["id"]: s for s in samples}
     assert len(samples) == 5 and meta["counts"]["samples"] == 5  # nothing dropped
@@ -548,8 +354,10 @@ def test_plain_template_without_chat_template(tmp_path, profiled):
     data = tmp_path / "one.jsonl"
     data.write_text(SFT_SMALL.read_text().splitlines(keepends=True)[2])
     out = tmp_path / "profile"
-    assert stage.main(["--model", str(model), "--data", str(data), "--out", str(out),
-                       "--max-length", "512"]) == 0
+    assert (
+        stage.main(["--model", str(model), "--data", str(data), "--out", str(out), "--max-length", "512"])
+        == 0
+    )
     t, meta, samples = read_profile(out)
     assert meta["chat_template"] is False
     assert meta["tokenizer_fingerprint"] != profiled[2]["tokenizer_fingerprint"]
@@ -570,8 +378,7 @@ def test_malformed_line_is_reported_with_file_and_line(tmp_path, capsys):
 def test_unknown_record_form_is_reported(tmp_path, capsys):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"question": "?", "answer": "!"}) + "\n")
-    rc = run_main(stage.main,
-                  ["--model", str(TINY_MODEL), "--data", str(data), "--out", str(tmp_path / "p")])
+    rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(data), "--out", str(tmp_path / "p")])
     assert rc == 2
     err = capsys.readouterr().err
     assert f"{data}:2:" in err and "unknown record form" in err
@@ -579,34 +386,36 @@ def test_unknown_record_form_is_reported(tmp_path, capsys):
 
 
 def test_missing_model_is_a_user_error(tmp_path, capsys):
-    rc = run_main(stage.main, ["--model", str(tmp_path / "no-such-model"), "--data", str(SFT_SMALL),
-                               "--out", str(tmp_path / "p")])
+    rc = run_main(
+        stage.main,
+        ["--model", str(tmp_path / "no-such-model"), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p")],
+    )
     assert rc == 2 and "--model" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
 
 
 @pytest.mark.parametrize("what", ["no-such-folder", "empty-folder", "tokenizer-only"])
 def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, capfd, what):
-    """Issue 9 item 13: not a misleading 'install sentencepiece or tiktoken', one line naming the folder."""
+    """Not a misleading 'install sentencepiece or tiktoken', one line naming the folder."""
     model = tmp_path / what
     if what != "no-such-folder":
         model.mkdir()
     if what == "tokenizer-only":
         for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             shutil.copy(TINY_MODEL / f, model / f)
-    rc = run_main(stage.main,
-                  ["--model", str(model), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p")])
+    rc = run_main(stage.main, ["--model", str(model), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p")])
     err = capfd.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: --model {model}:")
-    assert ("no such folder" in err[0] or "holds no" in err[0])
+    assert "no such folder" in err[0] or "holds no" in err[0]
     assert "sentencepiece" not in err[0] and "tiktoken" not in err[0]
     assert not (tmp_path / "p").exists()
 
 
-def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits(tmp_path, monkeypatch,
-                                                                                 capfd):
-    """Issue 9 item 2: stage 01 uses cuset_common.check_head_is_plain on the first batch's first sample, and
+def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits(
+    tmp_path, monkeypatch, capfd
+):
+    """Stage 01 uses cuset_common.models.check_head_is_plain on the first batch's first sample, and
     a model that scales its logits (as Granite does) is refused before any profiling."""
     calls, real_check, real_load = [], stage.check_head_is_plain, stage.load_causal_lm
 
@@ -629,15 +438,25 @@ def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits
     monkeypatch.setattr(stage, "check_head_is_plain", spy)
     monkeypatch.setattr(stage, "load_causal_lm", load_scaled)
     out = tmp_path / "profile"
-    args = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out), "--max-length",
-            str(MAX_LEN), "--batch-size", "2"]
+    args = [
+        "--model",
+        str(TINY_MODEL),
+        "--data",
+        str(SFT_SMALL),
+        "--out",
+        str(out),
+        "--max-length",
+        str(MAX_LEN),
+        "--batch-size",
+        "2",
+    ]
     assert run_main(stage.main, args) == 2
     err = capfd.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
     assert err.startswith("error: ") and "logit scaling" in err and "01_profile.py" in err
-    assert not out.exists() and not stage.partial_dir(out).exists()
-    tok = stage.load_tokenizer(str(TINY_MODEL))
+    assert not out.exists() and not partial_dir(out).exists()
+    tok = load_tokenizer(str(TINY_MODEL))
     encs = stage.encode_all(tok, load_sft(SFT_SMALL), MAX_LEN)
-    first = stage.make_batches(encs, 2, 16384)[0][0]
+    first = make_batches(encs, 2, 16384)[0][0]
     assert calls == [(encs[first]["input_ids"], "01_profile.py")]
 
 
@@ -656,10 +475,8 @@ sys.exit(stage.run_main(stage.main, sys.argv[1:]))
 
 
 def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, capsys):
-    """Issue 9 item 11: kill a run (SIGKILL) once a shard is written, refuse to reuse or mix its partial
-    state,
-    then --resume: tensors.safetensors and samples.jsonl equal an uninterrupted run's byte for byte;
-    meta.json
+    """Kill a run (SIGKILL) once a shard is written, refuse to reuse or mix its partial state, then
+    --resume: tensors.safetensors and samples.jsonl equal an uninterrupted run's byte for byte; meta.json
     differs only in args.resume, resumed_at_batch and the arguments --resume may change (args.log_every)."""
     import os
     import signal
@@ -667,16 +484,34 @@ def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, caps
     import sys
     import time
 
-    common = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--max-length", str(MAX_LEN),
-              "--batch-size", "1", "--chunk-rows", "7", "--device", "cpu", "--save-every", "0"]
+    common = [
+        "--model",
+        str(TINY_MODEL),
+        "--data",
+        str(SFT_SMALL),
+        "--max-length",
+        str(MAX_LEN),
+        "--batch-size",
+        "1",
+        "--chunk-rows",
+        "7",
+        "--device",
+        "cpu",
+        "--save-every",
+        "0",
+    ]
     ref, out = tmp_path / "ref", tmp_path / "profile"
     assert stage.main(common + ["--out", str(ref)]) == 0
-    assert not stage.partial_dir(ref).exists()  # removed once the artifact is in place
+    assert not partial_dir(ref).exists()  # removed once the artifact is in place
 
-    partial = stage.partial_dir(out)
+    partial = partial_dir(out)
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", KILLABLE.format(tests=str(ROOT / "tests")), *common,
-                                 "--out", str(out)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE.format(tests=str(ROOT / "tests")), *common, "--out", str(out)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.time() + 300
     while not list(partial.glob("batches-*.safetensors")):
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()
@@ -691,8 +526,13 @@ def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, caps
     assert run_main(stage.main, common + ["--out", str(out)]) == 2
     assert "--resume" in capsys.readouterr().err and partial.exists()
     # --resume with another argument that changes the result is refused
-    assert run_main(stage.main, common[:-2] + ["--save-every", "5", "--out", str(out), "--resume",
-                                               "--chunk-rows", "9"]) == 2
+    assert (
+        run_main(
+            stage.main,
+            common[:-2] + ["--save-every", "5", "--out", str(out), "--resume", "--chunk-rows", "9"],
+        )
+        == 2
+    )
     assert "--chunk-rows" in capsys.readouterr().err and partial.exists()
 
     assert stage.main(common + ["--out", str(out), "--resume", "--log-every", "0"]) == 0
@@ -712,13 +552,15 @@ def test_resume_after_sigkill_gives_the_same_artifact_bit_for_bit(tmp_path, caps
 
 
 def test_resume_without_a_partial_run_is_refused(tmp_path, capsys):
-    rc = run_main(stage.main, ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL),
-                               "--out", str(tmp_path / "p"), "--resume"])
+    rc = run_main(
+        stage.main,
+        ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(tmp_path / "p"), "--resume"],
+    )
     assert rc == 2 and "no partial run" in capsys.readouterr().err and not (tmp_path / "p").exists()
 
 
 # ---------------------------------------------------------------------------------------
-# Speed (issue 15): --batch-size auto, the in-place entropy
+# Speed: --batch-size auto, the in-place entropy
 # ---------------------------------------------------------------------------------------
 
 
@@ -727,12 +569,11 @@ def test_auto_batch_size_and_chunk_rows_depend_on_the_device(capsys):
     args = stage.parse_args([])
     assert args.batch_size == args.chunk_rows == "auto"
     assert stage.parse_args(["--batch-size", "5", "--chunk-rows", "9"]).chunk_rows == 9
-    assert stage.for_device("batch_size", "auto", "cpu") == 1
-    assert stage.for_device("chunk_rows", "auto", "cpu") == 128
+    assert for_device("batch_size", "auto", "cpu") == 1
+    assert for_device("chunk_rows", "auto", "cpu") == 128
     for gpu in ("cuda", "cuda:1"):
-        assert stage.for_device("batch_size", "auto",
-                                gpu) == 8 and stage.for_device("chunk_rows", "auto", gpu) == 1024
-    assert stage.for_device("batch_size", 3, "cpu") == stage.for_device("chunk_rows", 3, "cuda") == 3
+        assert for_device("batch_size", "auto", gpu) == 8 and for_device("chunk_rows", "auto", gpu) == 1024
+    assert for_device("batch_size", 3, "cpu") == for_device("chunk_rows", 3, "cuda") == 3
     for flag in ("--batch-size", "--chunk-rows"):
         for bad in ("0", "-1", "eight"):
             with pytest.raises(SystemExit) as e:
@@ -745,8 +586,25 @@ def profiled_auto(tmp_path_factory):
     """The small fixture profiled with the CPU defaults (auto: one sample per batch, 128 rows per chunk), in
     fp32 to compare with the batched values."""
     out = tmp_path_factory.mktemp("auto") / "profile"
-    assert stage.main(["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--out", str(out),
-                       "--max-length", str(MAX_LEN), "--device", "cpu", "--precision", "fp32"]) == 0
+    assert (
+        stage.main(
+            [
+                "--model",
+                str(TINY_MODEL),
+                "--data",
+                str(SFT_SMALL),
+                "--out",
+                str(out),
+                "--max-length",
+                str(MAX_LEN),
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     return out, *read_profile(out)
 
 
@@ -757,14 +615,19 @@ def test_the_cpu_default_gives_the_batched_values(profiled, profiled_auto):
     _, t3, meta3, samples3 = profiled
     _, t1, meta1, samples1 = profiled_auto
     assert meta1["args"]["batch_size"] == meta1["args"]["chunk_rows"] == "auto"
-    assert (meta1["batch_size"], meta1["chunk_rows"], meta3["batch_size"],
-            meta3["chunk_rows"]) == (1, 128, 3, 7)
+    assert (meta1["batch_size"], meta1["chunk_rows"], meta3["batch_size"], meta3["chunk_rows"]) == (
+        1,
+        128,
+        3,
+        7,
+    )
     assert samples1 == samples3
     for k in ("token_ids", "sensitive", "char_start", "char_end", "line_index", "sample_offsets"):
         assert np.array_equal(t1[k], t3[k]), k
     np.testing.assert_allclose(t1["confidence"], t3["confidence"], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(t1["entropy"].astype(np.float32), t3["entropy"].astype(np.float32),
-                               rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        t1["entropy"].astype(np.float32), t3["entropy"].astype(np.float32), rtol=2e-3, atol=2e-3
+    )
 
 
 class Interrupted(Exception):
@@ -775,8 +638,20 @@ def test_resume_with_the_auto_defaults_gives_the_same_artifact(tmp_path, monkeyp
     """A run with the default --batch-size and --chunk-rows stopped after two batches (shards after every
     batch), resumed with the same arguments: the artifact equals the uninterrupted default run's byte for
     byte."""
-    common = ["--model", str(TINY_MODEL), "--data", str(SFT_SMALL), "--max-length", str(MAX_LEN),
-              "--device", "cpu", "--precision", "fp32", "--out", str(tmp_path / "profile")]
+    common = [
+        "--model",
+        str(TINY_MODEL),
+        "--data",
+        str(SFT_SMALL),
+        "--max-length",
+        str(MAX_LEN),
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--out",
+        str(tmp_path / "profile"),
+    ]
     real_score, calls = stage.score_batch, []
 
     def stop_at_the_third_batch(*a, **kw):
@@ -805,7 +680,7 @@ def test_entropy_is_entr_even_with_minus_inf_logits():
     logits[3, 20:] = float("-inf")  # one row with only 13 finite logits
     gold = torch.randint(7, 20, (9,))
     for chunk in (4, 100):
-        logp_gold, entropy, _ = stage.gold_logprob_entropy(lambda h: h, logits, gold, chunk, False)
+        logp_gold, entropy, _ = gold_logprob_entropy(lambda h: h, logits, gold, chunk, False)
         ref = torch.log_softmax(logits, -1)
         assert torch.isfinite(entropy).all()
         torch.testing.assert_close(entropy, torch.special.entr(ref.exp()).sum(-1), rtol=1e-6, atol=1e-6)

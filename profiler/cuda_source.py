@@ -1,12 +1,24 @@
-"""Reading CUDA C++ source for stage 01's tagger: a code view with prose, comments and literals blanked,
-bracket matching, expression edges, and the __global__/__device__ functions defined in a text."""
+"""Reading CUDA C++ source for the tagger (profiler/tagger.py): a code view with prose, comments and
+literals blanked, bracket matching, expression edges, and the __global__/__device__ functions defined in a
+text."""
+
 from __future__ import annotations
 
 import re
 
-FUNC_HEAD, BEFORE_BODY = re.compile(r"\b__(global|device)__\b"), re.compile(r"[^;{]*")
-LITERAL = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)|\"(?:\\.|[^\"\\\n])*\"?|(?<!\w)'(?:\\.|[^'\\\n]){1,4}'",
-                     re.S)
+FUNC_HEAD = re.compile(r"\b__(global|device)__\b")  # a device function's qualifier
+BEFORE_BODY = re.compile(r"[^;{]*")  # between its `)` and `{`: `const`, attributes
+LITERAL = re.compile(  # what the code view blanks besides prose; one scan finds whichever starts first
+    "|".join(
+        [
+            r"//[^\n]*",  # a line comment
+            r"/\*.*?(?:\*/|\Z)",  # a block comment (unclosed: to the end of the text)
+            r"\"(?:\\.|[^\"\\\n])*\"?",  # a string literal, escapes included (unclosed: to the line's end)
+            r"(?<!\w)'(?:\\.|[^'\\\n]){1,4}'",  # a char literal; after a digit, `'` separates digits: 1'000
+        ]
+    ),
+    re.S,
+)
 BLANK = re.compile(r"[^\n]")  # blanking keeps newlines, so offsets and line numbers stay valid
 COMPARISON = re.compile(r"<=|>=|==|!=|(?<![<>\-])[<>](?![<>=])")
 
@@ -42,8 +54,11 @@ def match_paren(code: str, open_pos: int, pair: str = "()") -> int:
 
 def is_assignment(code: str, j: int) -> bool:
     """The `=` at code[j] assigns (`=`, `+=`, `<<=`, ...), it is not part of == != <= >=."""
-    return (code[j] == "=" and code[j + 1:j + 2] != "="
-            and (code[j - 1:j] not in ("=", "!", "<", ">") or code[max(j - 2, 0):j] in ("<<", ">>")))
+    return (
+        code[j] == "="
+        and code[j + 1 : j + 2] != "="
+        and (code[j - 1 : j] not in ("=", "!", "<", ">") or code[max(j - 2, 0) : j] in ("<<", ">>"))
+    )
 
 
 def expr_edge(code: str, pos: int, step: int) -> int:
@@ -60,10 +75,12 @@ def expr_edge(code: str, pos: int, step: int) -> int:
             if depth == 0:
                 break
             depth -= 1
-        elif depth == 0 and (c in ";,{}?" or (c == ":" and "::" not in code[max(j - 1, 0):j + 2])
-                             or is_assignment(code, j)
-                             or (step > 0 and (COMPARISON.match(code, j)
-                                               or code.startswith(("&&", "||"), j)))):
+        elif depth == 0 and (
+            c in ";,{}?"
+            or (c == ":" and "::" not in code[max(j - 1, 0) : j + 2])
+            or is_assignment(code, j)
+            or (step > 0 and (COMPARISON.match(code, j) or code.startswith(("&&", "||"), j)))
+        ):
             break
         j += step
     return j if step > 0 else j + 1
@@ -73,16 +90,16 @@ def device_functions(code: str) -> list[tuple[str, str, int, int]]:
     """(qualifier 'global'/'device', parameter text, body start, body end) of each defined function."""
     funcs = []
     for m in FUNC_HEAD.finditer(code):
-        for name in re.finditer(r"\b(\w+)\s*\(", code[m.end():]):
+        for name in re.finditer(r"\b(\w+)\s*\(", code[m.end() :]):
             if name.group(1) not in ("__launch_bounds__", "__align__"):
                 break
         else:
             continue
         p_open = m.end() + name.end() - 1
-        if re.search(r"[;{}]", code[m.end():p_open]):  # a __device__ variable, not a function
+        if re.search(r"[;{}]", code[m.end() : p_open]):  # a __device__ variable, not a function
             continue
         p_close = match_paren(code, p_open)
         nxt = BEFORE_BODY.match(code, p_close).end()  # skip `const`, trailing attributes
         if nxt < len(code) and code[nxt] == "{":  # a definition, not a declaration
-            funcs.append((m.group(1), code[p_open + 1:p_close - 1], nxt, match_paren(code, nxt, "{}")))
+            funcs.append((m.group(1), code[p_open + 1 : p_close - 1], nxt, match_paren(code, nxt, "{}")))
     return funcs

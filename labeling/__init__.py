@@ -1,0 +1,7 @@
+"""Stage 02's helpers, beside 02_label_regions.py as harness/ serves stage 04.
+
+labels       RegionLabels: the profile's tokens with their thresholds, regions, masses and weights
+observation  the paper's observation tested on the labels: the run statistic, three permutation nulls, Holm,
+             the plain sentence
+report       report.md (the finding) and regions.html (samples drawn token by token)
+"""

@@ -1,0 +1,7 @@
+"""Stage 01's helpers, beside 01_profile.py as harness/ serves stage 04.
+
+tagger       CUDA sensitivity: the categories, their priority, the lexemes and the structural rules
+cuda_source  reading CUDA C++: the code view, brackets, expression edges, device functions
+batching     auto sizes per device, the batch plan, line indices, the closing summary
+shards       <out>.partial/ shards of finished batches, for --resume
+"""

@@ -1,0 +1,98 @@
+"""Stage 01's partial results: shards of finished batches in <out>.partial/, what --resume continues from.
+
+state.json holds what the result depends on (arguments, data, tokenizer, device); each shard
+batches-B0-B1.safetensors the results of batches [B0, B1) of the run's deterministic batch plan, written
+to a temp name and renamed, so a kill never leaves half a shard. --resume refuses another run's state
+(check_partial) and a shard that does not continue the plan (load_shards)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from cuset_common.artifacts import check_resume_args
+from cuset_common.cli import UserError
+from cuset_common.files import write_text_atomic
+
+
+def partial_dir(out: Path) -> Path:
+    """Where a run keeps its finished batches until the artifact is written: `<out>.partial/` beside
+    --out."""
+    return out.with_name(out.name + ".partial")
+
+
+def check_partial(partial: Path, run: dict, resume: bool, may_change: set[str]) -> None:
+    """--resume continues the same run (arguments, data, tokenizer, device); without it, a killed run's
+    partial results are neither reused nor deleted. may_change: the arguments that do not change the
+    result."""
+    state = partial / "state.json"
+    if not resume:
+        if state.exists():
+            raise UserError(
+                f"{partial}: a stopped run left partial results here; pass --resume (with the "
+                f"same arguments) to continue it, or delete that folder to start over"
+            )
+        return
+    if not state.exists():
+        raise UserError(f"--resume: no partial run in {partial}; run without --resume")
+    saved = json.loads(state.read_text())
+    check_resume_args(saved["args"], run["args"], may_change, partial, restart=f"delete {partial}")
+    wrong = [
+        f"{k}: the run has {saved.get(k)!r}, now {v!r}"
+        for k, v in run.items()
+        if k != "args" and saved.get(k) != v
+    ]
+    if wrong:
+        raise UserError(
+            f"{partial}: --resume on other inputs than the run's own ({'; '.join(wrong)}); "
+            f"resume with the same inputs, or delete {partial} to start over"
+        )
+
+
+def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:
+    """Results of batches [b0, b1) as one shard, written to a temp name and renamed (never half a shard)."""
+    from safetensors.numpy import save_file
+
+    if not (partial / "state.json").exists():
+        write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
+    order = [i for b in batches[b0:b1] for i in b]
+    tmp = partial / ".shard.tmp"
+    save_file(
+        {
+            "samples": np.asarray(order, dtype=np.int64),  # [m] sample indices, batch order
+            "confidence": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
+            "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32),  # [n]
+            "argmax_correct": np.concatenate([results[i][2] for i in order]).astype(np.uint8),
+        },  # [n]
+        str(tmp),
+    )
+    os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
+
+
+def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], results: list) -> int:
+    """Put the shards' results in place; returns the first batch still to do."""
+    from safetensors.numpy import load_file
+
+    done = 0
+    for f in sorted(partial.glob("batches-*.safetensors")):  # zero-padded names sort in batch order
+        b0, b1 = map(int, f.stem.split("-")[1:])
+        t, order = load_file(str(f)), [i for b in batches[b0:b1] for i in b]
+        cuts = np.cumsum([0] + [len(encs[i]["spans"]) for i in order])
+        if "argmax_correct" not in t:
+            raise UserError(
+                f"{f}: written by an older version of this stage (no argmax_correct); delete "
+                f"{partial} to start over"
+            )
+        if b0 != done or t["samples"].tolist() != order or len(t["confidence"]) != cuts[-1]:
+            raise UserError(
+                f"{f}: does not continue batch {done} of this run's plan; delete {partial} to start over"
+            )
+        for k, i in enumerate(order):
+            results[i] = tuple(
+                t[name][cuts[k] : cuts[k + 1]] for name in ("confidence", "entropy", "argmax_correct")
+            )
+        done = b1
+    return done
