@@ -1,149 +1,111 @@
-"""Stage 03: supervised fine-tuning with the CuSeT loss and its baselines, in a plain PyTorch loop.
+"""Stage 03: fine-tune a causal LM on SFT data with the CuSeT loss or one of its baselines, in a plain
+PyTorch loop.
 
-Inputs:  a causal LM (--model), SFT data (--data), and for the cuset objectives the regions
-         artifact of stage 02 (--regions: region mask per response token, weight per sample;
-         with --mask-source profile also the stage-01 profile it was labelled on).
-Outputs: --out/ with the trained model (save_pretrained, safetensors) and tokenizer,
-         meta.json (args, hashes of data and regions, versions, final step), log.jsonl (one
-         line per step), and resume/ (model, optimizer, step, args; gathered under --fsdp) for --resume.
+CuSeT changes two things in ordinary SFT: a keep mask k_it over the response tokens (the tokens the model
+is already confident in are kept, the others dropped unless they lie in a CUDA-sensitive region of stage
+02) and a weight w_i per sample (stage 02's, growing with its region mass). The objectives, the
+notation (k_it, kappa_i, N, ...) and our assumptions: docs/method.md "Objectives"; objective_loss states
+each loss as its specification.
+
+Commands
+  python 03_train_cuset.py                                   # tiny model, bundled data, cuset
+  python 03_train_cuset.py --objective sft --out data/artifacts/ckpt-sft
+  python 03_train_cuset.py --resume --out data/artifacts/ckpt-cuset      # continue a killed run
+  python 03_train_cuset.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl \\
+      --regions data/artifacts/regions-qwen --batch-size 64 --micro-batch-size 4 --lr 1e-5
+  torchrun --nproc_per_node 4 03_train_cuset.py --model ... --regions ...    # DDP
+  torchrun --nproc_per_node 8 03_train_cuset.py --fsdp --param-dtype bf16 --grad-checkpointing --model ...
+                                            # FSDP2: state sharded over 8 GPUs (docs/scale.md)
+
+Inputs -> outputs
+  --model, --data  a causal LM and SFT data (tokenized as in stages 01 and 02: cuset_common.data)
+  --regions        stage 02's artifact: region r_it per response token, weight w_i per sample (for the
+                   cuset objectives), and with --mask-source profile the stage-01 profile it was labelled on
+  -> --out (default data/artifacts/ckpt-<objective>):
+     model.safetensors, config, tokenizer  the trained model (save_pretrained)
+     meta.json   args, precision, hashes of data and regions, library versions, final step
+     log.jsonl   one line per step: loss, nll, masked_share, region_share, weight_mean, lr, tokens
+     resume/     model, optimizer, step, log and arguments, for --resume (one copy, also under --fsdp)
+
+The file follows the data: 1. the keep mask and the loss; 2. the samples aligned with the regions;
+3. log q(gold) at the response positions; 4. the schedule; 5. one optimizer step and its log line;
+6. the command line and main. Beside it: training/scale.py (processes, FSDP2, the memory plan, printed
+before the first step) and training/checkpoint.py (the resume state, the final checkpoint).
+
 Refused before any work (exit 2, one line): artifacts from other data or tokenizer, a profile
 rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
 --resume with other arguments than the run's, a number out of its range, an --out that is not this
 stage's run (README, Errors; --force starts over, keeping the previous run until the new one succeeds).
 Samples whose prompt fills --max-length have no response token: they are skipped and counted.
-
-    python 03_train_cuset.py                                   # tiny model, bundled data, cuset
-    python 03_train_cuset.py --objective sft --out data/artifacts/ckpt-sft
-    python 03_train_cuset.py --resume --out data/artifacts/ckpt-cuset      # continue a killed run
-    python 03_train_cuset.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --data my_sft.jsonl \\
-        --regions data/artifacts/regions-qwen --batch-size 64 --micro-batch-size 4 --lr 1e-5
-    torchrun --nproc_per_node 4 03_train_cuset.py --model ... --regions ...    # DDP
-    torchrun --nproc_per_node 8 03_train_cuset.py --fsdp --param-dtype bf16 --grad-checkpointing --model ...
-                                              # FSDP2: state sharded over 8 GPUs (docs/scale.md)
-A memory plan (bytes per process: weights, gradients, optimizer state, activations) is printed before
-the first step.
-
-Objectives (docs/method.md "Objectives"; our reconstruction of the paper's method), with
-l = -log q(gold), p = exp(-l) detached, N = response tokens in the global batch before masking:
-    sft           sum l / N
-    dft           sum p l / N                              (Dynamic Fine-Tuning)
-    profit        sum 1[p >= 0.1] l / N                    (ProFit, fixed threshold)
-    cuset         sum_i w_i sum_t m_it l_it / N,  m_it = 1[p_it >= kappa_i] or r_it
-    cuset-mask    cuset with w = 1                         (ablation)
-    cuset-weight  cuset with m = 1                         (ablation)
-kappa_i = min(tau_max, quantile_rho(p_i)) per sample, from the current model at each step
-(--mask-source online) or from the stage-01 profile (--mask-source profile).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
-import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-from cuset_common import (DATA, RHO, TAU_MAX, TINY_MODEL, ArgumentParser, UserError,
-                          all_reduce_stats, args_to_json, check_head_is_plain, check_meta_matches,
-                          check_ranges, check_resume, check_room, check_train_out, checkpoint_room,
-                          encode_sample, end_of_turn_ids, finishes_out, format_memory_plan, fsdp_micro_batch,
-                          gold_logprobs, library_versions, load_causal_lm, load_resume,
-                          load_tokenizer, log_step, memory_plan, open_out, output_head, read_artifact,
-                          run_main, sample_threshold, save_resume, setup_distributed, sha256_file,
-                          shard_fsdp, state_options, tokenizer_fingerprint, write_text_atomic)
-from cuset_common.cli import resolve_precision
+from cuset_common.artifacts import (
+    args_to_json,
+    check_meta_matches,
+    check_room,
+    check_train_out,
+    finishes_out,
+    open_out,
+    read_artifact,
+    tokenizer_fingerprint,
+)
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, resolve_precision, run_main
+from cuset_common.data import encode_sample
 from cuset_common.data_sources import add_data_arguments, data_checks, load_data
+from cuset_common.files import sha256_file, write_text_atomic
+from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
+from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
+from cuset_common.paths import DATA, TINY_MODEL
+from training.checkpoint import check_resume, checkpoint_room, load_resume, save_final, save_resume
+from training.scale import (
+    all_reduce_stats,
+    format_memory_plan,
+    fsdp_micro_batch,
+    memory_plan,
+    setup_distributed,
+    shard_fsdp,
+)
 
+STAGE = "03_train_cuset"
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
 DEFAULT_REGIONS = DATA / "artifacts" / "regions"
-# Each numeric argument's allowed values (cuset_common.check_ranges).
-RANGES = {"max_length": "[1, inf)", "epochs": "(0, inf)", "max_steps": "[1, inf)", "batch_size": "[1, inf)",
-          "micro_batch_size": "[1, inf)", "lr": "(0, inf)", "min_lr_ratio": "[0, 1]",
-          "warmup_steps": "[0, inf)", "weight_decay": "[0, inf)", "grad_clip": "[0, inf)", "rho": "[0, 1]",
-          "tau_max": "(0, 1]", "profit_threshold": "[0, 1]", "chunk_size": "[1, inf)",
-          "save_every": "[1, inf)", "stop_after": "[1, inf)", "seed": "[0, inf)"}
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = ap.add_argument
-    a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
-    add_data_arguments(ap, "SFT data to train on")
-    a("--regions", type=Path, default=DEFAULT_REGIONS, help="stage-02 artifact (default: %(default)s)")
-    a("--objective", choices=OBJECTIVES, default="cuset")
-    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/ckpt-<objective>)")
-    a("--max-length", type=int, default=None,
-      help="tokens per sample (default: the regions artifact's, else 1024)")
-    a("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")
-    a("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
-    a("--batch-size", type=int, default=8, help="global batch in samples per optimizer step")
-    a("--micro-batch-size", type=int, default=4, help="samples per forward pass on one process")
-    a("--optimizer", choices=("adamw", "sgd"), default="adamw", help="sgd: plain SGD, for equivalence tests")
-    a("--lr", type=float, default=3e-4, help="peak learning rate (default: %(default)s)")
-    a("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
-    a("--warmup-steps", type=int, default=None, help="linear warmup (default: 5%% of steps, at least 1)")
-    a("--weight-decay", type=float, default=0.0)
-    a("--grad-clip", type=float, default=1.0, help="max global grad norm; 0 disables")
-    a("--rho", type=float, default=RHO, help="quantile of p defining kappa_i (docs/method.md)")
-    a("--tau-max", type=float, default=TAU_MAX, help="upper bound of kappa_i (docs/method.md)")
-    a("--mask-source", choices=("online", "profile"), default="online",
-      help="p for kappa and the mask: the current model's, or the stage-01 profile's (p0) the regions used")
-    a("--norm", choices=("all", "kept"), default="all",
-      help="N counts all response tokens or only kept ones")
-    a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
-    a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
-    a("--grad-checkpointing", action="store_true", help="recompute activations in backward")
-    a("--fsdp", action="store_true",
-      help="under torchrun: shard weights, gradients and optimizer state (FSDP2)")
-    a("--param-dtype", choices=("fp32", "bf16"), default="fp32",
-      help="weights as gathered for compute under --fsdp; bf16 keeps fp32 shards (master) and fp32 "
-           "optimizer state")
-    a("--fsdp-keep-gathered", action="store_true",
-      help="--fsdp: no all-gather or reduce-scatter between a step's micro-batches, for full weights "
-           "and grads")
-    a("--save-every", type=int, default=50, help="steps between resume checkpoints")
-    a("--stop-after", type=int, default=None,
-      help="stop after this many steps in this invocation (time slices)")
-    a("--resume", action="store_true", help="continue from --out/resume")
-    a("--force", action="store_true", help="start over in --out (its previous content is deleted only "
-                                            "once the new run succeeds); accept regions/profile artifacts "
-                                            "from other inputs")
-    a("--seed", type=int, default=0)
-    a("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    a("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-      help="bf16: forward under bf16 autocast (float32 weights, gradients, optimizer state and log-probs); "
-           "auto: bf16 where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), "
-           "else fp32")
-    args = ap.parse_args(argv)
-    if args.out is None:
-        args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
-    check_ranges(ap, args, RANGES)
-    if (args.param_dtype == "bf16" or args.fsdp_keep_gathered) and not args.fsdp:
-        ap.error("--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun "
-                 "--nproc_per_node 1)")
-    return args
 
 
 # ---------------------------------------------------------------------------------------
-# The method: the token mask and the loss (log q(gold) in chunks: cuset_common.gold_logprobs).
+# 1. The keep mask k_it and the loss
 # ---------------------------------------------------------------------------------------
 
 
-def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, *, rho: float,
-              tau_max: float, profit_threshold: float) -> torch.Tensor:
-    """Which response tokens contribute to the loss, [B, L] bool (before weighting).
+def keep_mask(
+    objective: str,
+    p: torch.Tensor,
+    valid: torch.Tensor,
+    region: torch.Tensor,
+    *,
+    rho: float,
+    tau_max: float,
+    profit_threshold: float,
+) -> torch.Tensor:
+    """k_it [B, L] bool: which response tokens count in the loss, before weighting (objective_loss).
 
-    cuset / cuset-mask: m_it = 1[p_it >= kappa_i] or r_it -- confident tokens are kept
-    (leveraged), low-confidence tokens are dropped unless they lie in a CUDA-sensitive
-    region (preserved). profit: 1[p >= threshold]. Others keep every response token.
+    cuset and cuset-mask keep a token the model is confident in (p_it at least the sample's threshold
+    kappa_i: exploited) and drop a low-confidence one unless it lies in a CUDA-sensitive region (r_it:
+    preserved); profit keeps p_it >= profit_threshold; the others keep every response token.
     """
     if objective in ("cuset", "cuset-mask"):
         kappa = sample_threshold(p, valid, rho, tau_max)  # [B]
@@ -153,35 +115,58 @@ def keep_mask(objective: str, p: torch.Tensor, valid: torch.Tensor, region: torc
     return valid
 
 
-def objective_loss(logp: torch.Tensor, valid: torch.Tensor, region: torch.Tensor, weight: torch.Tensor,
-                   n_tokens: float, objective: str, *, p_mask: torch.Tensor | None = None, rho: float = RHO,
-                   tau_max: float = TAU_MAX, profit_threshold: float = 0.1) -> tuple[torch.Tensor, dict]:
-    """The loss of one micro-batch, already divided by the global normaliser N.
+def objective_loss(
+    logp: torch.Tensor,
+    valid: torch.Tensor,
+    region: torch.Tensor,
+    weight: torch.Tensor,
+    n_tokens: float,
+    objective: str,
+    *,
+    p_mask: torch.Tensor | None = None,
+    rho: float = RHO,
+    tau_max: float = TAU_MAX,
+    profit_threshold: float = 0.1,
+) -> tuple[torch.Tensor, dict]:
+    """The loss of one micro-batch, already divided by the global normaliser N (docs/method.md "Objectives").
 
-    logp   [B, L] log q(gold) (with grad); valid [B, L] bool response tokens;
-    region [B, L] bool r_it; weight [B] w_i; n_tokens N (global batch, counted by the caller);
-    p_mask [B, L] probabilities the mask is computed from (default exp(logp), detached:
-    the online, adaptive threshold). Formulas in the module docstring (docs/method.md "Objectives").
-    Returns (loss, stats) with stats as sums, so that they add up over micro-batches.
+    With l_it = -log q(y_it), p_it = exp(-l_it) detached, summed over the response tokens t of samples i:
+        sft           sum l / N
+        dft           sum p l / N                               (Dynamic Fine-Tuning)
+        profit        sum 1[p >= profit_threshold] l / N        (ProFit: a fixed threshold)
+        cuset         sum_i w_i sum_t k_it l_it / N,  k_it = 1[p_it >= kappa_i] or r_it
+        cuset-mask    cuset with every w_i = 1                  (ablation: the mask alone)
+        cuset-weight  cuset with every k_it = 1                 (ablation: the weights alone)
+    kappa_i = min(tau_max, quantile_rho(p_i)) (sample_threshold), from p_mask: the current model's p
+    (online, adaptive: the default) or the stage-01 profile's p0 (--mask-source profile).
+
+    logp [B, L] log q(gold) (with grad); valid [B, L] bool response tokens; region [B, L] bool r_it;
+    weight [B] w_i; n_tokens N (the global batch's, counted by the caller); p_mask [B, L] or None (then
+    exp(logp), detached). Returns (loss, stats) with stats as sums, so that they add up over micro-batches.
     """
     nll = -logp
     p = logp.detach().exp()
     p_mask = p if p_mask is None else p_mask
-    keep = keep_mask(objective, p_mask, valid, region, rho=rho, tau_max=tau_max,
-                     profit_threshold=profit_threshold)
+    keep = keep_mask(
+        objective, p_mask, valid, region, rho=rho, tau_max=tau_max, profit_threshold=profit_threshold
+    )
     w = weight if objective in ("cuset", "cuset-weight") else torch.ones_like(weight)
     coef = keep.float() * w[:, None].float()  # [B, L]
     if objective == "dft":
         coef = coef * p
     loss = (coef * nll).sum() / n_tokens
-    stats = {"tokens": valid.sum().item(), "kept": keep.sum().item(),
-             "region": (region & valid).sum().item(), "weight_sum": (w[:, None] * valid).sum().item(),
-             "nll_sum": (nll * valid).sum().item()}
+    stats = {
+        "tokens": valid.sum().item(),
+        "kept": keep.sum().item(),
+        "region": (region & valid).sum().item(),
+        "weight_sum": (w[:, None] * valid).sum().item(),
+        "nll_sum": (nll * valid).sum().item(),
+    }
     return loss, stats
 
 
 # ---------------------------------------------------------------------------------------
-# Data: tokenized samples aligned with the regions artifact.
+# 2. The samples: tokenized as in stage 01, aligned with the regions artifact of stage 02
 # ---------------------------------------------------------------------------------------
 
 
@@ -195,17 +180,26 @@ def load_regions(args, tok_fp: str, data_id: dict) -> dict | None:
         return None
     hint = "python 02_label_regions.py (after python 01_profile.py) with this --model and --data"
     if not (args.regions / "meta.json").exists():
-        raise UserError(f"--objective {args.objective} needs the regions artifact of stage 02, not found at "
-                        f"{args.regions}; run {hint}, or pass --regions")
-    tensors, meta = read_artifact(args.regions, "02_label_regions", hint,
-                                  token_tensors={"region_id": np.int32},
-                                  sample_tensors={"sample_weight": np.float32})
+        raise UserError(
+            f"--objective {args.objective} needs the regions artifact of stage 02, not found at "
+            f"{args.regions}; run {hint}, or pass --regions"
+        )
+    tensors, meta = read_artifact(
+        args.regions,
+        "02_label_regions",
+        hint,
+        token_tensors={"region_id": np.int32},
+        sample_tensors={"sample_weight": np.float32},
+    )
     expected = {"tokenizer_fingerprint": tok_fp, **data_checks(data_id)}
-    check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        **data_checks(meta.get("data"))},
-                       expected, args.regions, hint, args.force)
-    out = {"meta": meta, "offsets": tensors["sample_offsets"], "region": tensors["region_id"] >= 0,
-           "weight": tensors["sample_weight"]}
+    found = {"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"), **data_checks(meta.get("data"))}
+    check_meta_matches(found, expected, args.regions, hint, args.force)
+    out = {
+        "meta": meta,
+        "offsets": tensors["sample_offsets"],
+        "region": tensors["region_id"] >= 0,
+        "weight": tensors["sample_weight"],
+    }
     if args.mask_source == "profile":
         out["p0"] = load_profile_confidence(args, meta, out["offsets"], expected)
     return out
@@ -214,35 +208,37 @@ def load_regions(args, tok_fp: str, data_id: dict) -> dict | None:
 def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expected: dict) -> np.ndarray:
     """p0 of the stage-01 profile that stage 02 read (--mask-source profile), refused if it changed since.
 
-    The regions artifact records the profile's path as typed (relative to the folder stage 02 ran in, or
-    absolute) and the sha256 of its meta.json: a profile rewritten since (stage 01 rerun on other data into
-    the same folder) would otherwise silently mask other tokens than the regions were labelled on.
+    The regions artifact records the profile's absolute path and the sha256 of its meta.json: a profile
+    rewritten since (stage 01 rerun on other data into the same folder) would otherwise silently mask other
+    tokens than the regions were labelled on.
     """
-    rec = regions_meta.get("profile") or {}
-    prof_dir = Path(rec.get("path", ""))
-    hint = f"python 01_profile.py --out {prof_dir}, then python 02_label_regions.py --profile {prof_dir} " \
-           f"--out {args.regions}, with this --model and --data"
-    if not (prof_dir / "meta.json").exists() and not prof_dir.is_absolute():
-        raise UserError(f"{args.regions} was labelled on the profile {prof_dir}, relative to the folder "
-                        f"stage 02 ran in; not found from here ({Path.cwd()}): run from that folder, or "
-                        f"rerun {hint}")
+    recorded = regions_meta["profile"]  # {path, meta_sha256}: read_artifact checked both are there
+    prof_dir = Path(recorded["path"])
+    hint = (
+        f"python 01_profile.py --out {prof_dir}, then python 02_label_regions.py --profile {prof_dir} "
+        f"--out {args.regions}, with this --model and --data"
+    )
     prof, meta = read_artifact(prof_dir, "01_profile", hint, token_tensors={"confidence": np.float32})
-    if sha256_file(prof_dir / "meta.json") != rec.get("meta_sha256") and not args.force:
-        raise UserError(f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json "
-                        f"sha256 differs from the one stage 02 recorded); rerun {hint}, or pass --force")
-    check_meta_matches({"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-                        **data_checks(meta.get("data"))},
-                       expected, prof_dir, hint, args.force)
+    if sha256_file(prof_dir / "meta.json") != recorded["meta_sha256"] and not args.force:
+        raise UserError(
+            f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json "
+            f"sha256 differs from the one stage 02 recorded); rerun {hint}, or pass --force"
+        )
+    found = {"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"), **data_checks(meta.get("data"))}
+    check_meta_matches(found, expected, prof_dir, hint, args.force)
     # Not overridable by --force: with other offsets, p0 would be read for the wrong tokens.
     if not np.array_equal(prof["sample_offsets"], offsets):
-        raise UserError(f"{prof_dir}: its samples and response tokens ({len(prof['sample_offsets']) - 1}, "
-                        f"{int(prof['sample_offsets'][-1])}) do not line up with {args.regions} "
-                        f"({len(offsets) - 1}, {int(offsets[-1])}); rerun {hint}")
+        raise UserError(
+            f"{prof_dir}: its samples and response tokens ({len(prof['sample_offsets']) - 1}, "
+            f"{int(prof['sample_offsets'][-1])}) do not line up with {args.regions} "
+            f"({len(offsets) - 1}, {int(offsets[-1])}); rerun {hint}"
+        )
     return prof["confidence"]
 
 
-def tokenize_dataset(records: list[dict], tokenizer, max_length: int,
-                     regions: dict | None) -> tuple[list[dict], int]:
+def tokenize_dataset(
+    records: list[dict], tokenizer, max_length: int, regions: dict | None
+) -> tuple[list[dict], int]:
     """encode_sample for every record (the same tokenization as stage 01), plus its region slice.
 
     Returns (samples, skipped): a sample whose prompt fills max_length has no response token and is
@@ -252,16 +248,25 @@ def tokenize_dataset(records: list[dict], tokenizer, max_length: int,
     for i, rec in enumerate(records):
         enc = encode_sample(tokenizer, rec, max_length)
         n_resp = len(enc["input_ids"]) - enc["response_start"]
-        s = {"input_ids": enc["input_ids"], "start": enc["response_start"], "weight": 1.0,
-             "region": np.zeros(n_resp, dtype=bool), "p0": None}
+        s = {
+            "input_ids": enc["input_ids"],
+            "start": enc["response_start"],
+            "weight": 1.0,
+            "region": np.zeros(n_resp, dtype=bool),
+            "p0": None,
+        }
         if regions is not None:
             lo, hi = int(regions["offsets"][i]), int(regions["offsets"][i + 1])
             if hi - lo != n_resp:
-                raise UserError(f"{rec.get('id')}: {n_resp} response tokens here but {hi - lo} in the "
-                                "regions artifact; rerun stages 01 and 02 with the same --max-length "
-                                "and data")
-            s.update(region=regions["region"][lo:hi], weight=float(regions["weight"][i]),
-                     p0=regions["p0"][lo:hi] if "p0" in regions else None)
+                raise UserError(
+                    f"{rec.get('id')}: {n_resp} response tokens here but {hi - lo} in the regions "
+                    "artifact; rerun stages 01 and 02 with the same --max-length and data"
+                )
+            s.update(
+                region=regions["region"][lo:hi],
+                weight=float(regions["weight"][i]),
+                p0=regions["p0"][lo:hi] if "p0" in regions else None,
+            )
         skipped += n_resp == 0
         samples += [s] if n_resp else []
     return samples, skipped
@@ -287,8 +292,13 @@ def collate(samples: list[dict], pad_id: int, device: str) -> dict:
         if s["p0"] is not None:
             p0[i, lo:hi] = torch.from_numpy(np.asarray(s["p0"], dtype=np.float32))
     weight = torch.tensor([s["weight"] for s in samples], dtype=torch.float32)
-    return {k: v.to(device) for k, v in dict(ids=ids, attn=attn, valid=valid, region=region, p0=p0,
-                                             weight=weight).items()}
+    batch = dict(ids=ids, attn=attn, valid=valid, region=region, p0=p0, weight=weight)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# 3. log q(gold) at the response positions: the model body, then the output layer in chunks
+# ---------------------------------------------------------------------------------------
 
 
 class GoldLogProbs(torch.nn.Module):
@@ -309,6 +319,11 @@ class GoldLogProbs(torch.nn.Module):
         return torch.zeros(valid.shape, dtype=logp.dtype, device=logp.device).masked_scatter(valid, logp)
 
 
+# ---------------------------------------------------------------------------------------
+# 4. The schedule: the learning rate and the order of the global batches
+# ---------------------------------------------------------------------------------------
+
+
 def lr_at(step: int, total: int, warmup: int, peak: float, min_ratio: float) -> float:
     """Linear warmup to `peak`, then cosine decay to peak * min_ratio at `total`."""
     if step < warmup:
@@ -321,7 +336,273 @@ def batch_order(n: int, batch: int, epoch: int, seed: int) -> list[list[int]]:
     """This epoch's global batches: a seeded shuffle, the last partial batch dropped."""
     g = torch.Generator().manual_seed(seed + epoch)
     perm = torch.randperm(n, generator=g).tolist()
-    return [perm[i:i + batch] for i in range(0, n - batch + 1, batch)]
+    return [perm[i : i + batch] for i in range(0, n - batch + 1, batch)]
+
+
+def schedule(args, n_samples: int) -> tuple[int, int, int]:
+    """(steps per epoch, total steps, warmup steps): --max-steps, else --epochs; warmup 5% by default."""
+    steps_per_epoch = n_samples // args.batch_size
+    total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
+    return steps_per_epoch, total, warmup
+
+
+# ---------------------------------------------------------------------------------------
+# 5. One optimizer step, and its log line with the CuSeT diagnostics
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Training:
+    """What every step uses: the arguments, where this process stands, and what it trains."""
+
+    args: argparse.Namespace
+    rank: int  # this process, of `world` (torchrun; 0 of 1 otherwise)
+    world: int
+    device: str
+    pad_id: int
+    model: torch.nn.Module  # the causal LM: the optimizer updates its parameters
+    net: torch.nn.Module  # GoldLogProbs over it, wrapped by DDP or sharded by FSDP2
+    optimizer: torch.optim.Optimizer
+    autocast: torch.autocast  # bf16 autocast, or disabled (--precision)
+
+
+def mask_knobs(args) -> dict:
+    return dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
+
+
+@torch.no_grad()
+def count_kept(t: Training, micro: list[dict]) -> float:
+    """--norm kept: N = kept tokens of the global batch, from a no-grad pass with the same weights."""
+    kept = 0
+    for mb in micro:
+        with t.autocast:
+            logp = t.net(mb["ids"], mb["attn"], mb["valid"])
+        p = mb["p0"] if t.args.mask_source == "profile" else logp.float().exp()
+        kept += keep_mask(t.args.objective, p, mb["valid"], mb["region"], **mask_knobs(t.args)).sum().item()
+    return float(all_reduce_stats({"kept": kept}, t.world)["kept"])
+
+
+def optimizer_step(t: Training, batch: list[dict]) -> dict:
+    """One step on a global batch: this process's micro-batches, each loss divided by the global N and
+    backpropagated (gradients add up), then clipping and the update. Returns the step's sums over all
+    processes (objective_loss's stats, and the loss)."""
+    args, size = t.args, t.args.micro_batch_size
+    mine = batch[t.rank :: t.world]  # this process's share of the global batch
+    micro = [collate(mine[i : i + size], t.pad_id, t.device) for i in range(0, len(mine), size)]
+    # N: response tokens of the whole global batch, before masking (docs/method.md "Objectives").
+    n_all = sum(len(s["input_ids"]) - s["start"] for s in batch)
+    n_norm = float(n_all) if args.norm == "all" else count_kept(t, micro)
+    stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
+    for k, mb in enumerate(micro):
+        last = k == len(micro) - 1
+        fsdp_micro_batch(t.net, last, args)
+        # DDP: gradients add up locally until the last micro-batch, whose backward all-reduces their sum
+        ctx = t.net.no_sync() if (t.world > 1 and not last and not args.fsdp) else torch.enable_grad()
+        with ctx:
+            with t.autocast:
+                logp = t.net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
+            p_mask = mb["p0"] if args.mask_source == "profile" else None
+            loss, s = objective_loss(
+                logp,
+                mb["valid"],
+                mb["region"],
+                mb["weight"],
+                max(n_norm, 1.0),
+                args.objective,
+                p_mask=p_mask,
+                **mask_knobs(args),
+            )
+            # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
+            (loss * t.world).backward()
+        s["loss"] = loss.item()
+        for key in stats:
+            stats[key] += s[key]
+    if args.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), args.grad_clip)
+    t.optimizer.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    return all_reduce_stats(stats, t.world)
+
+
+def log_step(
+    step: int, total: int, stats: dict, optimizer, tokens_seen: float, t_start: float, steps_run: int
+) -> str:
+    """Print the step's progress line; return its log.jsonl row. Besides loss and nll (per response
+    token), the CuSeT diagnostics: the share of response tokens the mask drops (1 - sum k / n), the share
+    in regions (sum r / n) and the mean weight per token (sum w / n)."""
+    elapsed = time.time() - t_start
+    n = max(stats["tokens"], 1)
+    row = {
+        "step": step,
+        "loss": round(stats["loss"], 6),
+        "nll": round(stats["nll_sum"] / n, 6),
+        "masked_share": round(1 - stats["kept"] / n, 4),
+        "region_share": round(stats["region"] / n, 4),
+        "weight_mean": round(stats["weight_sum"] / n, 4),
+        "lr": optimizer.param_groups[0]["lr"],
+        "tokens": int(stats["tokens"]),
+    }
+    eta = elapsed / steps_run * (total - step)
+    print(
+        f"step {step:>5}/{total} | loss {row['loss']:.4f} | nll {row['nll']:.4f} | "
+        f"masked {row['masked_share']:.1%} | region {row['region_share']:.1%} | "
+        f"w {row['weight_mean']:.3f} | lr {row['lr']:.2e} | {tokens_seen / elapsed:,.0f} tok/s | "
+        f"ETA {eta:,.0f}s",
+        flush=True,
+    )
+    return json.dumps(row) + "\n"
+
+
+def train(t: Training, samples: list[dict], step: int, log_lines: list[str]) -> int:
+    """The loop from `step` to the last step (or --stop-after steps): the learning rate of the step, the
+    step, its log line, and the resume state every --save-every steps and at the end. Returns the step
+    reached; log_lines grows by one line per step (on rank 0)."""
+    args = t.args
+    steps_per_epoch, total, warmup = schedule(args, len(samples))
+    t_start, tokens_seen, steps_run = time.time(), 0, 0
+    while step < total and (args.stop_after is None or steps_run < args.stop_after):
+        epoch, k = divmod(step, steps_per_epoch)
+        batch = [samples[j] for j in batch_order(len(samples), args.batch_size, epoch, args.seed)[k]]
+        for group in t.optimizer.param_groups:
+            group["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
+        stats = optimizer_step(t, batch)
+        step, steps_run = step + 1, steps_run + 1
+        tokens_seen += stats["tokens"]
+        if t.rank == 0:
+            log_lines.append(log_step(step, total, stats, t.optimizer, tokens_seen, t_start, steps_run))
+        stopping = args.stop_after is not None and steps_run >= args.stop_after
+        if step % args.save_every == 0 or step == total or stopping:
+            save_resume(args.out, args, t.model, t.optimizer, step, log_lines, t.rank)
+    return step
+
+
+# ---------------------------------------------------------------------------------------
+# 6. The command line, the run's setup and main
+# ---------------------------------------------------------------------------------------
+
+# Each numeric argument's allowed values (cuset_common.cli.check_ranges).
+RANGES = {
+    "max_length": "[1, inf)",
+    "epochs": "(0, inf)",
+    "max_steps": "[1, inf)",
+    "batch_size": "[1, inf)",
+    "micro_batch_size": "[1, inf)",
+    "lr": "(0, inf)",
+    "min_lr_ratio": "[0, 1]",
+    "warmup_steps": "[0, inf)",
+    "weight_decay": "[0, inf)",
+    "grad_clip": "[0, inf)",
+    "rho": "[0, 1]",
+    "tau_max": "(0, 1]",
+    "profit_threshold": "[0, 1]",
+    "chunk_size": "[1, inf)",
+    "save_every": "[1, inf)",
+    "stop_after": "[1, inf)",
+    "seed": "[0, inf)",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_input_arguments(ap)
+    add_schedule_arguments(ap)
+    add_method_arguments(ap)
+    add_run_arguments(ap)
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
+    check_ranges(ap, args, RANGES)
+    if (args.param_dtype == "bf16" or args.fsdp_keep_gathered) and not args.fsdp:
+        ap.error(
+            "--param-dtype bf16 and --fsdp-keep-gathered need --fsdp (one GPU: torchrun --nproc_per_node 1)"
+        )
+    return args
+
+
+def add_input_arguments(ap: ArgumentParser) -> None:
+    """What is trained on what, and where it goes."""
+    a = ap.add_argument
+    a("--model", default=str(TINY_MODEL), help="hub id or local folder (default: the bundled tiny model)")
+    add_data_arguments(ap, "SFT data to train on")
+    a("--regions", type=Path, default=DEFAULT_REGIONS, help="stage-02 artifact (default: %(default)s)")
+    a("--objective", choices=OBJECTIVES, default="cuset")
+    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/ckpt-<objective>)")
+    a("--max-length", type=int, help="tokens per sample (default: the regions artifact's, else 1024)")
+
+
+def add_schedule_arguments(ap: ArgumentParser) -> None:
+    """How long, in what batches, with which optimizer and learning rate."""
+    a = ap.add_argument
+    a("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")
+    a("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
+    a("--batch-size", type=int, default=8, help="global batch in samples per optimizer step")
+    a("--micro-batch-size", type=int, default=4, help="samples per forward pass on one process")
+    a("--optimizer", choices=("adamw", "sgd"), default="adamw", help="sgd: plain SGD, for equivalence tests")
+    a("--lr", type=float, default=3e-4, help="peak learning rate (default: %(default)s)")
+    a("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
+    a("--warmup-steps", type=int, default=None, help="linear warmup (default: 5%% of steps, at least 1)")
+    a("--weight-decay", type=float, default=0.0)
+    a("--grad-clip", type=float, default=1.0, help="max global grad norm; 0 disables")
+
+
+def add_method_arguments(ap: ArgumentParser) -> None:
+    """The knobs of the mask and the normaliser (docs/method.md "Objectives")."""
+    a = ap.add_argument
+    a("--rho", type=float, default=RHO, help="quantile of p defining kappa_i (docs/method.md)")
+    a("--tau-max", type=float, default=TAU_MAX, help="upper bound of kappa_i (docs/method.md)")
+    a(
+        "--mask-source",
+        choices=("online", "profile"),
+        default="online",
+        help="p for kappa and the mask: the current model's, or the stage-01 profile's (p0) the regions used",
+    )
+    a("--norm", choices=("all", "kept"), default="all", help="N counts all response tokens or only kept ones")
+    a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
+
+
+def add_run_arguments(ap: ArgumentParser) -> None:
+    """Memory, processes, resume and the device: how the run is carried out, not what it computes."""
+    a = ap.add_argument
+    a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
+    a("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    a(
+        "--fsdp",
+        action="store_true",
+        help="under torchrun: shard weights, gradients and optimizer state (FSDP2)",
+    )
+    a(
+        "--param-dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="weights as gathered for compute under --fsdp; bf16 keeps fp32 shards (master) and fp32 "
+        "optimizer state",
+    )
+    a(
+        "--fsdp-keep-gathered",
+        action="store_true",
+        help="--fsdp: no all-gather or reduce-scatter between a step's micro-batches, for full weights and "
+        "grads",
+    )
+    a("--save-every", type=int, default=50, help="steps between resume checkpoints")
+    a("--stop-after", type=int, help="stop after this many steps in this invocation (time slices)")
+    a("--resume", action="store_true", help="continue from --out/resume")
+    a(
+        "--force",
+        action="store_true",
+        help="start over in --out (its previous content is deleted only once the new run succeeds); accept "
+        "regions/profile artifacts from other inputs",
+    )
+    a("--seed", type=int, default=0)
+    a("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    a(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="bf16: forward under bf16 autocast (float32 weights, gradients, optimizer state and log-probs); "
+        "auto: bf16 where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), "
+        "else fp32",
+    )
 
 
 # Arguments --resume may change: they do not change the trained weights. Where the run is and how it is
@@ -331,58 +612,77 @@ def batch_order(n: int, batch: int, epoch: int, seed: int) -> list[list[int]]:
 # max_length, seed, device and hence precision, ...) would make the resumed run another run.
 # So are --fsdp and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is
 # tested equal to one process): a DDP run can move to FSDP. --param-dtype changes precision: not.
-RESUME_MAY_CHANGE = {"out", "resume", "force", "save_every", "stop_after", "micro_batch_size", "chunk_size",
-                     "grad_checkpointing", "fsdp", "fsdp_keep_gathered"}
+RESUME_MAY_CHANGE = {
+    "out",
+    "resume",
+    "force",
+    "save_every",
+    "stop_after",
+    "micro_batch_size",
+    "chunk_size",
+    "grad_checkpointing",
+    "fsdp",
+    "fsdp_keep_gathered",
+}
 
 
-@torch.no_grad()
-def count_kept(net, micro: list[dict], args, knobs: dict, autocast, world: int) -> float:
-    """--norm kept: N = kept tokens of the global batch, from a no-grad pass with the same weights."""
-    kept = 0
-    for mb in micro:
-        with autocast:
-            logp = net(mb["ids"], mb["attn"], mb["valid"])
-        p = mb["p0"] if args.mask_source == "profile" else logp.float().exp()
-        kept += keep_mask(args.objective, p, mb["valid"], mb["region"], **knobs).sum().item()
-    return float(all_reduce_stats({"kept": kept}, world)["kept"])
+def resolve_max_length(args, regions: dict | None) -> int:
+    """--max-length, else the regions artifact's (the masks line up only with the same), else 1024."""
+    max_length = args.max_length or (regions["meta"]["max_length"] if regions else 1024)
+    if regions and max_length != regions["meta"]["max_length"]:
+        raise UserError(
+            f"--max-length {max_length} differs from the regions artifact's "
+            f"{regions['meta']['max_length']}; region masks would not line up"
+        )
+    return max_length
 
 
-def save_final(args, model, tokenizer, step: int, tok_fp: str, data_id: dict, max_length: int,
-               rank: int) -> None:
-    """Model + tokenizer + meta.json, written to a temp folder and then moved into --out (by rank 0; under
-    --fsdp every process takes part in gathering the weights)."""
-    weights = get_model_state_dict(model, options=state_options(args)) if args.fsdp else None
-    if rank != 0:
-        return
-    if weights is not None:  # gathered tensors share no storage: keep tied weights once, as on one GPU
-        names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-        weights = {k: v for k, v in weights.items() if k in names}
-    tmp = args.out / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    # generate() stops at the end of the assistant's turn, as trained (close_turn), not only at eos
-    model.generation_config.eos_token_id = end_of_turn_ids(tokenizer)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
-    tokenizer.save_pretrained(tmp)
+def check_enough_samples(args, n_samples: int, skipped: int) -> None:
+    if n_samples < args.batch_size:
+        raise UserError(
+            f"{args.data}: {n_samples} samples with response tokens ({skipped} skipped: prompt fills "
+            f"--max-length), fewer than --batch-size {args.batch_size}; "
+            + ("raise --max-length" if skipped else "lower --batch-size")
+        )
+
+
+def place_model(model, args, world: int, device: str, max_length: int) -> tuple[torch.nn.Module, dict]:
+    """(net, memory plan): the model in training mode under GoldLogProbs, on one process, under DDP, or
+    sharded by FSDP2 (its parameters become DTensor shards: the optimizer, made after, sees only those)."""
+    if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    model.config.use_cache = False
+    model.train()
+    net = GoldLogProbs(model, args.chunk_size)
+    plan = memory_plan(model, args, world, device, max_length)
+    if args.fsdp:
+        shard_fsdp(net, args)
+    elif world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[device] if device.startswith("cuda") else None
+        )
+    return net, plan
+
+
+def checkpoint_meta(args, step: int, tok_fp: str, data_id: dict, max_length: int, precision: str) -> dict:
+    """The final checkpoint's meta.json fields: what was trained, from what inputs, and how far."""
     regions_file = args.regions / "tensors.safetensors"
-    regions_sha = (sha256_file(regions_file) if regions_file.exists() and args.objective in REGION_OBJECTIVES
-                   else None)
-    meta = {"schema_version": 1, "stage": "03_train_cuset", "objective": args.objective,
-            "args": args_to_json(args), "model": args.model, "tokenizer_fingerprint": tok_fp,
-            "data": data_id,
-            "regions": {"path": str(args.regions), "sha256": regions_sha}, "max_length": max_length,
-            "final_step": step, "versions": library_versions()}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    from cuset_common.files import give_user_modes
-
-    give_user_modes(tmp)  # safetensors writes model.safetensors 0600; others may read what the umask allows
-    for f in tmp.iterdir():
-        os.replace(f, args.out / f.name)
-    tmp.rmdir()
-
-
-# ---------------------------------------------------------------------------------------
-# Main
-# ---------------------------------------------------------------------------------------
+    trained_on_regions = regions_file.exists() and args.objective in REGION_OBJECTIVES
+    return {
+        "stage": STAGE,
+        "objective": args.objective,
+        "args": args_to_json(args),
+        "model": args.model,
+        "tokenizer_fingerprint": tok_fp,
+        "data": data_id,
+        "regions": {
+            "path": str(args.regions),
+            "sha256": sha256_file(regions_file) if trained_on_regions else None,
+        },
+        "max_length": max_length,
+        "precision": precision,  # --precision resolved on this device: fp32 or bf16
+        "final_step": step,
+    }
 
 
 @finishes_out
@@ -391,11 +691,13 @@ def main(argv: list[str] | None = None) -> int:
     rank, world, device = setup_distributed(args.device, args.fsdp)
     precision = resolve_precision(args.precision, device)
     if args.batch_size % (world * args.micro_batch_size):
-        raise UserError(f"--batch-size {args.batch_size} must be a multiple of processes x "
-                        f"--micro-batch-size ({world} x {args.micro_batch_size})")
+        raise UserError(
+            f"--batch-size {args.batch_size} must be a multiple of processes x "
+            f"--micro-batch-size ({world} x {args.micro_batch_size})"
+        )
     torch.manual_seed(args.seed)
 
-    # Load and validate inputs before any work.
+    # The inputs, each checked before any work.
     if args.resume:
         check_resume(args, RESUME_MAY_CHANGE)
     records, data_id = load_data(args)
@@ -405,92 +707,36 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer.pad_token = tokenizer.eos_token
     tok_fp = tokenizer_fingerprint(tokenizer)
     regions = load_regions(args, tok_fp, data_id)
-    max_length = args.max_length or (regions["meta"]["max_length"] if regions else 1024)
-    if regions and max_length != regions["meta"]["max_length"]:
-        raise UserError(f"--max-length {max_length} differs from the regions artifact's "
-                        f"{regions['meta']['max_length']}; region masks would not line up")
+    max_length = resolve_max_length(args, regions)
     samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
-    if len(samples) < args.batch_size:
-        raise UserError(f"{args.data}: {len(samples)} samples with response tokens ({skipped} skipped: "
-                        f"prompt fills --max-length), fewer than --batch-size {args.batch_size}; "
-                        + ("raise --max-length" if skipped else "lower --batch-size"))
+    check_enough_samples(args, len(samples), skipped)
     model = load_causal_lm(args.model, torch.float32).to(device)
     check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
     check_room(args.out, checkpoint_room(model, args.optimizer))
     if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
         open_out(args.out, start_over=not args.resume)
 
-    if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    model.config.use_cache = False
-    model.train()
-    net = GoldLogProbs(model, args.chunk_size)
-    plan = memory_plan(model, args, world, device, max_length)
-    if args.fsdp:
-        shard_fsdp(net, args)  # parameters become DTensor shards; the optimizer below sees only the shards
-    elif world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            net, device_ids=[device] if device.startswith("cuda") else None)
-    opt_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
-    optimizer = opt_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-
-    steps_per_epoch = len(samples) // args.batch_size
-    total = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
-    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total // 20)
+    # The model on the processes, its optimizer, and where the run stands (a resumed run: its step and log).
+    net, plan = place_model(model, args, world, device, max_length)
+    optimizer_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
+    optimizer = optimizer_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     step, log_lines = load_resume(args, model, optimizer, rank) if args.resume else (0, [])
+    total = schedule(args, len(samples))[1]
     if rank == 0:
-        print(f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token "
-              f"within max_length) | max_length {max_length} | {total} steps of "
-              f"{args.batch_size} samples ({world} process(es) x micro-batches of {args.micro_batch_size}) "
-              f"| device {device}, {precision}" + (f" | resumed at step {step}" if step else ""))
+        print(
+            f"objective {args.objective} | {len(samples)} samples ({skipped} skipped: no response token "
+            f"within max_length) | max_length {max_length} | {total} steps of {args.batch_size} samples "
+            f"({world} process(es) x micro-batches of {args.micro_batch_size}) | device {device}, {precision}"
+            + (f" | resumed at step {step}" if step else "")
+        )
         print(format_memory_plan(plan, args, world), flush=True)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    knobs = dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
-    t_start, tokens_seen, steps_run = time.time(), 0, 0
-
-    while step < total and (args.stop_after is None or steps_run < args.stop_after):
-        batch_ids = batch_order(len(samples), args.batch_size, step // steps_per_epoch, args.seed)[
-            step % steps_per_epoch]
-        mine = batch_ids[rank::world]  # this process's share of the global batch
-        micro = [collate([samples[j] for j in mine[i:i + args.micro_batch_size]],
-                         tokenizer.pad_token_id, device)
-                 for i in range(0, len(mine), args.micro_batch_size)]
-        # N: response tokens of the whole global batch, before masking (docs/method.md "Objectives").
-        n_all = sum(len(samples[j]["input_ids"]) - samples[j]["start"] for j in batch_ids)
-        n_norm = float(n_all) if args.norm == "all" else count_kept(net, micro, args, knobs, autocast, world)
-        for g in optimizer.param_groups:
-            g["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
-        stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
-        for k, mb in enumerate(micro):
-            last = k == len(micro) - 1
-            fsdp_micro_batch(net, last, args)
-            ctx = net.no_sync() if (world > 1 and not last and not args.fsdp) else torch.enable_grad()
-            with ctx:
-                with autocast:
-                    logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-                p_mask = mb["p0"] if args.mask_source == "profile" else None
-                loss, s = objective_loss(logp, mb["valid"], mb["region"], mb["weight"], max(n_norm, 1.0),
-                                         args.objective, p_mask=p_mask, **knobs)
-                # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
-                (loss * world).backward()
-            s["loss"] = loss.item()
-            for key in stats:
-                stats[key] += s[key]
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step, steps_run = step + 1, steps_run + 1
-        stats = all_reduce_stats(stats, world)
-        tokens_seen += stats["tokens"]
-        if rank == 0:
-            log_lines.append(log_step(step, total, stats, optimizer, tokens_seen, t_start, steps_run))
-        stopping = args.stop_after is not None and steps_run >= args.stop_after
-        if step % args.save_every == 0 or step == total or stopping:
-            save_resume(args.out, args, model, optimizer, step, log_lines, rank)
+    run = Training(args, rank, world, device, tokenizer.pad_token_id, model, net, optimizer, autocast)
+    step = train(run, samples, step, log_lines)
 
     if step >= total:
-        save_final(args, model, tokenizer, step, tok_fp, data_id, max_length, rank)
+        meta = checkpoint_meta(args, step, tok_fp, data_id, max_length, precision) if rank == 0 else None
+        save_final(args, model, tokenizer, meta, rank)
     if rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")

@@ -55,9 +55,10 @@ from transformers import AutoConfig
 
 from bench.common import (MIB, add_run_args, clock, interleaved_times, machine, median_ratio,
                           peak_extra_memory, print_table, resolve_run_args, warm_up, wide_model)
-from cuset_common import (SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, load_causal_lm,
-                          load_script, load_sft, load_tokenizer, pick_device)
-from cuset_common.cli import BF16_LOSS_RTOL
+from cuset_common.cli import BF16_LOSS_RTOL, load_script, pick_device
+from cuset_common.data import load_sft
+from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.paths import SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL
 
 REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
 PRECISION_LENGTH = 512  # part 3's --max-length: the kernel-mode records fit it

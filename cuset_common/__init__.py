@@ -13,8 +13,6 @@ and HTML page) lives here so that the stage reads as one story. Modules:
   data       SFT records in any supported form, and the tokenization every stage uses
   models     loading models and tokenizers with one-line errors; the plain-head check
   method     formulas stages 01-03 share: sample_threshold, gold_logprobs, and their defaults
-  resume     the state a killed run of stage 03 continues from (its resume/ folder)
-  scale      distributed setup, FSDP2 sharding, the memory plan and the step log (stage 03)
   data_sources --data as a table, dataset folder or hub id, with --data-fields and --data-where
               (imported as cuset_common.data_sources)
 
@@ -46,10 +44,6 @@ from .tasks import (KERNEL_SIGNATURE, TASK_REQUIRED, build_messages, build_promp
 _LAZY = {
     **dict.fromkeys(("RHO", "TAU_MAX", "entropy_of", "gold_logprob_entropy", "gold_logprobs", "head_logits",
                      "row_chunks", "sample_threshold"), "method"),
-    **dict.fromkeys(("check_resume", "checkpoint_room", "load_resume", "resume_dir", "save_resume",
-                     "state_options"), "resume"),
-    **dict.fromkeys(("all_reduce_stats", "decoder_layers", "format_memory_plan", "fsdp_micro_batch",
-                     "log_step", "memory_plan", "setup_distributed", "shard_fsdp"), "scale"),
 }
 
 
@@ -74,9 +68,5 @@ __all__ = ["EVAL_RUN_FILES", "SCHEMA_VERSION", "STAGES", "TRAIN_RUN_FILES", "arg
            "output_head", "DATA", "EVAL_SFT_FILE", "EVAL_SFT_KERNEL_FILE", "LEVELS", "MODES",
            "NVCC_DEFAULT_ARCH", "NVCC_FLAGS", "NVCC_NATIVE_ARCH", "ROOT", "SFT_FILE", "SFT_KERNEL_FILE",
            "SFT_KERNEL_ORIGINALS_FILE", "SMOLLM2_MODEL", "SYSTEM_PROMPT", "TASKS_FILE", "TINY_MODEL",
-           "check_resume",
-           "checkpoint_room", "load_resume", "resume_dir", "save_resume", "state_options", "all_reduce_stats",
-           "decoder_layers",
-           "format_memory_plan", "fsdp_micro_batch", "log_step", "memory_plan", "setup_distributed",
-           "shard_fsdp", "KERNEL_SIGNATURE", "TASK_REQUIRED", "build_messages", "build_prompt", "fence",
+           "KERNEL_SIGNATURE", "TASK_REQUIRED", "build_messages", "build_prompt", "fence",
            "load_tasks", "signature_parts"]

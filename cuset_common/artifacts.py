@@ -38,6 +38,12 @@ def library_versions() -> dict[str, str]:
             "numpy": numpy.__version__}
 
 
+def artifact_meta(meta: dict) -> dict:
+    """A meta.json as every stage writes it (write_artifact, stage 03's final checkpoint): the schema version
+    first, then the stage's fields, then the library versions."""
+    return {"schema_version": SCHEMA_VERSION, **meta, "versions": library_versions()}
+
+
 def write_artifact(out_dir: Path, tensors: dict, meta: dict,
                    extra_files: dict[str, str] | None = None) -> None:
     """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in (into the
@@ -49,7 +55,7 @@ def write_artifact(out_dir: Path, tensors: dict, meta: dict,
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
     try:
         save_file({k: v for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
-        full_meta = {"schema_version": SCHEMA_VERSION, **meta, "versions": library_versions()}
+        full_meta = artifact_meta(meta)
         (tmp / "meta.json").write_text(json.dumps(full_meta, indent=2, sort_keys=False) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")

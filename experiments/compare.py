@@ -84,9 +84,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common liv
 from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
                           SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, ArgumentParser, UserError,
                           args_to_json, check_model_source, check_ranges, load_script,
-                          read_appended_jsonl, read_artifact, resume_dir, run_main, sha256_file,
+                          read_appended_jsonl, read_artifact, run_main, sha256_file,
                           write_text_atomic)
 from profiler.shards import partial_dir  # noqa: E402
+from training.checkpoint import resume_dir  # noqa: E402
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")

@@ -4,6 +4,7 @@ in the middle of an FSDP run, and the memory plan against the measured peak of l
 Launch budget (2 cores): four torchrun launches (the FSDP run compared with one process; an uninterrupted, a
 killed and a resumed run), one in-process single-process reference, two single-process memory runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,26 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT
+from test_train import (
+    MAX_LENGTH,
+    MODEL,
+    SFT_FILE,
+    SGD_ARGS,
+    SGD_STEPS,
+    assert_same_sgd_training,
+    base_args,
+    log_of,
+    run,
+    train,
+    weights_of,
+)
+
 from cuset_common.data import load_sft
-from test_train import (MAX_LENGTH, MODEL, SFT_FILE, SGD_ARGS, SGD_STEPS, assert_same_sgd_training, base_args,
-                        log_of, run, train, weights_of)
 
 # Under FSDP each gradient element is the same K-term sum as on one process, reduce-scattered over the
-# processes in another order: the reordering bound of assert_same_sgd_training (test_train.py) holds as for DDP.
+# processes in another order: the reordering bound of assert_same_sgd_training (test_train.py) holds as for
+# DDP.
 K_TERMS = 8 * MAX_LENGTH
 SINGLE_ARGS = dict(objective="sft", micro_batch_size=2, device="cpu", **SGD_ARGS)
 FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
@@ -31,7 +44,7 @@ FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
 # The driver: runs stage 03's main in a fresh process and counts live tensor bytes (tests/live_memory.py) from
 # the moment the plan is made (one process) or the model is sharded (--fsdp), with the model's own parameters
 # and buffers registered first, so that the peak is comparable with the plan's total.
-DRIVER = r'''
+DRIVER = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from conftest import load_script
@@ -57,12 +70,20 @@ assert train.main(sys.argv[2:]) == 0
 tracker.__exit__(None, None, None)
 rec["peak"] = tracker.peak
 print("MEMORY " + json.dumps(rec), flush=True)
-'''
+"""
 
 
 def torchrun(script, argv, **popen):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *map(str, script),
-           *map(str, argv)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *map(str, script),
+        *map(str, argv),
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, text=True, **popen)
 
 
@@ -82,20 +103,26 @@ def gone(pid: int) -> bool:
 
 
 def check_plan(rec: dict) -> None:
-    """The plan's total against the measured peak of live tensor bytes, within bounds the plan's own terms give.
+    """The plan's total against the measured peak of live tensor bytes, within bounds the plan's own
+    terms give.
 
     The count is exact and the same on every machine (tests/live_memory.py), so the bounds are not noise
     allowances: they are where the plan, a sum of worst moments, may lie. Above the peak: the plan adds every
-    gradient and all activations (with the head's chunk) as if they coexisted, while backward frees activations
-    as gradients arrive, so at most the smaller of the two is counted twice. Below the peak: nothing; the plan is
-    an upper bound of what is live (docs/scale.md gives the measured ratios). A plan that drops AdamW's state, or
-    counts it twice, leaves these bounds: in the wide model the state is 43% of the total, in the tiny one 13%,
-    more than the overlap allowed below the plan (7%).
+    gradient and all activations (with the head's chunk) as if they coexisted, while backward frees
+    activations as gradients arrive, so at most the smaller of the two is counted twice. Below the peak:
+    nothing; the plan is an upper bound of what is live (docs/scale.md gives the measured ratios). A plan that
+    drops AdamW's state, or counts it twice, leaves these bounds: in the wide model the state is 43% of the
+    total, in the tiny one 13%, more than the overlap allowed below the plan (7%).
     """
     plan = {name: row[0] for name, row in rec["plan"].items()}
     overlap = min(plan["gradients"], plan["activations"] + plan["output layer"])
-    print({k: round(v / 2**20, 1) for k, v in plan.items()}, "MiB; measured peak", round(rec["peak"] / 2**20, 1),
-          "MiB; ratio", round(rec["peak"] / plan["total"], 3))
+    print(
+        {k: round(v / 2**20, 1) for k, v in plan.items()},
+        "MiB; measured peak",
+        round(rec["peak"] / 2**20, 1),
+        "MiB; ratio",
+        round(rec["peak"] / plan["total"], 3),
+    )
     assert plan["total"] - overlap <= rec["peak"] <= plan["total"], rec
 
 
@@ -105,8 +132,9 @@ def data8(tmp_path_factory):
     is the plan's worst case, micro-batch x max_length tokens all scored."""
     path = tmp_path_factory.mktemp("data") / "text8.jsonl"
     responses = [r["response"] for r in load_sft(SFT_FILE)[:8]]
-    path.write_text("".join(json.dumps({"id": f"t{i}", "text": (r + "\n") * 8}) + "\n"
-                            for i, r in enumerate(responses)))
+    path.write_text(
+        "".join(json.dumps({"id": f"t{i}", "text": (r + "\n") * 8}) + "\n" for i, r in enumerate(responses))
+    )
     return path
 
 
@@ -123,11 +151,14 @@ def fsdp_run(data8, tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp") / "out"
     driver = out.parent / "driver.py"
     driver.write_text(DRIVER)
-    proc = torchrun([driver, ROOT], base_args(data8, out, **FSDP_ARGS), stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
+    proc = torchrun(
+        [driver, ROOT], base_args(data8, out, **FSDP_ARGS), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
-    records = [json.loads(line[len("MEMORY "):]) for line in stdout.splitlines() if line.startswith("MEMORY ")]
+    records = [
+        json.loads(line[len("MEMORY ") :]) for line in stdout.splitlines() if line.startswith("MEMORY ")
+    ]
     assert len(records) == 2 and "memory plan per process (fsdp over 2" in stdout
     return out, records
 
@@ -145,18 +176,34 @@ def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_run(data8, tmp_path):
     """Bit for bit, with what resume must restore: AdamW's moments (gathered to rank 0, broadcast back into
     the shards), under bf16 weights, --fsdp-keep-gathered, activation checkpointing and gradient clipping.
     Killed (launcher and workers, SIGKILL) once step 1's state is saved, resumed under FSDP."""
-    kw = dict(objective="sft", micro_batch_size=2, device="cpu", batch_size=8, max_steps=3, fsdp=True,
-              param_dtype="bf16", fsdp_keep_gathered=True, grad_checkpointing=True)
+    kw = dict(
+        objective="sft",
+        micro_batch_size=2,
+        device="cpu",
+        batch_size=8,
+        max_steps=3,
+        fsdp=True,
+        param_dtype="bf16",
+        fsdp_keep_gathered=True,
+        grad_checkpointing=True,
+    )
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = torchrun([ROOT / "03_train_cuset.py"], base_args(data8, straight, **kw), stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE)
+    proc = torchrun(
+        [ROOT / "03_train_cuset.py"],
+        base_args(data8, straight, **kw),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     assert proc.wait(timeout=900) == 0, proc.stderr.read()[-3000:]
     argv = base_args(data8, killed, **kw)
     proc = torchrun([ROOT / "03_train_cuset.py"], argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state_log, deadline, pids = killed / "resume" / "log.jsonl", time.time() + 600, []
     while time.time() < deadline and proc.poll() is None:
         if state_log.exists() and len(state_log.read_text().splitlines()) >= 1:
-            pids = [proc.pid, *map(int, Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())]
+            pids = [
+                proc.pid,
+                *map(int, Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()),
+            ]
             kill_tree(proc.pid)
             break
         time.sleep(0.02)
@@ -164,8 +211,9 @@ def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_run(data8, tmp_path):
     while not all(gone(p) for p in pids):
         time.sleep(0.05)
     assert not (killed / "model.safetensors").exists()
-    resumed = torchrun([ROOT / "03_train_cuset.py"], argv + ["--resume"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
+    resumed = torchrun(
+        [ROOT / "03_train_cuset.py"], argv + ["--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     stdout, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr[-3000:]
     assert "resumed at step" in stdout and "weights bf16" in stdout
@@ -179,13 +227,23 @@ def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_run(data8, tmp_path):
 
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory):
-    """A random Llama wide enough that weights, gradients and AdamW state dominate: 50M parameters, 2 layers."""
+    """A random Llama wide enough that weights, gradients and AdamW state dominate: 50M parameters, 2
+    layers."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-                      pad_token_id=0, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=8192,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
     path = tmp_path_factory.mktemp("wide") / "model"
     LlamaForCausalLM(cfg).save_pretrained(path)
     AutoTokenizer.from_pretrained(MODEL).save_pretrained(path)
@@ -199,12 +257,28 @@ def test_the_memory_plan_matches_measured_peak_memory(which, data8, tmp_path, re
     model, batch = (MODEL, 4) if which == "tiny" else (request.getfixturevalue("wide_model"), 1)
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    argv = base_args(data8, tmp_path / "out", model=model, objective="sft", max_steps=2, batch_size=batch,
-                     micro_batch_size=batch, device="cpu", save_every=100)
-    r = subprocess.run([sys.executable, str(driver), str(ROOT), *map(str, argv)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=900)
+    argv = base_args(
+        data8,
+        tmp_path / "out",
+        model=model,
+        objective="sft",
+        max_steps=2,
+        batch_size=batch,
+        micro_batch_size=batch,
+        device="cpu",
+        save_every=100,
+    )
+    r = subprocess.run(
+        [sys.executable, str(driver), str(ROOT), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    rec = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("MEMORY "))[len("MEMORY "):])
+    rec = json.loads(
+        next(line for line in r.stdout.splitlines() if line.startswith("MEMORY "))[len("MEMORY ") :]
+    )
     assert "memory plan per process (one process" in r.stdout and "optimizer" in r.stdout
     check_plan(rec)
 
@@ -218,8 +292,15 @@ def qwen_7b_on_meta():
     """Qwen2.5-Coder-7B's shape (config.json of the hub model), parameters on the meta device: no memory."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(cfg)
 
@@ -230,7 +311,9 @@ def test_the_memory_plan_at_7b_shards_state_by_processes():
     assert 7.5e9 < p < 7.7e9
     one = train.memory_plan(model, train.parse_args(["--micro-batch-size", "1"]), 1, "cuda", 2048)
     assert one["weights"][0] + one["gradients"][0] + one["optimizer"][0] == 16 * p  # > 112 GB: not one GPU
-    args = train.parse_args(["--micro-batch-size", "1", "--fsdp", "--param-dtype", "bf16", "--grad-checkpointing"])
+    args = train.parse_args(
+        ["--micro-batch-size", "1", "--fsdp", "--param-dtype", "bf16", "--grad-checkpointing"]
+    )
     eight = train.memory_plan(model, args, 8, "cuda", 2048)
     assert eight["optimizer"][0] == 8 * p / 8 and eight["step"][0] == 4 * p / 8
     root = 2 * 152064 * 3584 + 3584  # embeddings, output layer, final norm
@@ -244,7 +327,9 @@ def test_the_memory_plan_at_7b_shards_state_by_processes():
 
 def test_fsdp_outside_torchrun_is_refused(data8, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    code = train.run_main(train.main, list(map(str, base_args(data8, tmp_path / "o", objective="sft", fsdp=True))))
+    code = train.run_main(
+        train.main, list(map(str, base_args(data8, tmp_path / "o", objective="sft", fsdp=True)))
+    )
     assert code == 2 and "--fsdp runs under torchrun" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -1,5 +1,6 @@
-"""Stage 03 (issues 5, 9): the loss against a naive loop, the loop's invariances, resume, DDP,
-input validation, and the checkpoint, on the bundled tiny model."""
+"""Stage 03: the loss against a naive loop, the loop's invariances, resume, DDP, input validation, and the
+checkpoint, on the bundled tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,15 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, load_script
 from safetensors.torch import load_file
 
 import cuset_common.method
-from cuset_common.cli import BF16_LOSS_RTOL
-
-from conftest import ROOT, load_script
-from cuset_common import (SFT_FILE, TINY_MODEL, encode_sample, load_sft, sha256_file, tokenizer_fingerprint,
-                          write_artifact)
+from cuset_common.artifacts import SCHEMA_VERSION, tokenizer_fingerprint, write_artifact
+from cuset_common.cli import BF16_LOSS_RTOL, pick_device, resolve_precision
+from cuset_common.data import encode_sample, load_sft
+from cuset_common.files import sha256_file
+from cuset_common.paths import SFT_FILE, TINY_MODEL
 
 MODEL = str(TINY_MODEL)
 MAX_LENGTH = 384
@@ -47,23 +49,36 @@ def small_data(tmp_path):
 def make_regions(tmp_path, tokenizer, data, seed=0, name="regions"):
     """A stage-02-shaped artifact with random regions and weights (and its profile), for the loop tests."""
     rng = np.random.default_rng(seed)
-    lengths = [len(e["input_ids"]) - e["response_start"]
-               for e in (encode_sample(tokenizer, r, MAX_LENGTH) for r in load_sft(data))]
+    lengths = [
+        len(e["input_ids"]) - e["response_start"]
+        for e in (encode_sample(tokenizer, r, MAX_LENGTH) for r in load_sft(data))
+    ]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     total = int(offsets[-1])
-    common = {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "model": MODEL,
-              "data": {"path": str(data), "sha256": sha256_file(data)}, "max_length": MAX_LENGTH}
+    common = {
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "model": MODEL,
+        "data": {"path": str(data), "sha256": sha256_file(data)},
+        "max_length": MAX_LENGTH,
+    }
     profile_dir = tmp_path / f"{name}-profile"
-    write_artifact(profile_dir, {"confidence": rng.uniform(0, 1, total).astype(np.float32),
-                                 "sample_offsets": offsets}, {"stage": "01_profile", **common})
+    write_artifact(
+        profile_dir,
+        {"confidence": rng.uniform(0, 1, total).astype(np.float32), "sample_offsets": offsets},
+        {"stage": "01_profile", **common},
+    )
     region_id = np.where(rng.uniform(size=total) < 0.2, 0, -1).astype(np.int32)
     weight = rng.uniform(0.5, 2.0, len(lengths)).astype(np.float32)
-    write_artifact(tmp_path / name, {"region_id": region_id, "sample_weight": weight,
-                                     "sample_offsets": offsets},
-                   {"stage": "02_label_regions", **common, "counts": {"samples": len(lengths),
-                                                                      "response_tokens": total},
-                    "profile": {"path": str(profile_dir),
-                                "meta_sha256": sha256_file(profile_dir / "meta.json")}})
+    write_artifact(
+        tmp_path / name,
+        {"region_id": region_id, "sample_weight": weight, "sample_offsets": offsets},
+        {
+            "stage": "02_label_regions",
+            **common,
+            "counts": {"samples": len(lengths), "response_tokens": total},
+            "profile": {"path": str(profile_dir), "meta_sha256": sha256_file(profile_dir / "meta.json")},
+        },
+    )
     return tmp_path / name
 
 
@@ -74,8 +89,17 @@ def run(argv):
 def base_args(data, out, **kw):
     args = []
     # fp32: the loop's invariances are tested to float32 rounding (bf16 autocast has its own test)
-    for k, v in {"model": MODEL, "data": data, "out": out, "max_length": MAX_LENGTH, "seed": 0, "lr": 1e-3,
-                 "save_every": 1, "precision": "fp32", **kw}.items():
+    for k, v in {
+        "model": MODEL,
+        "data": data,
+        "out": out,
+        "max_length": MAX_LENGTH,
+        "seed": 0,
+        "lr": 1e-3,
+        "save_every": 1,
+        "precision": "fp32",
+        **kw,
+    }.items():
         flag = f"--{k.replace('_', '-')}"
         args += [flag] if v is True else [flag, v]
     return args
@@ -91,7 +115,7 @@ def weights_of(out):
 
 # Equivalence runs (micro-batching, DDP): plain SGD without clipping, so the comparison sees the gradient
 # itself. AdamW divides by sqrt(v) + eps and turns float noise in near-zero gradients into weight changes
-# of ~lr: 2e-5 apart, above any fixed tolerance one can defend (issue 9, item 12).
+# of ~lr: 2e-5 apart, above any fixed tolerance one can defend.
 SGD_STEPS = 2
 SGD_ARGS = dict(optimizer="sgd", lr=1.0, grad_clip=0, max_steps=SGD_STEPS, batch_size=8)
 
@@ -165,10 +189,30 @@ def test_loss_matches_a_naive_per_token_loop(objective, mask_source):
     p_profile = torch.rand(b, length, generator=g)
     p_mask = p_profile if mask_source == "profile" else None
     n_tokens = float(valid.sum()) + 3
-    loss, stats = train.objective_loss(logp, valid, region, weight, n_tokens, objective, p_mask=p_mask,
-                                       rho=0.3, tau_max=0.4, profit_threshold=0.1)
-    want = naive_loss(logp, valid, region, weight, n_tokens, objective,
-                      p_profile if mask_source == "profile" else logp.exp(), 0.3, 0.4, 0.1)
+    loss, stats = train.objective_loss(
+        logp,
+        valid,
+        region,
+        weight,
+        n_tokens,
+        objective,
+        p_mask=p_mask,
+        rho=0.3,
+        tau_max=0.4,
+        profit_threshold=0.1,
+    )
+    want = naive_loss(
+        logp,
+        valid,
+        region,
+        weight,
+        n_tokens,
+        objective,
+        p_profile if mask_source == "profile" else logp.exp(),
+        0.3,
+        0.4,
+        0.1,
+    )
     assert loss.item() == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert stats["tokens"] == int(valid.sum())
 
@@ -194,8 +238,9 @@ def test_sft_objective_equals_the_models_own_labels_loss(tokenizer, small_data):
     with torch.no_grad():
         hf = model(input_ids=mb["ids"], attention_mask=mb["attn"], labels=labels).loss.item()
         logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
-        ours, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"],
-                                       float(mb["valid"].sum()), "sft")
+        ours, _ = train.objective_loss(
+            logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()), "sft"
+        )
     assert ours.item() == pytest.approx(hf, rel=1e-5)
 
 
@@ -210,8 +255,9 @@ def test_chunked_log_probs_never_keep_full_logits_for_backward():
         out = train.gold_logprobs(hidden, weight, labels, chunk)
     out.sum().backward()
     assert max(saved) <= vocab * d  # the weight itself, never [b * length, vocab]
-    full = torch.log_softmax(hidden.detach() @ weight.detach().t(),
-                             -1).gather(2, labels[..., None]).squeeze(2)
+    full = (
+        torch.log_softmax(hidden.detach() @ weight.detach().t(), -1).gather(2, labels[..., None]).squeeze(2)
+    )
     assert torch.allclose(out.detach(), full, atol=1e-5)
 
 
@@ -225,14 +271,30 @@ def test_training_lowers_the_loss_and_the_checkpoint_reloads_and_generates(tmp_p
 
     regions = make_regions(tmp_path, tokenizer, small_data)
     out = tmp_path / "ckpt"
-    assert run(base_args(small_data, out, regions=regions, objective="cuset", max_steps=6, batch_size=8,
-                         micro_batch_size=4, warmup_steps=1)) == 0
+    assert (
+        run(
+            base_args(
+                small_data,
+                out,
+                regions=regions,
+                objective="cuset",
+                max_steps=6,
+                batch_size=8,
+                micro_batch_size=4,
+                warmup_steps=1,
+            )
+        )
+        == 0
+    )
     log = log_of(out)
     assert [r["step"] for r in log] == list(range(1, 7))
     assert log[-1]["nll"] < log[0]["nll"] - 0.05, [r["nll"] for r in log]
     assert 0 < log[0]["masked_share"] < 1 and log[0]["region_share"] > 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["objective"] == "cuset" and meta["final_step"] == 6
+    # artifact_meta's layout, as every stage writes it: the schema version first, the library versions last
+    assert list(meta)[0] == "schema_version" and meta["schema_version"] == SCHEMA_VERSION
+    assert list(meta)[-1] == "versions" and meta["versions"]["torch"] == torch.__version__
     assert meta["data"]["sha256"] == sha256_file(small_data) and meta["regions"]["sha256"]
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
@@ -258,13 +320,27 @@ def test_bf16_autocast_trains_to_the_fp32_losses_within_bf16_precision(tmp_path,
     logs = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision
-        assert run(base_args(small_data, out, objective="sft", batch_size=4, micro_batch_size=2, max_steps=4,
-                             precision=precision)) == 0
-        assert json.loads((out / "meta.json").read_text())["args"]["precision"] == precision
+        assert (
+            run(
+                base_args(
+                    small_data,
+                    out,
+                    objective="sft",
+                    batch_size=4,
+                    micro_batch_size=2,
+                    max_steps=4,
+                    precision=precision,
+                )
+            )
+            == 0
+        )
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["args"]["precision"] == precision and meta["precision"] == precision
         logs[precision] = [r["loss"] for r in log_of(out)]
     for fp32, bf16 in zip(logs["fp32"], logs["bf16"]):
         assert abs(bf16 - fp32) <= BF16_LOSS_RTOL * fp32, logs  # the bound's derivation: cuset_common/cli.py
     assert logs["bf16"] != logs["fp32"]  # autocast took effect: bf16 rounding shows in the losses
+
 
 def test_resume_after_stop_reproduces_the_uninterrupted_run(tmp_path, small_data, tokenizer):
     """Bit for bit: a resumed run repeats the same float operations in the same order, so no tolerance is
@@ -286,8 +362,7 @@ def test_a_killed_run_resumes_with_the_same_losses(tmp_path, small_data):
     kw = dict(objective="sft", max_steps=8, batch_size=4, micro_batch_size=4)
     assert run(base_args(small_data, straight, **kw)) == 0
     cmd = [sys.executable, str(ROOT / "03_train_cuset.py"), *map(str, base_args(small_data, killed, **kw))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     state_log = killed / "resume" / "log.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -304,8 +379,17 @@ def test_ddp_two_processes_match_single_process_training(tmp_path, small_data):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     common = dict(objective="sft", micro_batch_size=2, device="cpu", **SGD_ARGS)
     assert run(base_args(small_data, single, **common)) == 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           str(ROOT / "03_train_cuset.py"), *map(str, base_args(small_data, ddp, **common))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        str(ROOT / "03_train_cuset.py"),
+        *map(str, base_args(small_data, ddp, **common)),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_sgd_training(weights_of(single), weights_of(ddp), SGD_STEPS, k_terms=8 * MAX_LENGTH)
@@ -318,8 +402,9 @@ def test_ddp_two_processes_match_single_process_training(tmp_path, small_data):
 
 
 def test_cuset_without_regions_names_stage_02(tmp_path, small_data, capsys):
-    code = train.run_main(train.main,
-                          list(map(str, base_args(small_data, tmp_path / "o", regions=tmp_path / "none"))))
+    code = train.run_main(
+        train.main, list(map(str, base_args(small_data, tmp_path / "o", regions=tmp_path / "none")))
+    )
     assert code == 2
     assert "02_label_regions.py" in capsys.readouterr().err
 
@@ -334,8 +419,9 @@ def test_regions_from_other_data_are_refused(tmp_path, small_data, tokenizer, ca
     assert not (tmp_path / "o").exists()
 
 
-def test_malformed_data_is_reported_with_file_and_line_and_nothing_is_overwritten(tmp_path, small_data,
-                                                                                  capsys):
+def test_malformed_data_is_reported_with_file_and_line_and_nothing_is_overwritten(
+    tmp_path, small_data, capsys
+):
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("previous run")
@@ -349,7 +435,7 @@ def test_malformed_data_is_reported_with_file_and_line_and_nothing_is_overwritte
 
 
 # ---------------------------------------------------------------------------------------
-# Issue 9: inputs checked before work, the head on response positions only, resume arguments.
+# Inputs checked before work, the head on response positions only, resume arguments.
 # ---------------------------------------------------------------------------------------
 
 
@@ -368,8 +454,11 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(tokeniz
     mb = train.collate(samples, tokenizer.pad_token_id, "cpu")
     mb["region"] = torch.rand(mb["valid"].shape, generator=torch.Generator().manual_seed(0)) < 0.2
     rows, chunk_fn = [], cuset_common.method._chunk_gold_logp
-    monkeypatch.setattr(cuset_common.method, "_chunk_gold_logp",
-                        lambda h, *rest: rows.append(h.shape[0]) or chunk_fn(h, *rest))
+    monkeypatch.setattr(
+        cuset_common.method,
+        "_chunk_gold_logp",
+        lambda h, *rest: rows.append(h.shape[0]) or chunk_fn(h, *rest),
+    )
     logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
     assert sum(rows) == int(mb["valid"].sum()) < mb["valid"].numel()
     with torch.no_grad():  # the old computation: every position through the head
@@ -399,8 +488,9 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tokenizer, s
         ref = torch.log_softmax(model(input_ids=mb["ids"], attention_mask=mb["attn"]).logits.float(), -1)
         ref = ref[:, :-1].gather(2, mb["ids"][:, 1:, None]).squeeze(2)
     torch.testing.assert_close(logp.detach()[mb["valid"]], ref[mb["valid"]], atol=1e-5, rtol=1e-5)
-    loss, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()),
-                                   "sft")
+    loss, _ = train.objective_loss(
+        logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()), "sft"
+    )
     loss.backward()
     assert head.bias.grad is not None and head.bias.grad.abs().sum() > 0  # the bias is trained too
 
@@ -408,34 +498,59 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tokenizer, s
 def test_a_model_with_scaled_logits_is_refused_in_one_line(tmp_path, small_data, tokenizer, capsys):
     from transformers import GraniteConfig, GraniteForCausalLM
 
-    cfg = GraniteConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-                        initializer_range=0.5, logits_scaling=4.0, pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    cfg = GraniteConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.5,
+        logits_scaling=4.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     folder = tmp_path / "granite"
     GraniteForCausalLM(cfg).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    code = train.run_main(train.main, list(map(str, base_args(small_data, tmp_path / "o", model=folder,
-                                                                objective="sft", max_steps=1))))
+    code = train.run_main(
+        train.main,
+        list(map(str, base_args(small_data, tmp_path / "o", model=folder, objective="sft", max_steps=1))),
+    )
     err = capsys.readouterr().err
     assert code == 2 and "'granite'" in the_error_line(err)
     assert not (tmp_path / "o").exists()
 
 
 def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_data, tokenizer, capsys):
-    long = {"id": "long", "messages": [{"role": "user", "content": "Add two vectors. " * 300},
-                                       {"role": "assistant", "content": "```cpp\n__global__ void k() "
-                                                                        "{}\n```"}]}
+    long = {
+        "id": "long",
+        "messages": [
+            {"role": "user", "content": "Add two vectors. " * 300},
+            {"role": "assistant", "content": "```cpp\n__global__ void k() {}\n```"},
+        ],
+    }
     data = tmp_path / "with_long.jsonl"
     data.write_text(json.dumps(long) + "\n" + small_data.read_text())
     regions = make_regions(tmp_path, tokenizer, data)  # the long sample: 0 tokens in the offsets
     out = tmp_path / "o"
-    assert run(base_args(data, out, regions=regions, max_steps=1, batch_size=8, micro_batch_size=8)) == 0
+    argv = base_args(
+        data, out, regions=regions, max_steps=1, batch_size=8, micro_batch_size=8, precision="auto"
+    )
+    assert run(argv) == 0
     assert "8 samples (1 skipped" in capsys.readouterr().out
-    n_resp = [len(e["input_ids"]) - e["response_start"]
-              for e in (encode_sample(tokenizer, r, MAX_LENGTH) for r in load_sft(small_data))]
+    n_resp = [
+        len(e["input_ids"]) - e["response_start"]
+        for e in (encode_sample(tokenizer, r, MAX_LENGTH) for r in load_sft(small_data))
+    ]
     assert log_of(out)[0]["tokens"] == sum(n_resp)  # exactly the 8 others, regions still aligned
+    # meta.json records the precision --precision auto resolved to on this machine, not "auto"
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["args"]["precision"] == "auto"
+    assert meta["precision"] == resolve_precision("auto", pick_device("auto"))
 
 
 def test_resume_with_other_arguments_is_refused_and_the_same_ones_resume(tmp_path, small_data, capsys):
@@ -451,15 +566,19 @@ def test_resume_with_other_arguments_is_refused_and_the_same_ones_resume(tmp_pat
 
 
 def test_a_profile_rewritten_after_stage_02_is_refused(tmp_path, small_data, capsys):
-    """As in issue 9: stage 01 rerun on other data into the profile folder that the regions point at."""
+    """Stage 01 rerun on other data into the profile folder that the regions point at."""
     profile_stage, regions_stage = load_script("01_profile.py"), load_script("02_label_regions.py")
     other = tmp_path / "other.jsonl"
     other.write_text("".join(SFT_FILE.read_text().splitlines(keepends=True)[8:16]))
     prof, regions = tmp_path / "profile", tmp_path / "regions"
     stage01 = ["--model", MODEL, "--max-length", str(MAX_LENGTH), "--out", str(prof), "--device", "cpu"]
     assert profile_stage.main([*stage01, "--data", str(small_data)]) == 0
-    assert regions_stage.main(["--model", MODEL, "--data", str(small_data), "--profile", str(prof),
-                               "--out", str(regions)]) == 0
+    assert (
+        regions_stage.main(
+            ["--model", MODEL, "--data", str(small_data), "--profile", str(prof), "--out", str(regions)]
+        )
+        == 0
+    )
     kw = dict(regions=regions, mask_source="profile", max_steps=1)
     assert run(base_args(small_data, tmp_path / "o1", **kw)) == 0  # the profile stage 02 read
     assert profile_stage.main([*stage01, "--data", str(other)]) == 0
@@ -470,32 +589,15 @@ def test_a_profile_rewritten_after_stage_02_is_refused(tmp_path, small_data, cap
     assert not (tmp_path / "o2").exists()
 
 
-def test_a_relative_profile_path_is_read_from_the_working_directory(tmp_path, small_data, tokenizer,
-                                                                    monkeypatch):
-    regions = make_regions(tmp_path, tokenizer, small_data)
-    meta = json.loads((regions / "meta.json").read_text())
-    meta["profile"]["path"] = "regions-profile"  # as typed in tmp_path
-    (regions / "meta.json").write_text(json.dumps(meta))
-    monkeypatch.chdir(tmp_path)
-    args = train.parse_args(list(map(str, base_args(small_data, tmp_path / "o", regions=regions,
-                                                    mask_source="profile"))))
-    data_id = {"path": str(small_data), "sha256": sha256_file(small_data)}  # load_data's, for a JSONL file
-    got = train.load_regions(args, tokenizer_fingerprint(tokenizer), data_id)
-    assert len(got["p0"]) == got["offsets"][-1]
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")  # from another folder: said so, not "run stage 01"
-    with pytest.raises(train.UserError, match="relative to the folder stage 02 ran in"):
-        train.load_regions(args, tokenizer_fingerprint(tokenizer), data_id)
-
-
 @pytest.mark.parametrize("damage", ["truncated", "short sample_weight"])
 def test_a_damaged_regions_artifact_is_one_line_and_exit_2(tmp_path, small_data, tokenizer, capsys, damage):
-    from safetensors.numpy import load_file as load_np, save_file
+    from safetensors.numpy import load_file as load_np
+    from safetensors.numpy import save_file
 
     regions = make_regions(tmp_path, tokenizer, small_data)
     f = regions / "tensors.safetensors"
     if damage == "truncated":
-        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     else:
         t = load_np(str(f))
         save_file({**t, "sample_weight": t["sample_weight"][:-1]}, str(f))
@@ -505,13 +607,15 @@ def test_a_damaged_regions_artifact_is_one_line_and_exit_2(tmp_path, small_data,
 
 
 @pytest.mark.parametrize("content", ["nothing", "a tokenizer only"])
-def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, small_data, tokenizer, capsys,
-                                                               content):
+def test_a_model_folder_without_a_model_is_one_line_and_exit_2(
+    tmp_path, small_data, tokenizer, capsys, content
+):
     folder = tmp_path / "m"
     folder.mkdir()
     if content == "a tokenizer only":
         tokenizer.save_pretrained(folder)
-    code = train.run_main(train.main, list(map(str, base_args(small_data, tmp_path / "o", model=folder,
-                                                                objective="sft"))))
+    code = train.run_main(
+        train.main, list(map(str, base_args(small_data, tmp_path / "o", model=folder, objective="sft")))
+    )
     err = capsys.readouterr().err
     assert code == 2 and str(folder) in the_error_line(err)
