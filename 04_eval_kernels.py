@@ -507,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks, task_ids = select_tasks(args)
     by_id = {str(t["id"]): t for t in tasks}
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
+    # a bad line of --solutions is refused here, as one of --tasks is: before any output
+    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
     gpu = gpu_name()
     backend = resolve_backend(args.backend, gpu)
     if args.emulate_checks and backend == "gpu":
@@ -523,8 +525,6 @@ def main(argv: list[str] | None = None) -> int:
               f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
               f"only, no timings)")
     runner = None if args.generate_only else choose_runner(args.no_sandbox, backend)
-    # bad lines are refused here, before any output
-    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
 
     # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
     run = open_run(args, run_fingerprint(args, backend), len(jobs))

@@ -44,11 +44,22 @@ def json_safe(x):
 
 def append_jsonl(path: Path, records: list[dict]) -> None:
     """Append records and fsync, so that a kill loses at most the line being written (a torn last
-    line, which read_appended_jsonl drops)."""
-    with open(path, "a", encoding="utf-8", newline="\n") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        f.flush()
-        os.fsync(f.fileno())
+    line, which read_appended_jsonl drops). The lines are made and encoded before the file is opened (a
+    string UTF-8 cannot hold raises with the file untouched), and an error while writing (a full disk, an
+    interrupt) cuts the file back to its length before: it never keeps part of an append."""
+    data = memoryview("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8"))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # 0666 less the umask, as open()'s
+    try:
+        before = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:  # os.write may write less than it is given
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, before)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_appended_jsonl(path: Path) -> list[dict]:

@@ -84,8 +84,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common liv
 from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
                           SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, ArgumentParser, UserError,
                           args_to_json, check_model_source, check_ranges, load_script,
-                          read_appended_jsonl, read_artifact, run_main, sha256_file,
+                          read_artifact, read_jsonl, run_main, sha256_file,
                           write_text_atomic)
+from cuset_common.files import real_path  # noqa: E402
 from profiler.shards import partial_dir  # noqa: E402
 from training.checkpoint import resume_dir  # noqa: E402
 
@@ -311,6 +312,9 @@ def check_before_work(args, forwarded: dict[str, str | None]) -> None:
     or --save-record that cannot hold what is written there, a model that is not there (when stages will
     run), and any stage call of the plan that its stage's own parser and range checks refuse, named by the
     --<name>-args string it came from."""
+    for option, path in (("--out", args.out), ("--save-record", args.save_record)):
+        if path is not None:
+            real_path(path, option)  # a loop of links is refused; a link to a folder is followed
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} is a file; name a folder")
     base_steps, runs = plan(args)
@@ -531,8 +535,9 @@ def finished(step: dict) -> bool:
     if not stamp.exists() or any(not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime
                                  for p in step["inputs"]):
         return False
-    if stage == "04":
-        return read_json(out / "fingerprint.json") == fingerprint(step)
+    if stage == "04":  # a summary.json the table cannot read (damaged, edited by hand) is made again
+        return summary_problem(read_json(stamp)) is None and \
+            read_json(out / "fingerprint.json") == fingerprint(step)
     meta, now = read_json(stamp) or {}, mod.parse_args(step["argv"])
     if not same_args(meta.get("args", {}), now, {"force"} if stage == "02" else mod.RESUME_MAY_CHANGE):
         return False
@@ -751,17 +756,43 @@ def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarr
 def kernel_metrics(folder: Path, name: str) -> tuple[dict, dict, str, int]:
     """One evaluation's overall compile rate, pass@1 and pass@k (stage 04's summary.json), its per-prompt
     pass@1 (unit: task x level; the prompt's share of passing samples c/n, unbiased), backend, k."""
-    summary = json.loads((folder / "summary.json").read_text())
-    k = summary["num_samples"]
-    over = summary["overall"]
+    anew = (f"not as stage 04 wrote it; restore it, or remove {folder} and run without --report-only to "
+            f"evaluate anew")
+    summary_path, results_path = folder / "summary.json", folder / "results.jsonl"
+    summary = read_json(summary_path)
+    if problem := summary_problem(summary):
+        raise UserError(f"{summary_path}: {problem}, {anew}")
+    k, over = summary["num_samples"], summary["overall"]
     metrics = {f"{name}.compile_rate": over["compile_rate"], f"{name}.pass@1": over["pass@1"],
                f"{name}.pass@k": over.get(f"pass@{k}", over["pass@1"])}
     judged: dict[str, list[bool]] = {}
-    for r in read_appended_jsonl(folder / "results.jsonl"):
+    for lineno, r in read_jsonl(results_path):
+        if type(r.get("task_id")) not in (str, int) or type(r.get("level")) is not int or \
+                type(r.get("outcome")) is not str:
+            raise UserError(f"{results_path}:{lineno}: a row needs task_id, level (an integer) and outcome "
+                            f"(a string), {anew}")
         if r["outcome"] not in ("unsupported", "task_error"):
             judged.setdefault(f"{r['task_id']}/L{r['level']}", []).append(r["outcome"] == "pass")
     units = {f"{name}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
     return metrics, units, summary["backend"], k
+
+
+def summary_problem(summary: dict | None) -> str | None:
+    """What keeps kernel_metrics from reading a stage-04 summary.json (read_json's value: None when it is
+    absent or no JSON object), in words; None when it holds all it reads."""
+    if summary is None:
+        return "absent, or not a JSON object"
+    k, over = summary.get("num_samples"), summary.get("overall")
+    if type(k) is not int or k < 1:
+        return "num_samples must be an integer >= 1"
+    if not isinstance(summary.get("backend"), str):
+        return "backend must be a string"
+    if not isinstance(over, dict):
+        return "overall must be an object"
+    rates = ("compile_rate", "pass@1", *([f"pass@{k}"] if k > 1 else []))  # pass@k: pass@1 when k is 1
+    if bad := [r for r in rates if type(over.get(r)) not in (int, float) or not 0 <= over[r] <= 1]:
+        return f"overall.{bad[0]} must be a number in [0, 1]"
+    return None
 
 
 # The power statement: a two-sided test at the 5% level (z_0.975) with 80% power (z_0.8) detects a true

@@ -20,7 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuset_common import UserError
+from cuset_common.cli import UserError
+from cuset_common.tasks import buffer_bytes
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
 from harness.sandbox import SandboxBusy, SandboxError, probe_isolation, run_sandboxed
 
@@ -180,17 +181,9 @@ MIN_OUTPUT_MB = 512
 
 
 def output_limit_mb(task: dict) -> int:
-    """The candidate's per-file size limit: 1.5x the largest declared buffer, at least MIN_OUTPUT_MB."""
-    import numpy as np
-
-    largest = 0
-    for buf in [*task.get("inputs", []), *task.get("outputs", [])]:
-        dims = re.findall(r"\d+", str(buf.get("shape", "")))
-        try:
-            itemsize = np.dtype(str(buf.get("dtype"))).itemsize
-        except TypeError:
-            itemsize = 8
-        largest = max(largest, math.prod(int(d) for d in dims) * itemsize if dims else 0)
+    """The candidate's per-file size limit: 1.5x the largest declared buffer, at least MIN_OUTPUT_MB (a task
+    as load_tasks checked it: each buffer at most MAX_BUFFER_BYTES, so the limit fits setrlimit)."""
+    largest = max((buffer_bytes(buf) for buf in [*task["inputs"], *task["outputs"]]), default=0)
     return max(MIN_OUTPUT_MB, math.ceil(1.5 * largest / (1 << 20)))
 
 

@@ -12,8 +12,10 @@ import sys
 import threading
 from pathlib import Path
 
-from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, append_jsonl, check_out_dir, load_tasks, open_out,
-                          read_appended_jsonl, read_jsonl, sha256_file, write_jsonl_atomic, write_text_atomic)
+from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, append_jsonl, check_out_dir, load_tasks,
+                          open_out, read_appended_jsonl, read_jsonl, sha256_file, write_jsonl_atomic,
+                          write_text_atomic)
+from cuset_common.artifacts import json_kind
 from harness.generation import generation_settings
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
@@ -51,33 +53,54 @@ def run_fingerprint(args, backend: str) -> dict:
     return source | {k: values[k] for k in FINGERPRINTED}
 
 
+# The fields a resumed run reads of each row of its files, and their JSON types (bool is not int here).
+RUN_ROWS = {"results.jsonl": {"task_id": (str,), "level": (int,), "sample": (int,), "outcome": (str,),
+                              "category": (str,)},
+            "completions.jsonl": {"task_id": (str,), "level": (int,), "sample": (int,),
+                                  "completion": (str, type(None))},  # None: --solutions had no answer
+            "task_checks.jsonl": {"task_id": (str,), "outcome": (str,)}}
+
+
+def read_run_rows(out: Path, name: str) -> list[dict]:
+    """The rows of one of a run's files (read_appended_jsonl), each holding RUN_ROWS' fields; a row that
+    lacks one (edited by hand, or not this stage's file) is a UserError before any work."""
+    rows = read_appended_jsonl(out / name)
+    for i, row in enumerate(rows, start=1):
+        if wrong := [k for k, kinds in RUN_ROWS[name].items() if type(row.get(k)) not in kinds]:
+            raise UserError(f"{out / name}: row {i} lacks {', '.join(wrong)} or holds another type there "
+                            f"(not as stage 04 wrote it); pass --force to start the run over, or name another"
+                            f" --out")
+    return rows
+
+
 class Run:
-    """The rows, completions and task checks of the run in --out, kept in memory and appended to their
-    files as each is made (under one lock: compiles and runs finish on several threads), so that a kill
-    loses only what was in flight."""
+    """The rows, completions and task checks of the run in --out, appended to their files as each is made
+    and then kept in memory (under one lock: compiles and runs finish on several threads), so that a kill
+    loses only what was in flight and what a file lacks is never taken as done."""
 
     def __init__(self, out: Path):
         self.out, self.lock = out, threading.Lock()
         key = lambda r: (r["task_id"], r["level"], r["sample"])  # noqa: E731
-        self.rows = {key(r): r for r in read_appended_jsonl(out / "results.jsonl")}
-        self.completions = {key(r): r["completion"] for r in read_appended_jsonl(out / "completions.jsonl")}
-        self.checks = {r.pop("task_id"): r for r in read_appended_jsonl(out / "task_checks.jsonl")}
+        self.rows = {key(r): r for r in read_run_rows(out, "results.jsonl")}
+        self.completions = {key(r): r["completion"] for r in read_run_rows(out, "completions.jsonl")}
+        self.checks = {r.pop("task_id"): r for r in read_run_rows(out, "task_checks.jsonl")}
 
     def record(self, job: tuple, row: dict) -> None:
         with self.lock:
-            self.rows[job] = row
             append_jsonl(self.out / "results.jsonl", [row])
+            self.rows[job] = row
 
     def record_check(self, task_id: str, check: dict) -> None:
         with self.lock:
-            self.checks[task_id] = check
             append_jsonl(self.out / "task_checks.jsonl", [{"task_id": task_id} | check])
+            self.checks[task_id] = check
 
     def keep_completions(self, batch: dict) -> None:
         with self.lock:
+            rows = [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
+                    for j, c in sorted(batch.items())]
+            append_jsonl(self.out / "completions.jsonl", rows)
             self.completions.update(batch)
-            append_jsonl(self.out / "completions.jsonl", [{"task_id": j[0], "level": j[1], "sample": j[2],
-                                                           "completion": c} for j, c in sorted(batch.items())])
 
     def finish(self, jobs: list[tuple]) -> list[dict]:
         """The rows in job order, one per job, rewritten so (results.jsonl was appended as rows came)."""
@@ -114,7 +137,7 @@ def select_tasks(args) -> tuple[list[dict], set[str]]:
     if args.split != "all" and any("split" in t for t in tasks):  # a file without splits (CUDABench): whole
         tasks = [t for t in tasks if t.get("split") == args.split]
     if args.mode == "kernel":
-        missing = [str(t["id"]) for t in tasks if "kernel_mode" not in t]
+        missing = [str(t["id"]) for t in tasks if not t.get("kernel_mode")]  # absent or null
         if missing:
             raise UserError(f"--mode kernel needs tasks with a kernel_mode harness; {len(missing)} have none "
                             f"(e.g. {missing[0]}); use --mode standalone")
@@ -148,8 +171,8 @@ def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[t
     for lineno, obj in read_jsonl(path):
         key, text = solution_row(obj, f"{path}:{lineno}", task_ids)
         if key in first_line:
-            raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already answered "
-                            f"on line {first_line[key]}; keep one answer per task, level and sample")
+            raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already "
+                            f"answered on line {first_line[key]}; keep one answer per task, level and sample")
         first_line[key] = lineno
         if key in wanted:
             found[key] = text
@@ -168,14 +191,21 @@ def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[t
 
 def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str]:
     """((task id, level, sample), completion) of one --solutions line, refused unless it names a job that
-    can exist."""
-    try:
-        key = (str(obj["task_id"]), int(obj["level"]), int(obj.get("sample", 0)))
-        text = obj["completion"]
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"{where}: each line needs task_id, level, sample (int) and completion") from None
+    can exist: level and sample JSON integers (1.7 is no level, nor true, nor "1"), the task id an integer
+    or a string of --tasks."""
+    if not all(k in obj for k in ("task_id", "level", "completion")):
+        raise UserError(f"{where}: each line needs task_id, level, sample (an integer; 0 if absent) and "
+                        f"completion")
+    tid, level, sample, text = obj["task_id"], obj["level"], obj.get("sample", 0), obj["completion"]
+    wrong = [f"{name} is {json_kind(value)}" for name, value, kinds in
+             (("task_id", tid, (str, int)), ("level", level, (int,)), ("sample", sample, (int,)))
+             if type(value) not in kinds]  # type(), not isinstance: true is an int to Python
+    if wrong:
+        raise UserError(f"{where}: {', '.join(wrong)}; task_id must be a string or an integer, level and "
+                        f'sample integers ("level": 1, not 1.0, true or "1")')
+    key = (str(tid), level, sample)
     if not isinstance(text, str):
-        raise UserError(f"{where}: completion must be a string")
+        raise UserError(f"{where}: completion must be a string, not {json_kind(text)}")
     if key[0] not in task_ids:
         raise UserError(f"{where}: task {key[0]!r} is not in --tasks; fix the task id (or pass the task file "
                         f"it comes from)")

@@ -3,16 +3,20 @@ artifact (never the user's files or an input), --force keeps the previous artifa
 complete, every number is checked, and the readers name file and line. A link as --out is followed to the
 one real folder (a loop refused), a read-only --out is refused, artifact folders get the user's umask,
 edited metas, a --device not present and a model whose config disagrees with its weights are one line,
-and experiments/compare.py checks its options and forwarded stage arguments before any work.
+stage 04's task rows and --solutions values are checked for type when read (before --out), an append never
+keeps part of a line, and experiments/compare.py checks its options and forwarded stage arguments before any
+work, refuses a loop of links, and names a damaged stage-04 summary.
 
 Each test runs a stage's real main() on real artifacts that the module fixture makes with the bundled tiny
 model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every file there
 afterwards."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -23,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, gpu_present, load_script
-from cuset_common import (SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, aside_dir, finishes_out,
-                          load_tasks, open_out, run_main)
+from cuset_common import (SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, append_jsonl, aside_dir,
+                          finishes_out, load_tasks, open_out, run_main)
+from harness.run_folder import Run
 
 STAGE = {"01": load_script("01_profile.py"), "02": load_script("02_label_regions.py"),
          "03": load_script("03_train_cuset.py"), "04": load_script("04_eval_kernels.py")}
@@ -295,13 +300,119 @@ def test_duplicate_task_ids_are_refused_with_the_id(world, tmp_path, capsys):
     ({"level": 7}, ":2: level 7 sample 0: levels are 1, 2, 3"),
     ({"sample": -1}, ":2: level 1 sample -1: levels are 1, 2, 3 and samples count from 0"),
     (None, ": holds no answers"),
-], ids=["unknown task", "level 7", "sample -1", "no rows"])
+    ({"level": 1.7}, ":2: level is 1.7; task_id must be a string or an integer, level and sample integers"),
+    ({"level": True}, ":2: level is true;"),
+    ({"level": "1"}, ':2: level is the string "1";'),
+    ({"level": float("inf")}, ":2: level is Infinity;"),
+    ({"sample": 0.5}, ":2: sample is 0.5;"),
+    ({"task_id": None}, ":2: task_id is null;"),
+], ids=["unknown task", "level 7", "sample -1", "no rows", "level 1.7", "level true", "level '1'",
+        "level 1e999", "sample 0.5", "task_id null"])
 def test_a_solutions_row_naming_no_possible_job_is_refused_not_scored(world, row, says, tmp_path, capsys):
+    """A level of 1.7 or true was once scored as level 1, and 1e999 (infinity) overflowed."""
     rows = [json.loads(line) for line in world["sols"].read_text().splitlines()]
     sols = tmp_path / "sols.jsonl"
     sols.write_text("" if row is None else "".join(json.dumps(r) + "\n" for r in [rows[0], rows[1] | row]))
     refuses_and_keeps(world, "04", ["--solutions", sols, "--out", world["run"], "--force"], f"{sols}{says}",
                       capsys)
+
+
+# A field of the first task set to a value, the arguments it needs, and what the refusal says after
+# `<file>:1: task '<id>': `.
+TASK_EDITS = {
+    "null prompt": (("level1_prompt",), None, [], "level1_prompt must be a string, not null"),
+    "inputs as a string": (("inputs",), "x.bin", [], "inputs must be an array of {name, dtype, shape}"),
+    "null gen.py": (("gen.py",), None, [], "gen.py must be a string, not null"),
+    "a name with a slash": (("inputs", 0, "name"), "../x", [], "inputs[0]: name '../x' must name one file"),
+    "a shape no machine holds": (("outputs", 0, "shape"), "(4611686018427387904,)", [],
+                                 "outputs[0]: shape '(4611686018427387904,)' of 'float32' declares over"),
+    "null category": (("category",), None, [], "category must be a string, not null"),
+    "signatures as a string": (("kernel_mode", "signatures"), "__global__ void k()", ["--mode", "kernel"],
+                               'kernel_mode.signatures must be an array of strings, not the string "__'),
+    "a marker not in the harness": (("kernel_mode", "marker"), "// @NOT_THERE@", ["--mode", "kernel"],
+                                    "kernel_mode.marker must occur in kernel_mode.harness.cu"),
+}
+
+
+@pytest.mark.parametrize("out", ["new", "run"], ids=["new --out", "its own run --force"])
+@pytest.mark.parametrize("case", TASK_EDITS)
+def test_a_task_field_of_the_wrong_type_is_refused_before_out_is_touched(world, case, out, tmp_path, capsys):
+    """A null prompt, inputs given as a string or a null gen.py raised TypeError or AttributeError once --out
+    was open, leaving a half-made run folder: now one line naming file, line, task and field."""
+    (*parents, last), value, extra, says = TASK_EDITS[case]
+    lines = world["tasks"].read_text().splitlines(keepends=True)
+    task = json.loads(lines[0])
+    holder = task
+    for key in parents:
+        holder = holder[key]
+    holder[last] = value
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(task) + "\n" + "".join(lines[1:]))
+    force = ["--force"] if out == "run" else []
+    refuses_and_keeps(world, "04", ["--tasks", tasks, *extra, "--out", world[out], *force],
+                      f"{tasks}:1: task {task['id']!r}: {says}", capsys)
+
+
+def test_a_task_id_that_is_not_an_integer_or_one_line_is_refused(world, tmp_path, capsys):
+    lines = world["tasks"].read_text().splitlines(keepends=True)
+    tasks = tmp_path / "tasks.jsonl"
+    for tid, kind in ((1.5, "1.5"), (None, "null"), ("a\nb", 'the string "a\\nb"'), ([1], "an array")):
+        tasks.write_text(json.dumps(json.loads(lines[0]) | {"id": tid}) + "\n" + "".join(lines[1:]))
+        refuses_and_keeps(world, "04", ["--tasks", tasks],
+                          f"{tasks}:1: id must be an integer or a one-line string, not {kind}", capsys)
+
+
+def test_a_null_kernel_mode_is_no_harness_for_kernel_mode(world, tmp_path, capsys):
+    lines = world["tasks"].read_text().splitlines(keepends=True)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(json.loads(lines[0]) | {"kernel_mode": None}) + "\n" + "".join(lines[1:]))
+    refuses_and_keeps(world, "04", ["--tasks", tasks, "--mode", "kernel"],
+                      "--mode kernel needs tasks with a kernel_mode harness; 1 have none", capsys)
+
+
+def test_a_damaged_row_of_a_run_being_resumed_is_one_line(world, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    rows = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    (run / "results.jsonl").write_text(json.dumps(json.loads(rows[0]) | {"outcome": None}) + "\n"
+                                       + "".join(rows[1:]))
+    before = snapshot(run)
+    line, _ = refused("04", [*ARGS["04"](world), "--out", run], capsys)
+    assert f"{run / 'results.jsonl'}: row 1 lacks outcome or holds another type there" in line
+    assert snapshot(run) == before
+
+
+def test_a_completion_utf8_cannot_hold_leaves_completions_jsonl_as_it_was(world, tmp_path):
+    """Half a surrogate pair once crashed while writing and left an empty completions.jsonl: --solutions
+    and --tasks refuse it when read (test_a_bad_input_file_is_one_line_with_file_and_line), a model's reply
+    is decoded text; were one to reach the writer, the file and the run's memory stay as they were."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(world["run"], run_dir)
+    before, run = snapshot(run_dir), Run(run_dir)
+    job, kept = next(iter(run.completions.items()))
+    with pytest.raises(UnicodeEncodeError):
+        run.keep_completions({job: "half a pair: \ud800"})
+    assert snapshot(run_dir) == before and run.completions[job] == kept
+    with pytest.raises(UnicodeEncodeError):
+        Run(tmp_path).keep_completions({job: "\udfff"})
+    assert not (tmp_path / "completions.jsonl").exists()
+
+
+def test_an_append_cut_short_by_a_full_disk_is_taken_back(tmp_path):
+    """A write error part way (here: a file-size limit 10 bytes past the end, as a full disk would stop it)
+    cuts the file back to its last whole line, so that a later append does not land behind a torn one."""
+    path = tmp_path / "rows.jsonl"
+    append_jsonl(path, [{"a": 1}])
+    limit = path.stat().st_size + 10
+    script = ("import resource, signal, sys\n"
+              "from cuset_common import append_jsonl\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit write() fails with EFBIG\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+              "try:\n    append_jsonl(sys.argv[1], [{'a': 'x' * 100}])\n"
+              "except OSError as e:\n    print(e.errno)\n")
+    r = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, capture_output=True, text=True)
+    assert r.stdout.strip() == str(errno.EFBIG), r.stdout + r.stderr
+    assert path.read_text() == '{"a": 1}\n'
 
 
 # ---------------------------------------------------------------------------------------
@@ -609,3 +720,44 @@ def test_compare_refuses_a_bad_option_before_any_work(case, tmp_path, monkeypatc
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], err
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("option", ["--out", "--save-record"])
+def test_compare_refuses_a_loop_of_links_before_any_work(option, tmp_path, monkeypatch, capsys):
+    (tmp_path / "loop").symlink_to("loop")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert run_main(COMPARE.main, ["--preset", "cpu-quick", "--out", str(tmp_path / "out"),
+                                   option, str(tmp_path / "loop")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} {tmp_path / 'loop'}: its symbolic links")
+    assert snapshot(tmp_path) == before
+
+
+def test_compare_makes_a_damaged_stage_04_summary_again_and_names_it_in_a_report(world, tmp_path):
+    """compare.py read stage 04's summary.json and results.jsonl unchecked: a damaged or hand-edited summary
+    now leaves its step unfinished (a run makes it again), and the table (--report-only, which runs nothing)
+    names the file, as it names a row of results.jsonl that lacks what it reads."""
+    run = tmp_path / "eval-kernel"
+    shutil.copytree(world["run"], run)
+    argv = [*map(str, ARGS["04"](world)), "--out", str(run)]  # as the world's run was made, there
+    step = {"stage": "04", "out": run, "inputs": [], "argv": argv}
+    summary_path, results_path = run / "summary.json", run / "results.jsonl"
+    summary, results = json.loads(summary_path.read_text()), results_path.read_text()
+    assert COMPARE.finished(step) and COMPARE.kernel_metrics(run, "kernel")[3] == 1
+    for damaged, says in [("{", "absent, or not a JSON object"), ("[]", "absent, or not a JSON object"),
+                          (json.dumps(summary | {"num_samples": 1.5}), "num_samples must be an integer >= 1"),
+                          (json.dumps(summary | {"overall": "n/a"}), "overall must be an object"),
+                          (json.dumps(summary | {"num_samples": 4}), "overall.pass@4 must be a number"),
+                          (json.dumps(summary | {"overall": summary["overall"] | {"pass@1": None}}),
+                           "overall.pass@1 must be a number in [0, 1]")]:
+        summary_path.write_text(damaged)
+        assert not COMPARE.finished(step)
+        with pytest.raises(UserError, match=f"^{re.escape(f'{summary_path}: {says}')}"):
+            COMPARE.kernel_metrics(run, "kernel")
+    summary_path.write_text(json.dumps(summary))
+    first, rest = results.split("\n", 1)
+    results_path.write_text(json.dumps(json.loads(first) | {"level": "1"}) + "\n" + rest)
+    with pytest.raises(UserError, match=f"^{re.escape(f'{results_path}:1: a row needs task_id')}"):
+        COMPARE.kernel_metrics(run, "kernel")

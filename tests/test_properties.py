@@ -1,17 +1,20 @@
 """Property-based tests: inputs that hypothesis makes up (random bytes and encodings, JSON of any shape and
-depth, artifact metas with any value in any field, argument strings forwarded by experiments/compare.py)
-end in the project's one-line error (a UserError, or the parser's `error:` line with exit status 2) or in
-success, never in a traceback.
+depth, artifact metas, stage-04 task rows, --solutions rows and stage-04 summaries with any value in any
+field, argument strings forwarded by experiments/compare.py) end in the project's one-line error (a
+UserError, or the parser's `error:` line with exit status 2) or in success, never in a traceback.
 
-The readers are called directly (read_jsonl, read_artifact through the stages' own loaders, compare.py's
-parse_args), not whole stages, so that each example takes milliseconds; the artifacts are made once, by
-stages 01 and 02 on four samples with the bundled tiny model. Examples are derived from each test's name
-(derandomize): a run in CI tries the same inputs as the run before it."""
+The readers are called directly (read_jsonl, read_artifact through the stages' own loaders, stage 04's
+select_tasks and load_solutions, compare.py's parse_args and kernel_metrics), not whole stages, so that
+each example takes milliseconds; a task the reader takes then goes through every use stage 04 makes of it
+short of compiling. The artifacts are made once, by stages 01, 02 and 04 with the bundled tiny model.
+Examples are derived from each test's name (derandomize): a run in CI tries the same inputs as the run
+before it."""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,13 +22,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import load_script
-from cuset_common import (SFT_KERNEL_FILE, TINY_MODEL, UserError, load_tokenizer, read_jsonl,
-                          tokenizer_fingerprint)
+from cuset_common import (LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, append_jsonl,
+                          load_tasks, load_tokenizer, read_jsonl, tokenizer_fingerprint)
 from cuset_common.artifacts import META_SCHEMAS, check_schema
 from cuset_common.data_sources import load_data
+from harness.generation import prompt_ids
+from harness.programs import MIN_OUTPUT_MB
+from harness.run_folder import load_solutions, select_tasks
 
-STAGE01, STAGE02, STAGE03 = (load_script(f) for f in ("01_profile.py", "02_label_regions.py",
-                                                      "03_train_cuset.py"))
+STAGE01, STAGE02, STAGE03, STAGE04 = (load_script(f) for f in ("01_profile.py", "02_label_regions.py",
+                                                               "03_train_cuset.py", "04_eval_kernels.py"))
 COMPARE = load_script("experiments/compare.py")
 
 
@@ -256,6 +262,196 @@ def test_a_refused_meta_names_the_file_and_the_key(artifacts, field, value):
     except UserError as e:
         top = key.split(".")[0]
         assert top in schema and str(e).startswith(f"{meta_path}: key '{top}") and "\n" not in str(e), e
+
+
+# ---------------------------------------------------------------------------------------
+# Stage 04's task rows and --solutions rows: any value (or none) in any field stage 04 uses
+# ---------------------------------------------------------------------------------------
+
+# Two eval tasks of ours with a kernel-mode harness, and a row as the real CUDABench set writes one (an
+# integer id, a `gpu` field, a scalar shape "()"; no split, category or kernel_mode).
+KERNEL_TASKS = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval" and t.get("kernel_mode")][:2]
+REAL_SET_ROW = {"id": 0, "task_name": "Post_Process_GL", "task_description": "Compute the kernel.",
+                "inputs": [{"name": "input_img", "dtype": "uint8", "shape": "(128, 128, 4)"},
+                           {"name": "scale", "dtype": "float32", "shape": "()"}],
+                "outputs": [{"name": "output_img", "dtype": "uint32", "shape": "(16384,)"}], "gpu": "unknown",
+                "bench.cu": "__global__ void k() {}\nint main() { return 0; }\n", "gen.py": "print(1)\n",
+                "compare.py": "print('T')\n", "level1_prompt": "Write k.", "level2_prompt": "Write k.",
+                "level3_prompt": "Write k."}
+# Paths to the fields (a number indexes an array): ("inputs", 0, "name") is the first input's name.
+TASK_FIELDS = [(k,) for k in ("id", "task_name", "task_description", *(f"level{lv}_prompt" for lv in LEVELS),
+                              "bench.cu", "gen.py", "compare.py", "split", "category", "kernel_mode")] + \
+              [("kernel_mode", k) for k in ("harness.cu", "marker", "launch", "reference_kernels")] + \
+              [("kernel_mode", "signatures"), ("kernel_mode", "signatures", 0)] + \
+              [(side, *part) for side in ("inputs", "outputs")
+               for part in ((), (0,), (0, "name"), (0, "dtype"), (0, "shape"))]
+# Strings that mean something to a reader: file names, shapes too large for any machine, dtypes numpy
+# parses as source, the kernel-mode marker.
+TRICKY_TEXT = st.sampled_from(["", "a/b", "..", "x" * 300, "(99999999999999999999,)", "()", "(1, 2)",
+                               "(2305843009213693952, 3)", "(4611686018427387904,)", "float64", "S999999999",
+                               "(2,)i4", "i4, i4", "1)", "bfloat16", "two\nlines", "\x00",
+                               KERNEL_TASKS[0]["kernel_mode"]["marker"]])
+FIELD_VALUES = JSON | TRICKY_TEXT | TEXT_WITH_SURROGATES | st.just(DELETE)
+
+
+def with_field(record: dict, field: tuple, value) -> dict:
+    """A copy of record with the field at path `field` set to value, or removed."""
+    record = json.loads(json.dumps(record))
+    *parents, last = field
+    holder = record
+    for key in parents:
+        holder = holder[key]
+    if value is not DELETE:
+        holder[last] = value
+    elif isinstance(holder, list) or last in holder:
+        del holder[last]
+    return record
+
+
+def stage04_uses(tasks_path: Path, mode: str, tok, work: Path) -> None:
+    """What stage 04 does with its tasks, but compile and run: select_tasks, each level's prompt as token
+    ids, the reference as a completion and as the program built from it, the output-size limit, the buffers'
+    and scripts' files, a row per task (appended as the run appends it) and the summary of the rows."""
+    args = STAGE04.parse_args(["--tasks", str(tasks_path), "--split", "all", "--mode", mode, "--reference",
+                               "--out", str(work / "out")])
+    tasks, _ = select_tasks(args)
+    runner, rows = STAGE04.Runner(True, "emulated"), []
+    for i, task in enumerate(tasks):
+        for level in LEVELS:
+            assert prompt_ids(tok, task, level, mode)
+        assert MIN_OUTPUT_MB <= STAGE04.output_limit_mb(task) < 2**63 >> 20  # setrlimit: signed 64-bit bytes
+        folder = work / f"task-{i}"
+        folder.mkdir()
+        code = STAGE04.extract_code(STAGE04.reference_completion(task, mode), mode) or ""
+        (folder / "prog.cu").write_text(source := STAGE04.program_source(task, code, mode))
+        assert code in source  # kernel mode: the kernels took the marker's place in the harness
+        for buf in [*task["inputs"], *task["outputs"]]:
+            (folder / f"{buf['name']}.bin").write_bytes(b"")
+        for script in ("gen.py", "compare.py"):
+            (folder / script).write_text(task[script])
+        job = (str(task["id"]), 1, 0)
+        row, _, _ = STAGE04.compile_job(task, job, "no code", args, [], runner, None, folder)
+        rows.append(row)
+    append_jsonl(work / "results.jsonl", rows)
+    assert STAGE04.summarize(rows, 1, "emulated")["overall"]["rows"] == len(tasks)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    return load_tokenizer(str(TINY_MODEL))
+
+
+@properties(150)
+@given(st.sampled_from(TASK_FIELDS), FIELD_VALUES, st.sampled_from(["standalone", "kernel"]))
+@example(("level1_prompt",), None, "standalone")  # the failures these tests were written for
+@example(("inputs",), "x", "standalone")
+@example(("gen.py",), None, "kernel")
+@example(("inputs", 0, "name"), "a/b", "standalone")  # and what the reader checks beyond types
+@example(("inputs", 0, "dtype"), "1)", "standalone")
+@example(("outputs", 0, "shape"), "(4611686018427387904,)", "standalone")
+@example(("outputs", 0, "shape"), "(" + "9" * 5000 + ",)", "standalone")
+@example(("kernel_mode", "marker"), "// not in the harness", "kernel")
+def test_any_value_in_any_task_field_is_used_or_refused_in_one_line_before_out(tmp_path, tiny_tokenizer,
+                                                                                field, value, mode):
+    """A task file whose second line has any value in a field stage 04 uses: select_tasks refuses it with
+    file:line (or the one line of an option it does not fit), before --out exists, or stage 04 can use
+    every task it returns."""
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    other = KERNEL_TASKS[1] if mode == "kernel" else REAL_SET_ROW
+    path = work / "tasks.jsonl"
+    path.write_text(json.dumps(other) + "\n" + json.dumps(with_field(KERNEL_TASKS[0], field, value)) + "\n")
+    try:
+        stage04_uses(path, mode, tiny_tokenizer, work)
+    except UserError as e:
+        assert "\n" not in str(e), e
+        if str(e).startswith(f"{path}:"):
+            assert str(e).startswith(f"{path}:2: "), e
+    assert not (work / "out").exists()
+
+
+@pytest.mark.parametrize("mode", ["standalone", "kernel"])
+def test_the_task_rows_as_given_are_all_used(tmp_path, tiny_tokenizer, mode):
+    """Without an edit, the task files of the property above go through every use (the refusals there
+    come from the edits)."""
+    other = KERNEL_TASKS[1] if mode == "kernel" else REAL_SET_ROW
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(other) + "\n" + json.dumps(KERNEL_TASKS[0]) + "\n")
+    stage04_uses(tmp_path / "tasks.jsonl", mode, tiny_tokenizer, tmp_path)
+
+
+SOLUTION = {"task_id": KERNEL_TASKS[0]["id"], "level": 2, "sample": 1, "completion": "```cpp\n```"}
+# Numbers a level or a sample might be written as, right or wrong (1e999 reads as infinity).
+NUMBERS = st.sampled_from([1, 2, 3, 0, -1, 10**30, 1.0, 1.7, True, False, "1", float("inf"), float("nan")])
+
+
+@properties(150)
+@given(st.sampled_from([("task_id",), ("level",), ("sample",), ("completion",)]),
+       JSON | NUMBERS | st.just(DELETE))
+@example(("level",), 1.7)
+@example(("level",), True)
+@example(("sample",), float("inf"))
+def test_any_value_in_a_solutions_row_is_an_integer_job_or_refused_with_file_and_line(tmp_path, field, value):
+    """A --solutions row is taken only with an integer level of LEVELS and an integer sample >= 0 (a bool
+    is no integer here), a known task id and a string completion; else the line is named."""
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "sols.jsonl"
+    rows = [SOLUTION | {"level": 1}, with_field(SOLUTION, field, value)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids = {str(t["id"]) for t in KERNEL_TASKS}
+    wanted = {(str(t["id"]), lv, s) for t in KERNEL_TASKS for lv in LEVELS for s in range(3)}
+    try:
+        found = load_solutions(path, wanted, ids)
+    except UserError as e:
+        assert str(e).startswith(f"{path}:2: ") and "\n" not in str(e), e
+    else:
+        for (tid, level, sample), text in found.items():
+            assert tid in ids and type(level) is int and level in LEVELS and type(sample) is int
+            assert sample >= 0 and isinstance(text, str)
+
+
+# ---------------------------------------------------------------------------------------
+# experiments/compare.py: stage 04's summary.json and results.jsonl, any value in any field it reads
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eval_run(tmp_path_factory) -> Path:
+    """A stage-04 run folder: both kernel tasks, level 1, scored from --solutions (no compiles)."""
+    root = tmp_path_factory.mktemp("eval")
+    (root / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in KERNEL_TASKS))
+    answers = [SOLUTION | {"task_id": t["id"], "level": 1, "sample": 0} for t in KERNEL_TASKS]
+    (root / "sols.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    assert STAGE04.main(["--tasks", str(root / "tasks.jsonl"), "--split", "all", "--levels", "1",
+                         "--solutions", str(root / "sols.jsonl"), "--backend", "emulate", "--no-task-check",
+                         "--out", str(root / "run")]) == 0
+    return root / "run"
+
+
+SUMMARY_FIELDS = [("summary.json", f) for f in (("num_samples",), ("backend",), ("overall",),
+                                                ("overall", "compile_rate"), ("overall", "pass@1"),
+                                                ("overall", "pass@3"))] + \
+                 [("results.jsonl", (f,)) for f in ("task_id", "level", "outcome")]
+
+
+@properties(100)
+@given(st.sampled_from(SUMMARY_FIELDS), JSON | NUMBERS | st.just(DELETE))
+def test_compare_reads_any_stage_04_summary_or_names_the_file(eval_run, field, value):
+    """kernel_metrics (the table's reader of an evaluation) returns rates in [0, 1], a backend and k >= 1,
+    or refuses in one line naming summary.json, or results.jsonl and the line."""
+    (name, key), path = field, eval_run / field[0]
+    original = path.read_text()
+    if name == "summary.json":
+        path.write_text(json.dumps(with_field(json.loads(original), key, value)))
+    else:  # the first row edited
+        first, rest = original.split("\n", 1)
+        path.write_text(json.dumps(with_field(json.loads(first), key, value)) + "\n" + rest)
+    try:
+        metrics, _, backend, k = COMPARE.kernel_metrics(eval_run, "kernel")
+    except UserError as e:
+        assert str(e).startswith(f"{path}") and "\n" not in str(e), e
+    else:
+        assert isinstance(backend, str) and type(k) is int and k >= 1
+        assert all(0 <= v <= 1 for v in metrics.values()), metrics
+    finally:
+        path.write_text(original)
 
 
 # ---------------------------------------------------------------------------------------
