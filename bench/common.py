@@ -15,6 +15,7 @@ memory = VmHWM - VmRSS before the run: what the variant adds on top of the loade
 (and, in training, optimizer state). On a GPU: torch.cuda.max_memory_allocated() -
 memory_allocated() before the run, in process (the caching allocator's counters see every tensor).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,15 +23,16 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from cuset_common import TINY_MODEL, load_causal_lm
+from cuset_common.models import load_causal_lm
+from cuset_common.paths import TINY_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
-MIB, GIB = 2 ** 20, 2 ** 30
+MIB, GIB = 2**20, 2**30
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
@@ -41,9 +43,15 @@ def cpus_available() -> int:
 
 def add_run_args(ap) -> None:
     """--repeats, --threads and --device, the same in every bench."""
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of timing (default %(default)s; --quick: 1)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (default: the CPUs available; --quick: 1, fastest on a shared CI machine)")
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="rounds of timing (default %(default)s; --quick: 1)"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: the CPUs available; --quick: 1, fastest on a shared CI machine)",
+    )
     ap.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
 
 
@@ -60,11 +68,16 @@ def machine(device: str, threads: int) -> str:
     if device.startswith("cuda"):
         where = f"{torch.cuda.get_device_name(device)}"
     else:
-        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")]
+        names = [
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ]
         where = f"{names[0] if names else platform.processor()}, {cpus_available()} CPUs available"
-    return f"{where}; torch {torch.__version__} with {threads} threads (torch.set_num_threads); " \
-           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    return (
+        f"{where}; torch {torch.__version__} with {threads} threads (torch.set_num_threads); "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
 
 
 def machine_limits(threads: int, device: str = "cpu") -> dict[str, float]:
@@ -77,9 +90,13 @@ def machine_limits(threads: int, device: str = "cpu") -> dict[str, float]:
     torch.set_num_threads(threads)
     try:
         n = 8192 if device.startswith("cuda") else 2048
-        limits = {f"gemm_{name}": 2 * n ** 3 / best_seconds(lambda a=a: a @ a, device)
-                  for name, a in (("fp32", torch.randn(n, n, device=device)),
-                                  ("bf16", torch.randn(n, n, device=device, dtype=torch.bfloat16)))}
+        limits = {
+            f"gemm_{name}": 2 * n**3 / best_seconds(lambda a=a: a @ a, device)
+            for name, a in (
+                ("fp32", torch.randn(n, n, device=device)),
+                ("bf16", torch.randn(n, n, device=device, dtype=torch.bfloat16)),
+            )
+        }
         big = torch.ones(GIB // 4 // 2, device=device)  # 512 MiB of float32
         return limits | {"memory_read": big.numel() * 4 / best_seconds(big.sum, device)}
     finally:
@@ -128,13 +145,15 @@ def clock(device: str) -> tuple[Callable[[], float], str]:
     return (time.process_time, "CPU s") if device == "cpu" else (time.perf_counter, "s")
 
 
-def interleaved_times(variants: dict[str, Callable[[], object]], repeats: int, device: str) -> dict[str, list[float]]:
+def interleaved_times(
+    variants: dict[str, Callable[[], object]], repeats: int, device: str
+) -> dict[str, list[float]]:
     """Seconds (clock(device)) per run of each variant, `repeats` rounds; the order flips every round so
     that a slow spell of the machine (or warm caches) does not always favour the same variant."""
     timer, _ = clock(device)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(repeats):
-        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+        for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
             synchronize(device)
             t0 = timer()
             variants[name]()

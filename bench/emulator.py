@@ -10,6 +10,7 @@ generated code: the references are our own.
     python bench/emulator.py                      # every task, both modes, 2 parallel jobs
     python bench/emulator.py --mode kernel --limit 20 --jobs 4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cuset_common import TASKS_FILE, load_tasks  # noqa: E402
+from cuset_common.paths import TASKS_FILE  # noqa: E402
+from cuset_common.tasks import load_tasks  # noqa: E402
 from harness.emulate import EMU_INCLUDE, gxx_command, pch_command, translate  # noqa: E402
 
 
@@ -61,7 +63,9 @@ def bench_task(task: dict, modes: list[str], root: Path, include: Path, timeout:
             out.append((task["id"], mode, build_s, run_s, f"exit {r.returncode}: {r.stderr[-300:]}"))
             continue
         _, v = run([sys.executable, "compare.py"], folder, timeout)
-        out.append((task["id"], mode, build_s, run_s, "pass" if v.stdout.strip().endswith("T") else "wrong_output"))
+        out.append(
+            (task["id"], mode, build_s, run_s, "pass" if v.stdout.strip().endswith("T") else "wrong_output")
+        )
     shutil.rmtree(folder, ignore_errors=True)
     return out
 
@@ -81,8 +85,11 @@ def main() -> int:
         include = Path(tmp) / "emu"
         shutil.copytree(EMU_INCLUDE, include)
         subprocess.run(pch_command(str(include), False), check=True)
-        rows = [row for rows in pool.map(lambda t: bench_task(t, modes, Path(tmp), include, args.timeout), tasks)
-                for row in rows]
+        rows = [
+            row
+            for rows in pool.map(lambda t: bench_task(t, modes, Path(tmp), include, args.timeout), tasks)
+            for row in rows
+        ]
     wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     print(f"{'task':40s} {'mode':10s} {'build s':>8s} {'run s':>8s}  verdict")
@@ -91,9 +98,11 @@ def main() -> int:
     passed = sum(r[4] == "pass" for r in rows)
     slowest = max(rows, key=lambda r: r[3])
     # CPU seconds do not depend on what else the machine runs; wall seconds do
-    print(f"\n{passed}/{len(rows)} pass; wall {wall:.0f} s with {args.jobs} jobs, {cpu:.0f} CPU s "
-          f"(g++, programs, gen.py, compare.py); builds {sum(r[2] for r in rows):.0f} s, runs {sum(r[3] for r in rows):.0f} s "
-          f"in all (wall); slowest run {slowest[3]:.1f} s ({slowest[0]}, {slowest[1]})")
+    print(
+        f"\n{passed}/{len(rows)} pass; wall {wall:.0f} s with {args.jobs} jobs, {cpu:.0f} CPU s "
+        f"(g++, programs, gen.py, compare.py); builds {sum(r[2] for r in rows):.0f} s, runs {sum(r[3] for r in rows):.0f} s "
+        f"in all (wall); slowest run {slowest[3]:.1f} s ({slowest[0]}, {slowest[1]})"
+    )
     return 0 if passed == len(rows) else 1
 
 

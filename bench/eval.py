@@ -10,6 +10,7 @@ wall seconds on this machine, measured back to back in one run; the ratios are w
     python bench/eval.py --programs 60 --jobs 4
     python bench/eval.py --quick         # 2 programs, CI smoke: runs, prints the table, means little
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import cpus_available, print_table  # noqa: E402
-from cuset_common import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE, load_script, load_tasks  # noqa: E402
+from cuset_common.cli import load_script  # noqa: E402
+from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE  # noqa: E402
+from cuset_common.tasks import load_tasks  # noqa: E402
 
 ev = load_script("04_eval_kernels.py")
 
@@ -63,8 +66,12 @@ def reference_run_seconds(n: int, out: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--programs", type=int, default=24, help="reference programs to compile (default %(default)s)")
-    ap.add_argument("--jobs", type=int, default=cpus_available(), help="parallel compiles (default: CPUs available)")
+    ap.add_argument(
+        "--programs", type=int, default=24, help="reference programs to compile (default %(default)s)"
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=cpus_available(), help="parallel compiles (default: CPUs available)"
+    )
     ap.add_argument("--quick", action="store_true", help="2 programs: CI smoke, the figures mean little")
     args = ap.parse_args(argv)
     n = 2 if args.quick else args.programs
@@ -72,28 +79,51 @@ def main(argv: list[str] | None = None) -> int:
     arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
     sources = [t["bench.cu"] for t in load_tasks(TASKS_FILE)[:n]]
     print(f"# bench/eval.py{' --quick' if args.quick else ''}: {n} reference programs, nvcc {' '.join(arch)}")
-    print(f"machine: {cpus_available()} CPUs available, GPU: {gpu or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC')}")
+    print(
+        f"machine: {cpus_available()} CPUs available, GPU: {gpu or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC')}"
+    )
     runner = ev.choose_runner(False, ev.resolve_backend("auto", gpu))
     with tempfile.TemporaryDirectory(prefix="cuset-bench-eval-") as tmp:
         tmp_path = Path(tmp)
         tmp_path.chmod(0o711)
-        plain_nvcc(sources[0], tmp_path / "warm-up", arch)  # the first nvcc reads the toolkit from disk: untimed
+        plain_nvcc(
+            sources[0], tmp_path / "warm-up", arch
+        )  # the first nvcc reads the toolkit from disk: untimed
         seq, ok_seq = timed(lambda s, d: plain_nvcc(s, d, arch), sources, tmp_path / "plain", 1)
         box, ok_box = timed(lambda s, d: stage04_compile(s, d, arch, runner), sources, tmp_path / "box1", 1)
-        par, ok_par = timed(lambda s, d: stage04_compile(s, d, arch, runner), sources, tmp_path / "par", args.jobs)
+        par, ok_par = timed(
+            lambda s, d: stage04_compile(s, d, arch, runner), sources, tmp_path / "par", args.jobs
+        )
         per_row = reference_run_seconds(min(n, 8), tmp_path / "ref")
     if not ok_seq == ok_box == ok_par == n:
         print(f"error: not every reference compiled ({ok_seq}, {ok_box}, {ok_par} of {n})", file=sys.stderr)
         return 1
-    rows = [["plain nvcc, one at a time (anchor)", f"{seq:.1f}", f"{60 * n / seq:.1f}", "1.00x", "1.00x"],
-            ["stage 04, sandboxed, one at a time", f"{box:.1f}", f"{60 * n / box:.1f}", f"{seq / box:.2f}x", "1.00x"],
-            [f"stage 04, sandboxed, --jobs {args.jobs}", f"{par:.1f}", f"{60 * n / par:.1f}", f"{seq / par:.2f}x",
-             f"{min(args.jobs, cpus_available()):.2f}x"]]
+    rows = [
+        ["plain nvcc, one at a time (anchor)", f"{seq:.1f}", f"{60 * n / seq:.1f}", "1.00x", "1.00x"],
+        [
+            "stage 04, sandboxed, one at a time",
+            f"{box:.1f}",
+            f"{60 * n / box:.1f}",
+            f"{seq / box:.2f}x",
+            "1.00x",
+        ],
+        [
+            f"stage 04, sandboxed, --jobs {args.jobs}",
+            f"{par:.1f}",
+            f"{60 * n / par:.1f}",
+            f"{seq / par:.2f}x",
+            f"{min(args.jobs, cpus_available()):.2f}x",
+        ],
+    ]
     print_table(["variant", "wall s", "programs per minute", "speed vs anchor", "ideal"], rows)
-    print(f"\nsandbox cost per compile: {(box - seq) / n:+.2f} s ({box / seq:.2f}x the plain compile); "
-          f"parallel efficiency {seq / par / min(args.jobs, cpus_available()):.0%} of ideal")
-    print(f"stage 04 --reference end to end ({'GPU' if gpu else 'emulated'}): {per_row:.1f} s per row "
-          f"(compile, {'run' if gpu else 'g++ build, emulated run'}, gen.py, compare; {min(n, 8)} rows)")
+    print(
+        f"\nsandbox cost per compile: {(box - seq) / n:+.2f} s ({box / seq:.2f}x the plain compile); "
+        f"parallel efficiency {seq / par / min(args.jobs, cpus_available()):.0%} of ideal"
+    )
+    print(
+        f"stage 04 --reference end to end ({'GPU' if gpu else 'emulated'}): {per_row:.1f} s per row "
+        f"(compile, {'run' if gpu else 'g++ build, emulated run'}, gen.py, compare; {min(n, 8)} rows)"
+    )
     return 0
 
 

@@ -19,6 +19,7 @@ machine or a second job does).
     python bench/generate.py --model runs/compare-cpu-real/sft-seed0/ckpt --max-new-tokens 512
     python bench/generate.py --quick            # tiny model, 2 prompts, 16 tokens, own loop: CI smoke
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,39 +34,59 @@ from pathlib import Path
 # the repo root instead of bench/, whose profile.py would shadow the standard library's (torch imports it)
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import machine, machine_limits, print_table  # noqa: E402
-from cuset_common import (SMOLLM2_MODEL as SMOLLM2, TASKS_FILE, TINY_MODEL, build_messages,  # noqa: E402
-                          end_of_turn_ids, load_script, load_tasks)
-from cuset_common.cli import bf16_supported  # noqa: E402
+from cuset_common.cli import (
+    bf16_supported,  # noqa: E402
+    load_script,
+)
+from cuset_common.data import end_of_turn_ids
+from cuset_common.paths import SMOLLM2_MODEL as SMOLLM2
+from cuset_common.paths import TASKS_FILE, TINY_MODEL
+from cuset_common.tasks import build_messages, load_tasks
 from harness.generation import default_threads  # noqa: E402
 from harness.vllm_generation import generate_vllm, model_parameters  # noqa: E402
 
 BATCH = 8  # the anchor's prompts per model.generate call: stage 04's default --gen-batch-size
 STAGE04 = str(Path(__file__).resolve().parents[1] / "04_eval_kernels.py")
 # variant: (label, stage 04's arguments; None: the anchor)
-VARIANTS = {"anchor": (f"model.generate, fp32, {BATCH} prompts per call (anchor)", None),
-            "hf-fp32": ("stage 04, own loop, fp32", ["--engine", "hf", "--precision", "fp32"]),
-            "hf-bf16": ("stage 04, own loop, bf16", ["--engine", "hf", "--precision", "bf16"]),
-            "vllm-fp32": ("stage 04, vLLM, fp32", ["--engine", "vllm", "--precision", "fp32"]),
-            "vllm-bf16": ("stage 04, vLLM, bf16", ["--engine", "vllm", "--precision", "bf16"]),
-            "default": ("stage 04 as it is (auto, auto)", []),
-            "vllm-bf16-compiled": ("stage 04's vLLM, bf16, graphs compiled", "compiled")}
+VARIANTS = {
+    "anchor": (f"model.generate, fp32, {BATCH} prompts per call (anchor)", None),
+    "hf-fp32": ("stage 04, own loop, fp32", ["--engine", "hf", "--precision", "fp32"]),
+    "hf-bf16": ("stage 04, own loop, bf16", ["--engine", "hf", "--precision", "bf16"]),
+    "vllm-fp32": ("stage 04, vLLM, fp32", ["--engine", "vllm", "--precision", "fp32"]),
+    "vllm-bf16": ("stage 04, vLLM, bf16", ["--engine", "vllm", "--precision", "bf16"]),
+    "default": ("stage 04 as it is (auto, auto)", []),
+    "vllm-bf16-compiled": ("stage 04's vLLM, bf16, graphs compiled", "compiled"),
+}
 DEFAULT_VARIANTS = [v for v in VARIANTS if v != "vllm-bf16-compiled"]  # that one starts for minutes
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None,
-                    help="model folder (default: SmolLM2 if built, else the tiny model)")
+    ap.add_argument(
+        "--model", default=None, help="model folder (default: SmolLM2 if built, else the tiny model)"
+    )
     ap.add_argument("--prompts", type=int, default=16, help="eval-split prompts (default %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="(default %(default)s)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="threads of every variant (default: stage 04's, the CPUs available less one)")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=DEFAULT_VARIANTS,
-                    help="which to run besides the anchor (default: all but vllm-bf16-compiled; the vLLM "
-                         "ones where vllm is installed)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of every variant (default: stage 04's, the CPUs available less one)",
+    )
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=DEFAULT_VARIANTS,
+        help="which to run besides the anchor (default: all but vllm-bf16-compiled; the vLLM "
+        "ones where vllm is installed)",
+    )
     ap.add_argument("--beside-busy", action="store_true", help="measure again beside a busy process")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny model, 2 prompts, 16 tokens, anchor and own loop: the figures mean little")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, 2 prompts, 16 tokens, anchor and own loop: the figures mean little",
+    )
     ap.add_argument("--child", choices=("anchor", "compiled"), help=argparse.SUPPRESS)  # in its own process
     args = ap.parse_args(argv)
     if args.quick:
@@ -92,29 +113,55 @@ def anchor(args) -> dict:
     tok.pad_token = tok.pad_token or tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     loaded = time.perf_counter()
-    tasks = [t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"][:args.prompts]
-    texts = [tok.apply_chat_template(build_messages(t, 1, "kernel"), add_generation_prompt=True,
-                                     tokenize=False) for t in tasks]
+    tasks = [t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"][: args.prompts]
+    texts = [
+        tok.apply_chat_template(build_messages(t, 1, "kernel"), add_generation_prompt=True, tokenize=False)
+        for t in tasks
+    ]
     eos, tokens = end_of_turn_ids(tok), 0
     for i in range(0, len(texts), BATCH):
-        inputs = tok(texts[i:i + BATCH], return_tensors="pt", padding=True, add_special_tokens=False)
+        inputs = tok(texts[i : i + BATCH], return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=eos)
-        for row in out[:, inputs["input_ids"].shape[1]:].tolist():
+            out = model.generate(
+                **inputs,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=eos,
+            )
+        for row in out[:, inputs["input_ids"].shape[1] :].tolist():
             tokens += next((n + 1 for n, t in enumerate(row) if t in eos), len(row))
-    return {"tokens": tokens, "seconds": time.perf_counter() - loaded, "load_s": loaded - t0,
-            "dtype": "float32", "engine": "transformers"}
+    return {
+        "tokens": tokens,
+        "seconds": time.perf_counter() - loaded,
+        "load_s": loaded - t0,
+        "dtype": "float32",
+        "engine": "transformers",
+    }
 
 
 def vllm_compiled(args) -> dict:
     """Stage 04's vLLM engine in bf16 with vLLM's graphs compiled, as they are by default: its generation
     record (stage 04 runs vLLM eagerly on a CPU; this measures why)."""
     ev = load_script("04_eval_kernels.py")
-    run = ev.parse_args(["--model", args.model, "--mode", "kernel", "--levels", "1", "--max-new-tokens",
-                         str(args.max_new_tokens), "--threads", str(args.threads), "--precision", "bf16"])
+    run = ev.parse_args(
+        [
+            "--model",
+            args.model,
+            "--mode",
+            "kernel",
+            "--levels",
+            "1",
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--threads",
+            str(args.threads),
+            "--precision",
+            "bf16",
+        ]
+    )
     tasks = {str(t["id"]): t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"}
-    jobs = [(tid, 1, 0) for tid in list(tasks)[:args.prompts]]
+    jobs = [(tid, 1, 0) for tid in list(tasks)[: args.prompts]]
     complete = lambda reply: ev.reply_complete(reply, "kernel")  # noqa: E731
     return generate_vllm(run, tasks, jobs, complete, lambda *_: None, lambda _: None, compiled=True)
 
@@ -122,9 +169,27 @@ def vllm_compiled(args) -> dict:
 def stage04(args, flags: list[str]) -> dict:
     """Stage 04 --generate-only in its own process: its generation record (summary.json)."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, STAGE04, "--model", args.model, "--mode", "kernel", "--levels", "1",
-               "--limit", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens), "--threads",
-               str(args.threads), "--generate-only", *flags, "--out", out, "--force"]
+        cmd = [
+            sys.executable,
+            STAGE04,
+            "--model",
+            args.model,
+            "--mode",
+            "kernel",
+            "--levels",
+            "1",
+            "--limit",
+            str(args.prompts),
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--threads",
+            str(args.threads),
+            "--generate-only",
+            *flags,
+            "--out",
+            out,
+            "--force",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
@@ -135,9 +200,20 @@ def measure(args, variant: str) -> dict:
     label, flags = VARIANTS[variant]
     if flags is None or flags == "compiled":
         child = "anchor" if flags is None else "compiled"
-        cmd = [sys.executable, __file__, "--child", child, "--model", args.model, "--prompts",
-               str(args.prompts), "--max-new-tokens", str(args.max_new_tokens), "--threads",
-               str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            child,
+            "--model",
+            args.model,
+            "--prompts",
+            str(args.prompts),
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--threads",
+            str(args.threads),
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"{label} failed:\n{r.stderr[-3000:]}")
@@ -145,8 +221,11 @@ def measure(args, variant: str) -> dict:
     else:
         got = stage04(args, flags)
     # as it comes, so that a stopped bench keeps it
-    print(f"[bench] {label}: {got['tokens']} tokens in {got['seconds']:.1f} s (loading "
-          f"{got['load_s']:.1f} s)", file=sys.stderr, flush=True)
+    print(
+        f"[bench] {label}: {got['tokens']} tokens in {got['seconds']:.1f} s (loading {got['load_s']:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     return got
 
 
@@ -155,15 +234,21 @@ def print_limits(args) -> dict[str, float]:
     limits = machine_limits(args.threads)
     parameters = model_parameters(args.model)
     native = "yes" if bf16_supported("cpu") else "no"
-    print(f"limits on {args.threads} thread(s): GEMM fp32 {limits['gemm_fp32'] / 1e9:,.1f} GFLOP/s, bf16 "
-          f"{limits['gemm_bf16'] / 1e9:,.1f} GFLOP/s (native bf16: {native}); memory read "
-          f"{limits['memory_read'] / 1e9:,.1f} GB/s")
+    print(
+        f"limits on {args.threads} thread(s): GEMM fp32 {limits['gemm_fp32'] / 1e9:,.1f} GFLOP/s, bf16 "
+        f"{limits['gemm_bf16'] / 1e9:,.1f} GFLOP/s (native bf16: {native}); memory read "
+        f"{limits['memory_read'] / 1e9:,.1f} GB/s"
+    )
     if parameters is None:
         return {}
-    ceiling = {dtype: limits[f"gemm_{short}"] / (2 * parameters)
-               for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16"))}
-    print(f"ceiling: {parameters / 1e6:,.1f}M parameters, 2 FLOP each per token at the GEMM rate: fp32 "
-          f"{ceiling['float32']:,.0f} tokens/s, bf16 {ceiling['bfloat16']:,.0f} tokens/s")
+    ceiling = {
+        dtype: limits[f"gemm_{short}"] / (2 * parameters)
+        for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16"))
+    }
+    print(
+        f"ceiling: {parameters / 1e6:,.1f}M parameters, 2 FLOP each per token at the GEMM rate: fp32 "
+        f"{ceiling['float32']:,.0f} tokens/s, bf16 {ceiling['bfloat16']:,.0f} tokens/s"
+    )
     return ceiling
 
 
@@ -172,9 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(anchor(args) if args.child == "anchor" else vllm_compiled(args)))
         return 0
-    print(f"# bench/generate.py{' --quick' if args.quick else ''}: {Path(args.model).name}, {args.prompts} "
-          f"prompts (kernel mode, level 1, eval split), max_new_tokens {args.max_new_tokens}, greedy, "
-          f"--threads {args.threads}")
+    print(
+        f"# bench/generate.py{' --quick' if args.quick else ''}: {Path(args.model).name}, {args.prompts} "
+        f"prompts (kernel mode, level 1, eval split), max_new_tokens {args.max_new_tokens}, greedy, "
+        f"--threads {args.threads}"
+    )
     print(f"machine: {machine('cpu', args.threads)}")
     ceiling = print_limits(args)
     rows = []
@@ -192,10 +279,35 @@ def main(argv: list[str] | None = None) -> int:
         for v, g in got.items():
             share = f"{rate[v] / ceiling[g['dtype']]:.0%}" if ceiling else "?"
             engine = "vllm" if g["engine"] == "vllm" else "own loop" if g["engine"] == "hf" else g["engine"]
-            rows.append([setting, VARIANTS[v][0], engine, g["dtype"], str(g["tokens"]), f"{g['load_s']:.1f}",
-                         f"{g['seconds']:.1f}", f"{rate[v]:.1f}", f"{rate[v] / rate['anchor']:.2f}x", share])
-    print_table(["machine", "variant", "engine", "dtype", "tokens", "load s", "generation s", "tokens per s",
-                 "speed vs anchor", "of the ceiling"], rows)
+            rows.append(
+                [
+                    setting,
+                    VARIANTS[v][0],
+                    engine,
+                    g["dtype"],
+                    str(g["tokens"]),
+                    f"{g['load_s']:.1f}",
+                    f"{g['seconds']:.1f}",
+                    f"{rate[v]:.1f}",
+                    f"{rate[v] / rate['anchor']:.2f}x",
+                    share,
+                ]
+            )
+    print_table(
+        [
+            "machine",
+            "variant",
+            "engine",
+            "dtype",
+            "tokens",
+            "load s",
+            "generation s",
+            "tokens per s",
+            "speed vs anchor",
+            "of the ceiling",
+        ],
+        rows,
+    )
     return 0
 
 

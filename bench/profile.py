@@ -24,6 +24,7 @@ extra memory is measured once per variant in a forked child (bench/common.py say
     python bench/profile.py --quick         # CI smoke: tiny sizes, one round, checks only that it runs
     python bench/profile.py --device cuda   # on a GPU (both run under bf16 autocast there, the stage's default)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,8 @@ import io
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 # the repo root first, and bench/ itself off the path: this file's name would shadow the standard `profile`
@@ -42,10 +43,23 @@ sys.path = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != Pat
 import numpy as np
 import torch
 
-from bench.common import (MIB, add_run_args, clock, interleaved_times, machine, median_ratio,
-                          peak_extra_memory, print_table, resolve_run_args, warm_up, wide_model)
-from cuset_common import (SFT_FILE, TINY_MODEL, encode_sample, load_causal_lm, load_script, load_sft, load_tokenizer,
-                          pick_device)
+from bench.common import (
+    MIB,
+    add_run_args,
+    clock,
+    interleaved_times,
+    machine,
+    median_ratio,
+    peak_extra_memory,
+    print_table,
+    resolve_run_args,
+    warm_up,
+    wide_model,
+)
+from cuset_common.cli import load_script, pick_device
+from cuset_common.data import encode_sample, load_sft
+from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.paths import SFT_FILE, TINY_MODEL
 
 WIDE_VOCAB = 32000
 
@@ -54,13 +68,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI smoke: two short samples per shape, one round")
     ap.add_argument("--shapes", nargs="+", choices=("tiny", "wide"), default=["tiny", "wide"])
-    ap.add_argument("--tiny-samples", type=int, default=16, help="first bundled samples, tiny shape (%(default)s)")
-    ap.add_argument("--wide-samples", type=int, default=4, help="longest bundled samples, wide shape (%(default)s)")
-    ap.add_argument("--stage", type=str, default="01_profile.py",
-                    help="stage-01 script to time, relative to the repo root or absolute (another version: "
-                         "git show HEAD:01_profile.py > /tmp/old.py; --stage /tmp/old.py)")
-    ap.add_argument("--batch-sizes", nargs="*", type=int, default=[8],
-                    help="stage 01 --batch-size values timed besides its default (%(default)s; --quick: none)")
+    ap.add_argument(
+        "--tiny-samples", type=int, default=16, help="first bundled samples, tiny shape (%(default)s)"
+    )
+    ap.add_argument(
+        "--wide-samples", type=int, default=4, help="longest bundled samples, wide shape (%(default)s)"
+    )
+    ap.add_argument(
+        "--stage",
+        type=str,
+        default="01_profile.py",
+        help="stage-01 script to time, relative to the repo root or absolute (another version: "
+        "git show HEAD:01_profile.py > /tmp/old.py; --stage /tmp/old.py)",
+    )
+    ap.add_argument(
+        "--batch-sizes",
+        nargs="*",
+        type=int,
+        default=[8],
+        help="stage 01 --batch-size values timed besides its default (%(default)s; --quick: none)",
+    )
     add_run_args(ap)
     args = ap.parse_args(argv)
     if args.quick:
@@ -75,9 +102,12 @@ def load_shape(shape: str, args: argparse.Namespace) -> tuple[object, object, li
     records = load_sft(SFT_FILE)
     encs = [encode_sample(tok, r, 256 if args.quick else 2048) for r in records]
     if shape == "tiny":
-        model, encs = load_causal_lm(str(TINY_MODEL), torch.float32), encs[:args.tiny_samples]
+        model, encs = load_causal_lm(str(TINY_MODEL), torch.float32), encs[: args.tiny_samples]
     else:
-        model, encs = wide_model(WIDE_VOCAB), sorted(encs, key=lambda e: -len(e["input_ids"]))[:args.wide_samples]
+        model, encs = (
+            wide_model(WIDE_VOCAB),
+            sorted(encs, key=lambda e: -len(e["input_ids"]))[: args.wide_samples],
+        )
     return model.to(args.device).eval(), tok, encs
 
 
@@ -90,7 +120,7 @@ def naive_loop(model, encs: list[dict], device: str, use_bf16: bool) -> list[np.
         with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             logp = model(input_ids=ids).logits.float().log_softmax(-1)[0]  # [L, V] float32
         s = e["response_start"]
-        out.append(logp[s - 1:-1].gather(1, ids[0, s:, None])[:, 0].exp().cpu().numpy())  # [n]
+        out.append(logp[s - 1 : -1].gather(1, ids[0, s:, None])[:, 0].exp().cpu().numpy())  # [n]
     return out
 
 
@@ -101,18 +131,22 @@ def variants(model, tok, encs: list[dict], args: argparse.Namespace) -> dict[str
     unused = Path(tempfile.gettempdir()) / "bench-profile-unused"  # profile() only scores: nothing is saved
 
     def stage01(extra: list[str]) -> Callable[[], list]:
-        stage_args = stage.parse_args(["--device", device, "--out", str(unused), "--log-every", "1e9",
-                                       "--save-every", "1e9", *extra])
+        stage_args = stage.parse_args(
+            ["--device", device, "--out", str(unused), "--log-every", "1e9", "--save-every", "1e9", *extra]
+        )
 
         def run() -> list:
             with contextlib.redirect_stdout(io.StringIO()):  # its one progress line
                 results, _ = stage.profile(model, tok, encs, stage_args, device, use_bf16, run={})
             return [res[0] for res in results]  # confidences (the stage also returns entropy, argmax)
+
         return run
 
     default_bs = stage.parse_args([]).batch_size
-    found = {"naive": lambda: naive_loop(model, encs, device, use_bf16),
-             f"stage 01 default (--batch-size {default_bs})": stage01([])}
+    found = {
+        "naive": lambda: naive_loop(model, encs, device, use_bf16),
+        f"stage 01 default (--batch-size {default_bs})": stage01([]),
+    }
     for bs in args.batch_sizes:
         found[f"stage 01 --batch-size {bs}"] = stage01(["--batch-size", str(bs)])
     return found
@@ -121,23 +155,35 @@ def variants(model, tok, encs: list[dict], args: argparse.Namespace) -> dict[str
 def bench_shape(shape: str, args: argparse.Namespace) -> None:
     model, tok, encs = load_shape(shape, args)
     found = variants(model, tok, encs, args)
-    memory = {name: peak_extra_memory(run, args.device, lambda: warm_up(model, args.device))
-              for name, run in found.items()}
+    memory = {
+        name: peak_extra_memory(run, args.device, lambda: warm_up(model, args.device))
+        for name, run in found.items()
+    }
     ref, tol = found["naive"](), 5e-2 if args.device.startswith("cuda") else 1e-4  # bf16 on a GPU
     for name, run in found.items():  # equal work: the same tokens scored, to the same values; a warm-up too
         got = run()
         diff = max(float(np.abs(a - b).max()) for a, b in zip(ref, got) if len(a))
         if any(len(a) != len(b) for a, b in zip(ref, got)) or diff > tol:
-            raise RuntimeError(f"{name} disagrees with the naive loop (max |diff| {diff:.2g}): not equal work")
+            raise RuntimeError(
+                f"{name} disagrees with the naive loop (max |diff| {diff:.2g}): not equal work"
+            )
     times = interleaved_times(found, args.repeats, args.device)
     tokens = sum(len(e["input_ids"]) for e in encs)
     vocab = model.get_output_embeddings().weight.shape[0]
-    print(f"\n### {shape}: {len(encs)} samples, {tokens:,} tokens ({tokens / len(encs):,.0f} per sample, "
-          f"{sum(len(e['spans']) for e in encs):,} scored), vocabulary {vocab:,}\n")
+    print(
+        f"\n### {shape}: {len(encs)} samples, {tokens:,} tokens ({tokens / len(encs):,.0f} per sample, "
+        f"{sum(len(e['spans']) for e in encs):,} scored), vocabulary {vocab:,}\n"
+    )
     unit = clock(args.device)[1]
-    rows = [[name, f"{tokens / statistics.median(t):,.0f}", f"{median_ratio(times, name, 'naive'):.2f}x",
-             f"{memory[name] / MIB:,.0f}"]
-            for name, t in times.items()]
+    rows = [
+        [
+            name,
+            f"{tokens / statistics.median(t):,.0f}",
+            f"{median_ratio(times, name, 'naive'):.2f}x",
+            f"{memory[name] / MIB:,.0f}",
+        ]
+        for name, t in times.items()
+    ]
     print_table(["variant", f"tokens per {unit}", "speed vs naive", "peak extra memory (MiB)"], rows)
 
 
@@ -145,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.device = pick_device(args.device)
-    print(f"# bench/profile.py{' --quick' if args.quick else ''}: stage 01 vs the naive per-sample loop\n"
-          f"machine: {machine(args.device, args.threads)}; median of {args.repeats} interleaved round(s)")
+    print(
+        f"# bench/profile.py{' --quick' if args.quick else ''}: stage 01 vs the naive per-sample loop\n"
+        f"machine: {machine(args.device, args.threads)}; median of {args.repeats} interleaved round(s)"
+    )
     for shape in args.shapes:
         bench_shape(shape, args)
     return 0

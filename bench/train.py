@@ -32,6 +32,7 @@ of the loaded model, data and (part 1) AdamW state (bench/common.py says how).
     python bench/train.py --device cuda     # on a GPU (stage 03 runs under bf16 autocast there)
     python bench/train.py --parts precision --threads 1   # fp32 against bf16 on SmolLM2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 # the repo root first, and bench/ itself off the path (its profile.py would shadow the standard `profile`)
@@ -53,8 +54,19 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from bench.common import (MIB, add_run_args, clock, interleaved_times, machine, median_ratio,
-                          peak_extra_memory, print_table, resolve_run_args, warm_up, wide_model)
+from bench.common import (
+    MIB,
+    add_run_args,
+    clock,
+    interleaved_times,
+    machine,
+    median_ratio,
+    peak_extra_memory,
+    print_table,
+    resolve_run_args,
+    warm_up,
+    wide_model,
+)
 from cuset_common.cli import BF16_LOSS_RTOL, load_script, pick_device
 from cuset_common.data import load_sft
 from cuset_common.models import load_causal_lm, load_tokenizer
@@ -66,15 +78,31 @@ PRECISION_LENGTH = 512  # part 3's --max-length: the kernel-mode records fit it
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="CI smoke: short samples, small vocabularies, one round")
-    ap.add_argument("--parts", nargs="+", choices=("objectives", "head", "precision"),
-                    default=["objectives", "head", "precision"])
-    ap.add_argument("--vocabs", nargs="+", type=int, default=[32000, 150000],
-                    help="output-layer rows for part 2 (default %(default)s; --quick: 8192)")
-    ap.add_argument("--length", type=int, default=512, help="--max-length of the part-1 samples (--quick: 200)")
+    ap.add_argument(
+        "--quick", action="store_true", help="CI smoke: short samples, small vocabularies, one round"
+    )
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("objectives", "head", "precision"),
+        default=["objectives", "head", "precision"],
+    )
+    ap.add_argument(
+        "--vocabs",
+        nargs="+",
+        type=int,
+        default=[32000, 150000],
+        help="output-layer rows for part 2 (default %(default)s; --quick: 8192)",
+    )
+    ap.add_argument(
+        "--length", type=int, default=512, help="--max-length of the part-1 samples (--quick: 200)"
+    )
     ap.add_argument("--seq", type=int, default=2048, help="tokens of the part-2 sample (--quick: 256)")
-    ap.add_argument("--precision-model", default=None,
-                    help="model of part 3 (default: SmolLM2 if built, else the tiny model; --quick: tiny)")
+    ap.add_argument(
+        "--precision-model",
+        default=None,
+        help="model of part 3 (default: SmolLM2 if built, else the tiny model; --quick: tiny)",
+    )
     ap.add_argument("--precision-steps", type=int, default=12, help="steps of part 3 (--quick: 2)")
     add_run_args(ap)
     args = ap.parse_args(argv)
@@ -97,15 +125,19 @@ def synthetic_samples(stage, tok, n: int, max_length: int) -> list[dict]:
     return samples
 
 
-def objective_steps(stage, model, samples: list[dict], pad_id: int, device: str) -> dict[str, Callable[[], float]]:
+def objective_steps(
+    stage, model, samples: list[dict], pad_id: int, device: str
+) -> dict[str, Callable[[], float]]:
     """objective -> one optimizer step of stage 03's loop on `samples` (returns the loss)."""
     defaults = stage.parse_args([])
     knobs = dict(rho=defaults.rho, tau_max=defaults.tau_max, profit_threshold=defaults.profit_threshold)
     net = stage.GoldLogProbs(model, defaults.chunk_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)  # tiny: the weights barely move between variants
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-6
+    )  # tiny: the weights barely move between variants
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
     mbs = defaults.micro_batch_size
-    micro = [stage.collate(samples[i:i + mbs], pad_id, device) for i in range(0, len(samples), mbs)]
+    micro = [stage.collate(samples[i : i + mbs], pad_id, device) for i in range(0, len(samples), mbs)]
     n_tokens = float(sum(len(s["input_ids"]) - s["start"] for s in samples))  # N, before masking
 
     def step(objective: str) -> float:
@@ -113,8 +145,9 @@ def objective_steps(stage, model, samples: list[dict], pad_id: int, device: str)
         for mb in micro:
             with autocast:
                 logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-            loss, _ = stage.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], n_tokens, objective,
-                                           **knobs)
+            loss, _ = stage.objective_loss(
+                logp, mb["valid"], mb["region"], mb["weight"], n_tokens, objective, **knobs
+            )
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), defaults.grad_clip)
@@ -136,7 +169,9 @@ def head_variants(stage, model, sample: dict, pad_id: int, device: str) -> dict[
 
     def plain() -> float:
         with autocast:
-            loss = model(input_ids=mb["ids"], attention_mask=mb["attn"], labels=labels).loss  # mean over labels
+            loss = model(
+                input_ids=mb["ids"], attention_mask=mb["attn"], labels=labels
+            ).loss  # mean over labels
         loss.backward()
         model.zero_grad(set_to_none=True)
         return loss.item()
@@ -156,8 +191,10 @@ def measure(found: dict[str, Callable[[], float]], model, args) -> tuple[dict, d
     """(losses, seconds per round, peak extra bytes) per variant; the first run doubles as a warm-up."""
     losses = {name: run() for name, run in found.items()}
     times = interleaved_times(found, args.repeats, args.device)
-    memory = {name: peak_extra_memory(run, args.device, lambda: warm_up(model, args.device))
-              for name, run in found.items()}
+    memory = {
+        name: peak_extra_memory(run, args.device, lambda: warm_up(model, args.device))
+        for name, run in found.items()
+    }
     return losses, times, memory
 
 
@@ -168,19 +205,41 @@ def bench_objectives(stage, tok, args) -> None:
     found = objective_steps(stage, model, samples, tok.pad_token_id, args.device)
     _, times, memory = measure(found, model, args)
     tokens = sum(len(s["input_ids"]) for s in samples)
-    print(f"\n### objectives: one optimizer step, {len(samples)} samples, {tokens:,} tokens, tiny model "
-          f"(vocabulary {model.config.vocab_size:,})\n")
-    rows = [[name, f"{statistics.median(t):.3f}", f"{1 / median_ratio(times, name, 'sft'):.2f}x",
-             f"{memory[name] / MIB:,.0f}", f"{memory[name] / memory['sft']:.2f}x"] for name, t in times.items()]
-    print_table(["objective", f"step ({clock(args.device)[1]})", "time vs sft", "peak extra memory (MiB)",
-                 "memory vs sft"], rows)
+    print(
+        f"\n### objectives: one optimizer step, {len(samples)} samples, {tokens:,} tokens, tiny model "
+        f"(vocabulary {model.config.vocab_size:,})\n"
+    )
+    rows = [
+        [
+            name,
+            f"{statistics.median(t):.3f}",
+            f"{1 / median_ratio(times, name, 'sft'):.2f}x",
+            f"{memory[name] / MIB:,.0f}",
+            f"{memory[name] / memory['sft']:.2f}x",
+        ]
+        for name, t in times.items()
+    ]
+    print_table(
+        [
+            "objective",
+            f"step ({clock(args.device)[1]})",
+            "time vs sft",
+            "peak extra memory (MiB)",
+            "memory vs sft",
+        ],
+        rows,
+    )
 
 
 def bench_head(stage, tok, args) -> None:
-    sample = max(stage.tokenize_dataset(load_sft(SFT_FILE), tok, args.seq, None)[0], key=lambda s: len(s["input_ids"]))
+    sample = max(
+        stage.tokenize_dataset(load_sft(SFT_FILE), tok, args.seq, None)[0], key=lambda s: len(s["input_ids"])
+    )
     hidden = AutoConfig.from_pretrained(TINY_MODEL).hidden_size
-    print(f"\n### output layer: forward + backward of the sft loss, one sample of {len(sample['input_ids']):,} "
-          f"tokens ({len(sample['input_ids']) - sample['start']:,} scored), the tiny model's body (hidden {hidden})\n")
+    print(
+        f"\n### output layer: forward + backward of the sft loss, one sample of {len(sample['input_ids']):,} "
+        f"tokens ({len(sample['input_ids']) - sample['start']:,} scored), the tiny model's body (hidden {hidden})\n"
+    )
     rows = []
     for vocab in args.vocabs:
         model = wide_model(vocab).to(args.device).train()
@@ -188,14 +247,33 @@ def bench_head(stage, tok, args) -> None:
         losses, times, memory = measure(found, model, args)
         plain, chunked = losses.values()
         if abs(plain - chunked) > 1e-3 * abs(plain):
-            raise RuntimeError(f"vocabulary {vocab}: the chunked loss {chunked} differs from the plain {plain}")
+            raise RuntimeError(
+                f"vocabulary {vocab}: the chunked loss {chunked} differs from the plain {plain}"
+            )
         for name, t in times.items():
             anchor = "plain model(labels=...)"
-            rows.append([f"{vocab:,}", name, f"{statistics.median(t):.2f}", f"{median_ratio(times, name, anchor):.2f}x",
-                         f"{memory[name] / MIB:,.0f}", f"{memory[name] / memory[anchor]:.2f}x"])
+            rows.append(
+                [
+                    f"{vocab:,}",
+                    name,
+                    f"{statistics.median(t):.2f}",
+                    f"{median_ratio(times, name, anchor):.2f}x",
+                    f"{memory[name] / MIB:,.0f}",
+                    f"{memory[name] / memory[anchor]:.2f}x",
+                ]
+            )
         del model, found  # before the next vocabulary's model exists, not after
-    print_table(["vocabulary", "variant", f"step ({clock(args.device)[1]})", "speed vs plain",
-                 "peak extra memory (MiB)", "memory vs plain"], rows)
+    print_table(
+        [
+            "vocabulary",
+            "variant",
+            f"step ({clock(args.device)[1]})",
+            "speed vs plain",
+            "peak extra memory (MiB)",
+            "memory vs plain",
+        ],
+        rows,
+    )
 
 
 def train_timed(stage, argv: list[str]) -> tuple[list[float], list[float], list[int]]:
@@ -223,21 +301,49 @@ def bench_precision(stage, args) -> None:
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in ("fp32", "bf16"):
-            argv = ["--model", args.precision_model, "--data", str(SFT_KERNEL_ORIGINALS_FILE), "--objective",
-                    "sft", "--max-steps", str(steps), "--batch-size", str(batch), "--micro-batch-size", str(min(batch, 4)),
-                    "--lr", "1e-4", "--max-length", str(PRECISION_LENGTH), "--save-every", str(steps + 1),
-                    "--device", args.device, "--precision", precision, "--out", f"{tmp}/{precision}"]
+            argv = [
+                "--model",
+                args.precision_model,
+                "--data",
+                str(SFT_KERNEL_ORIGINALS_FILE),
+                "--objective",
+                "sft",
+                "--max-steps",
+                str(steps),
+                "--batch-size",
+                str(batch),
+                "--micro-batch-size",
+                str(min(batch, 4)),
+                "--lr",
+                "1e-4",
+                "--max-length",
+                str(PRECISION_LENGTH),
+                "--save-every",
+                str(steps + 1),
+                "--device",
+                args.device,
+                "--precision",
+                precision,
+                "--out",
+                f"{tmp}/{precision}",
+            ]
             found[precision] = train_timed(stage, argv)
     # the first step (warm-up: first allocations, lazy initialisation) is left out where there are more
     per_step = {p: statistics.median(t[1:] or t) for p, (_, t, _) in found.items()}
     rate = {p: sum(n[1:] or n) / sum(t[1:] or t) for p, (_, t, n) in found.items()}
-    print(f"\n### precision: stage 03, {steps} steps of {batch} samples (max-length {PRECISION_LENGTH}) on "
-          f"{Path(args.precision_model).name}, sft, lr 1e-4\n")
-    print_table(["precision", "step (CPU s, median after the first)", "tokens per CPU s", "speed vs fp32"],
-                [[p, f"{per_step[p]:.2f}", f"{rate[p]:,.0f}", f"{rate[p] / rate['fp32']:.2f}x"] for p in found])
+    print(
+        f"\n### precision: stage 03, {steps} steps of {batch} samples (max-length {PRECISION_LENGTH}) on "
+        f"{Path(args.precision_model).name}, sft, lr 1e-4\n"
+    )
+    print_table(
+        ["precision", "step (CPU s, median after the first)", "tokens per CPU s", "speed vs fp32"],
+        [[p, f"{per_step[p]:.2f}", f"{rate[p]:,.0f}", f"{rate[p] / rate['fp32']:.2f}x"] for p in found],
+    )
     rtol = BF16_LOSS_RTOL
-    rows = [[str(k + 1), f"{a:.4f}", f"{b:.4f}", f"{(b - a) / a:+.2e}", "yes" if abs(b - a) <= rtol * a else "NO"]
-            for k, (a, b) in enumerate(zip(found["fp32"][0], found["bf16"][0]))]
+    rows = [
+        [str(k + 1), f"{a:.4f}", f"{b:.4f}", f"{(b - a) / a:+.2e}", "yes" if abs(b - a) <= rtol * a else "NO"]
+        for k, (a, b) in enumerate(zip(found["fp32"][0], found["bf16"][0]))
+    ]
     print()
     print_table(["step", "loss fp32", "loss bf16", "relative difference", f"within {rtol:.2e}"], rows)
 
@@ -250,9 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(str(TINY_MODEL))
     if tok.pad_token_id is None:  # as stage 03 does
         tok.pad_token = tok.eos_token
-    print(f"# bench/train.py{' --quick' if args.quick else ''}: stage 03's step per objective, and its chunked "
-          f"head vs model(labels=...)\nmachine: {machine(args.device, args.threads)}; median of {args.repeats} "
-          f"interleaved round(s)")
+    print(
+        f"# bench/train.py{' --quick' if args.quick else ''}: stage 03's step per objective, and its chunked "
+        f"head vs model(labels=...)\nmachine: {machine(args.device, args.threads)}; median of {args.repeats} "
+        f"interleaved round(s)"
+    )
     if "objectives" in args.parts:
         bench_objectives(stage, tok, args)
     if "head" in args.parts:

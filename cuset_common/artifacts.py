@@ -1,5 +1,6 @@
 """Artifacts (a folder with tensors.safetensors + meta.json + extra files, written atomically), the
 checks that refuse foreign ones, and the one rule for every stage's --out folder."""
+
 from __future__ import annotations
 
 import functools
@@ -14,6 +15,7 @@ from .cli import UserError
 from .files import real_path, replace_dir_atomic
 
 SCHEMA_VERSION = 1
+
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 of the tokenizer's full definition (vocab, merges, specials) and chat template."""
@@ -33,9 +35,13 @@ def library_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "safetensors": safetensors.__version__,
-            "numpy": numpy.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": numpy.__version__,
+    }
 
 
 def artifact_meta(meta: dict) -> dict:
@@ -44,8 +50,9 @@ def artifact_meta(meta: dict) -> dict:
     return {"schema_version": SCHEMA_VERSION, **meta, "versions": library_versions()}
 
 
-def write_artifact(out_dir: Path, tensors: dict, meta: dict,
-                   extra_files: dict[str, str] | None = None) -> None:
+def write_artifact(
+    out_dir: Path, tensors: dict, meta: dict, extra_files: dict[str, str] | None = None
+) -> None:
     """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in (into the
     folder a link out_dir points to: real_path)."""
     from safetensors.numpy import save_file
@@ -65,8 +72,14 @@ def write_artifact(out_dir: Path, tensors: dict, meta: dict,
         raise
 
 
-def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_tensors: dict | None = None,
-                  sample_tensors: dict | None = None, schema: dict | None = None) -> tuple[dict, dict]:
+def read_artifact(
+    art_dir: Path,
+    expected_stage: str,
+    rerun_hint: str,
+    token_tensors: dict | None = None,
+    sample_tensors: dict | None = None,
+    schema: dict | None = None,
+) -> tuple[dict, dict]:
     """Load (tensors, meta) of an artifact folder; a missing, foreign or damaged one is a UserError.
 
     token_tensors / sample_tensors: {name: numpy dtype} that must be present, 1-D, of that dtype, and as
@@ -79,8 +92,10 @@ def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_ten
     art_dir = Path(art_dir)
     meta_path, tensor_path = art_dir / "meta.json", art_dir / "tensors.safetensors"
     if not meta_path.is_file() or not tensor_path.is_file():
-        raise UserError(f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
-                        f"run {rerun_hint} first")
+        raise UserError(
+            f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
+            f"run {rerun_hint} first"
+        )
     try:
         meta = json.loads(meta_path.read_bytes())
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -91,18 +106,24 @@ def read_artifact(art_dir: Path, expected_stage: str, rerun_hint: str, token_ten
         stage = meta.get("stage") if isinstance(meta, dict) else None
         raise UserError(f"{art_dir}: is a {stage!r} artifact, expected {expected_stage!r}")
     if meta.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
-                        f"{SCHEMA_VERSION}; rerun {rerun_hint}")
-    check_schema(meta, META_SCHEMAS.get(expected_stage, {}) if schema is None else schema, meta_path,
-                 rerun_hint)
+        raise UserError(
+            f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
+            f"{SCHEMA_VERSION}; rerun {rerun_hint}"
+        )
+    check_schema(
+        meta, META_SCHEMAS.get(expected_stage, {}) if schema is None else schema, meta_path, rerun_hint
+    )
     try:
         tensors = load_file(str(tensor_path))
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError, on a damaged file
-        raise UserError(f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
-                        f"rerun {rerun_hint}") from None
+        raise UserError(
+            f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
+            f"rerun {rerun_hint}"
+        ) from None
     if token_tensors is not None or sample_tensors is not None:
-        check_flat_tensors(tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ",
-                           rerun_hint)
+        check_flat_tensors(
+            tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ", rerun_hint
+        )
     return tensors, meta
 
 
@@ -127,9 +148,13 @@ def usable_path(value) -> bool:
 
 
 PATH = ("a path or hub id (a string without NUL, as a file system takes it)", usable_path)
-CATEGORY_NAMES = ('an object of category names by code, e.g. {"1": "api"}',
-                  lambda v: isinstance(v, dict) and all(re.fullmatch("[0-9]+", k) and isinstance(name, str)
-                                                        for k, name in v.items()))
+CATEGORY_NAMES = (
+    'an object of category names by code, e.g. {"1": "api"}',
+    lambda v: (
+        isinstance(v, dict)
+        and all(re.fullmatch("[0-9]+", k) and isinstance(name, str) for k, name in v.items())
+    ),
+)
 
 
 def whole(low: int) -> tuple:
@@ -139,11 +164,22 @@ def whole(low: int) -> tuple:
 
 COUNTS = {"samples": whole(0), "response_tokens": whole(0)}
 # Read by stage 02 (every field), stage 03 (--mask-source profile) and experiments/compare.py.
-PROFILE_META = {"model": PATH, "tokenizer_fingerprint": TEXT, "data": OBJECT, "max_length": whole(1),
-                "counts": COUNTS, "categories": CATEGORY_NAMES}
+PROFILE_META = {
+    "model": PATH,
+    "tokenizer_fingerprint": TEXT,
+    "data": OBJECT,
+    "max_length": whole(1),
+    "counts": COUNTS,
+    "categories": CATEGORY_NAMES,
+}
 # Read by stage 03 (profile: with --mask-source profile) and experiments/compare.py (counts).
-REGIONS_META = {"tokenizer_fingerprint": TEXT, "data": OBJECT, "max_length": whole(1), "counts": COUNTS,
-                "profile": {"path": PATH, "meta_sha256": TEXT}}
+REGIONS_META = {
+    "tokenizer_fingerprint": TEXT,
+    "data": OBJECT,
+    "max_length": whole(1),
+    "counts": COUNTS,
+    "profile": {"path": PATH, "meta_sha256": TEXT},
+}
 META_SCHEMAS = {"01_profile": PROFILE_META, "02_label_regions": REGIONS_META}
 
 
@@ -159,8 +195,9 @@ def check_schema(meta: dict, schema: dict, meta_path: Path, rerun_hint: str, pre
             check_schema(value, kind, meta_path, rerun_hint, f"{name}.")
         elif isinstance(kind, dict) or not kind[1](value):
             must = "an object" if isinstance(kind, dict) else kind[0]
-            raise UserError(f"{meta_path}: key '{name}' is {json_kind(value)}, must be {must}; "
-                            f"rerun {rerun_hint}")
+            raise UserError(
+                f"{meta_path}: key '{name}' is {json_kind(value)}, must be {must}; rerun {rerun_hint}"
+            )
 
 
 def json_kind(value) -> str:
@@ -172,8 +209,9 @@ def json_kind(value) -> str:
     return json.dumps(value)
 
 
-def check_flat_tensors(t: dict, token_tensors: dict, sample_tensors: dict, meta: dict, where: str,
-                       rerun_hint: str) -> None:
+def check_flat_tensors(
+    t: dict, token_tensors: dict, sample_tensors: dict, meta: dict, where: str, rerun_hint: str
+) -> None:
     """The artifact contract for flat per-token data: names, dtypes, lengths and sample_offsets."""
     import numpy as np
 
@@ -195,8 +233,10 @@ def check_flat_tensors(t: dict, token_tensors: dict, sample_tensors: dict, meta:
             raise bad(f"tensor {name} has {len(t[name])} entries but there are {n_samples} samples")
     counts = meta.get("counts") or {}
     if counts.get("samples", n_samples) != n_samples or counts.get("response_tokens", n_tok) != n_tok:
-        raise bad(f"meta.json counts ({counts.get('samples')} samples, {counts.get('response_tokens')} "
-                  f"tokens) disagree with the tensors ({n_samples}, {n_tok})")
+        raise bad(
+            f"meta.json counts ({counts.get('samples')} samples, {counts.get('response_tokens')} "
+            f"tokens) disagree with the tensors ({n_samples}, {n_tok})"
+        )
 
 
 def args_to_json(args) -> dict:
@@ -204,28 +244,36 @@ def args_to_json(args) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
-def check_resume_args(saved: dict, now: dict, may_change: set[str], where: Path,
-                      restart: str = "another --out, or --force") -> None:
+def check_resume_args(
+    saved: dict, now: dict, may_change: set[str], where: Path, restart: str = "another --out, or --force"
+) -> None:
     """--resume continues one run: refuse other arguments than the ones it started with (issue 9, item 5).
 
     may_change: arguments that do not change the result (logging, --stop-after, --resume itself);
     restart: how this stage starts a run afresh instead.
     """
-    diff = [f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
-            for k in sorted(set(saved) | set(now)) if k not in may_change and saved.get(k) != now.get(k)]
+    diff = [
+        f"--{k.replace('_', '-')}: the run has {saved.get(k)!r}, now {now.get(k)!r}"
+        for k in sorted(set(saved) | set(now))
+        if k not in may_change and saved.get(k) != now.get(k)
+    ]
     if diff:
-        raise UserError(f"{where}: --resume with arguments other than the run's own ({'; '.join(diff)}); "
-                        f"resume with the same arguments, or start a new run ({restart})")
+        raise UserError(
+            f"{where}: --resume with arguments other than the run's own ({'; '.join(diff)}); "
+            f"resume with the same arguments, or start a new run ({restart})"
+        )
 
 
-def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str,
-                       force: bool) -> None:
+def check_meta_matches(
+    meta: dict, expected: dict[str, str], art_dir: Path, rerun_hint: str, force: bool
+) -> None:
     """Refuse an artifact made from another model, tokenizer or data (unless --force)."""
-    wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}"
-             for k, v in expected.items() if meta.get(k) != v]
+    wrong = [f"{k}: artifact has {meta.get(k)!r}, now {v!r}" for k, v in expected.items() if meta.get(k) != v]
     if wrong and not force:
-        raise UserError(f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
-                        f"rerun {rerun_hint}, or pass --force to use it anyway")
+        raise UserError(
+            f"{art_dir} was made from different inputs ({'; '.join(wrong)}); "
+            f"rerun {rerun_hint}, or pass --force to use it anyway"
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -235,8 +283,14 @@ def check_meta_matches(meta: dict, expected: dict[str, str], art_dir: Path, reru
 STAGES = ("01_profile", "02_label_regions", "03_train_cuset", "04_eval_kernels")
 # What a stage-04 run folder holds (harness/run_folder.py), and what marks a stage-03 folder that has no
 # meta.json yet (a run that is training, stopped or killed: its resume state, or one being written).
-EVAL_RUN_FILES = ("results.jsonl", "completions.jsonl", "task_checks.jsonl", "summary.json", "summary.md",
-                  "fingerprint.json")
+EVAL_RUN_FILES = (
+    "results.jsonl",
+    "completions.jsonl",
+    "task_checks.jsonl",
+    "summary.json",
+    "summary.md",
+    "fingerprint.json",
+)
 TRAIN_RUN_FILES = ("resume", ".resume.old", ".resume.tmp", ".final.tmp")
 # The --out folders this process writes into in place (open_out), each with whether it started over there.
 _OPENED: list[tuple[Path, bool]] = []
@@ -257,8 +311,9 @@ def artifact_stage(folder: Path) -> str | None:
     return None
 
 
-def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: bool | None,
-                  need_bytes: int = 0) -> None:
+def check_out_dir(
+    out: Path, stage: str, inputs: dict[str, Path | None], force: bool | None, need_bytes: int = 0
+) -> None:
     """Refuse an --out this stage must not replace, before any work (UserError, one line).
 
     A stage replaces --out only if it is absent, empty, or an artifact of its own stage (of another stage
@@ -277,18 +332,22 @@ def check_out_dir(out: Path, stage: str, inputs: dict[str, Path | None], force: 
         if holder is not None and not holder.is_dir():
             holder = holder.parent
         if holder is not None and (holder == real or real in holder.parents):
-            raise UserError(f"--out {out} holds {flag} {path}: writing there would replace the input; "
-                            f"name another --out")
+            raise UserError(
+                f"--out {out} holds {flag} {path}: writing there would replace the input; name another --out"
+            )
     try:
         entries = sorted(p.name for p in real.iterdir()) if real.is_dir() else []
     except OSError as e:
-        raise UserError(f"--out {out}: cannot be read ({e.strerror}); name a folder you can read and write"
-                        ) from None
+        raise UserError(
+            f"--out {out}: cannot be read ({e.strerror}); name a folder you can read and write"
+        ) from None
     owner = artifact_stage(real) if entries else None
     if entries and owner is None:
-        raise UserError(f"--out {out} holds files that are not an artifact of this project (e.g. "
-                        f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
-                        "replace)")
+        raise UserError(
+            f"--out {out} holds files that are not an artifact of this project (e.g. "
+            f"{entries[0]}); name another --out (an absent or empty folder, or an artifact to "
+            "replace)"
+        )
     if owner not in (None, stage) and not force:
         hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
         raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
@@ -305,8 +364,10 @@ def check_writable(out: Path, real: Path) -> None:
         for path in [Path(folder), *(Path(folder) / f for f in files)]:
             need = os.R_OK | os.W_OK | (os.X_OK if path.is_dir() else 0)
             if not path.is_symlink() and not os.access(path, need, effective_ids=effective):
-                raise UserError(f"--out {out}: {path} is read-only here (its mode, an immutable flag or a "
-                                f"read-only mount); make it writable (chmod -R u+w), or name another --out")
+                raise UserError(
+                    f"--out {out}: {path} is read-only here (its mode, an immutable flag or a "
+                    f"read-only mount); make it writable (chmod -R u+w), or name another --out"
+                )
 
 
 def check_room(out: Path, need_bytes: int) -> None:
@@ -323,12 +384,15 @@ def check_room(out: Path, need_bytes: int) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(f"--out {out}: cannot write in {base} ({e.strerror}); name a folder you can write to"
-                        ) from None
+        raise UserError(
+            f"--out {out}: cannot write in {base} ({e.strerror}); name a folder you can write to"
+        ) from None
     free = shutil.disk_usage(real if real.is_dir() else base).free
     if free < need_bytes:
-        raise UserError(f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
-                        f"{free / 1e6:,.1f} MB free; free some space or name another --out")
+        raise UserError(
+            f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
+            f"{free / 1e6:,.1f} MB free; free some space or name another --out"
+        )
 
 
 def aside_dir(out: Path) -> Path:
@@ -358,6 +422,7 @@ def finishes_out(main_fn):
     """A stage's main that settles what open_out set aside: put back over the new, incomplete artifact if
     main fails (an exception), deleted once main returns. An interrupt (Ctrl-C) keeps both: the new run can
     be resumed, the previous artifact waits aside."""
+
     @functools.wraps(main_fn)
     def main(argv: list[str] | None = None) -> int:
         try:
@@ -374,6 +439,7 @@ def finishes_out(main_fn):
             return code
         finally:
             _OPENED.clear()
+
     return main
 
 
@@ -383,6 +449,8 @@ def check_train_out(args, regions: Path | None) -> None:
     inputs = {"--data": args.data, "--model": Path(args.model), "--regions": regions}
     check_out_dir(args.out, "03_train_cuset", inputs, args.force)
     if args.out.is_dir() and any(args.out.iterdir()) and not (args.resume or args.force):
-        raise UserError(f"{args.out} exists and is not empty; pass --resume to continue that run, --force "
-                        "to start over (the previous one is kept until the new "
-                        "one finishes), or another --out")
+        raise UserError(
+            f"{args.out} exists and is not empty; pass --resume to continue that run, --force "
+            "to start over (the previous one is kept until the new "
+            "one finishes), or another --out"
+        )

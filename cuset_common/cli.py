@@ -1,4 +1,5 @@
 """A stage's entry point: user errors as one line (exit status 2), argument checks, the device."""
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,10 @@ def pick_device(name: str = "auto") -> str:
     if count == 0:
         raise UserError(f"--device {name}: no CUDA device is available here; use --device cpu (or auto)")
     if device.index is not None and device.index >= count:
-        raise UserError(f"--device {name}: there is no GPU {device.index} (this machine has {count}, "
-                        f"cuda:0 to cuda:{count - 1}); name one of them, or use --device cuda")
+        raise UserError(
+            f"--device {name}: there is no GPU {device.index} (this machine has {count}, "
+            f"cuda:0 to cuda:{count - 1}); name one of them, or use --device cuda"
+        )
     return name
 
 

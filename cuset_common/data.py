@@ -1,4 +1,5 @@
 """SFT data: read any supported JSONL form, and tokenize a sample the same way in every stage."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,28 +20,38 @@ def normalize_record(obj: dict, where: str) -> dict:
     rid = str(obj.get("id", where))
     if "messages" in obj:
         msgs = obj["messages"]
-        ok = (isinstance(msgs, list) and msgs
-              and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                      and m.get("role") in ("system", "user", "assistant") for m in msgs))
+        ok = (
+            isinstance(msgs, list)
+            and msgs
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("content"), str)
+                and m.get("role") in ("system", "user", "assistant")
+                for m in msgs
+            )
+        )
         if not ok or msgs[-1]["role"] != "assistant":
-            raise UserError(f"{where}: 'messages' must be a list of {{role, content}} "
-                            f"turns ending with an assistant turn")
+            raise UserError(
+                f"{where}: 'messages' must be a list of {{role, content}} turns ending with an assistant turn"
+            )
         prompt, response = msgs[:-1], msgs[-1]["content"]  # contents checked above
     elif "prompt" in obj and "completion" in obj:
         user, response = strings(where, obj["prompt"], obj["completion"])
         prompt = [{"role": "user", "content": user}]
     elif "instruction" in obj and "output" in obj:
-        instruction, extra, response = strings(where, obj["instruction"], obj.get("input", ""),
-                                               obj["output"])
+        instruction, extra, response = strings(where, obj["instruction"], obj.get("input", ""), obj["output"])
         prompt = [{"role": "user", "content": instruction + (f"\n\n{extra}" if extra else "")}]
     elif "text" in obj:
         prompt, (response,) = [], strings(where, obj["text"])
     else:
-        raise UserError(f"{where}: unknown record form (keys: {', '.join(sorted(obj)) or 'none'}); expected "
-                        f"'messages', 'prompt'+'completion', 'instruction'+'input'+'output', or 'text'")
+        raise UserError(
+            f"{where}: unknown record form (keys: {', '.join(sorted(obj)) or 'none'}); expected "
+            f"'messages', 'prompt'+'completion', 'instruction'+'input'+'output', or 'text'"
+        )
     if not response.strip():  # its tokens would be the end-of-turn token alone: nothing to profile or learn
-        raise UserError(f"{where}: the response (the answer to learn) is empty; "
-                        f"write it, or remove the record")
+        raise UserError(
+            f"{where}: the response (the answer to learn) is empty; write it, or remove the record"
+        )
     return {"id": rid, "prompt_messages": prompt, "response": response}
 
 
@@ -52,8 +63,9 @@ def strings(where: str, *fields) -> tuple[str, ...]:
 
 
 def load_sft(path: Path) -> list[dict]:
-    records = [normalize_record(obj, f"{path}:{lineno}") | {"line": lineno}
-               for lineno, obj in read_jsonl(path)]
+    records = [
+        normalize_record(obj, f"{path}:{lineno}") | {"line": lineno} for lineno, obj in read_jsonl(path)
+    ]
     if not records:
         raise UserError(f"{path}: no records")
     return records
@@ -68,12 +80,15 @@ def render_prompt_and_response(tokenizer, record: dict) -> tuple[str, str]:
     msgs = record["prompt_messages"]
     if getattr(tokenizer, "chat_template", None) and msgs:
         prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": record["response"]}],
-                                             tokenize=False)
+        full = tokenizer.apply_chat_template(
+            msgs + [{"role": "assistant", "content": record["response"]}], tokenize=False
+        )
         if not full.startswith(prompt):
-            raise UserError("the chat template does not render the prompt as a prefix of the conversation; "
-                            "pass a tokenizer whose template does")
-        return prompt, close_turn(tokenizer, full[len(prompt):], record["response"])
+            raise UserError(
+                "the chat template does not render the prompt as a prefix of the conversation; "
+                "pass a tokenizer whose template does"
+            )
+        return prompt, close_turn(tokenizer, full[len(prompt) :], record["response"])
     eos = tokenizer.eos_token or ""
     if not msgs:
         return "", record["response"] + eos
@@ -99,7 +114,7 @@ def close_turn(tokenizer, response: str, content: str) -> str:
     body = response.find(content) + len(content) if content and content in response else 0
     tail = response[body:]
     ends = [tail.find(s) + len(s) for s in special_token_strings(tokenizer) if s in tail]
-    return response[:body] + (tail[:min(ends)] if ends else tail.rstrip())
+    return response[:body] + (tail[: min(ends)] if ends else tail.rstrip())
 
 
 def end_of_turn_ids(tokenizer) -> list[int]:
@@ -108,8 +123,9 @@ def end_of_turn_ids(tokenizer) -> list[int]:
     probe = {"prompt_messages": [{"role": "user", "content": "?"}], "response": "x"}
     _, response = render_prompt_and_response(tokenizer, probe)
     ids = {tokenizer.eos_token_id} - {None}
-    ids |= {tokenizer.convert_tokens_to_ids(s)
-            for s in special_token_strings(tokenizer) if response.endswith(s)}
+    ids |= {
+        tokenizer.convert_tokens_to_ids(s) for s in special_token_strings(tokenizer) if response.endswith(s)
+    }
     return sorted(i for i in ids if i is not None and i != tokenizer.unk_token_id)
 
 
@@ -134,6 +150,10 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
         start, spans = 1, spans[1:]
     # a prompt that alone fills max_length leaves no response token: nothing of it is worth a forward
     # pass, so it is cut to max_length too and the stages skip and count the sample (issue 9, item 4)
-    return {"input_ids": (prompt_ids + resp_ids[:room])[:max_length],
-            "response_start": min(start, max_length), "spans": spans, "response_text": response_text,
-            "truncated": truncated}
+    return {
+        "input_ids": (prompt_ids + resp_ids[:room])[:max_length],
+        "response_start": min(start, max_length),
+        "spans": spans,
+        "response_text": response_text,
+        "truncated": truncated,
+    }

@@ -14,6 +14,7 @@ The identity of a table names its source (sha256 of the file, or of the folder's
 dataset, revision, split and fingerprint), the mapping, the filter and the rows read and kept: a different
 mapping or filter of the same file is different data, and stages 02 and 03 refuse it (data_checks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,26 +36,43 @@ ROLES = ("prompt", "response", "system")  # what --data-fields may map; prompt a
 # The columns of each record form data.normalize_record reads: a table without --data-fields needs one.
 RECORD_FORMS = (("messages",), ("prompt", "completion"), ("instruction", "output"), ("text",))
 HUB_PREFIX = "hf:"
-HUB_ID = re.compile(r"hf:(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[^:\s]+))?"
-                    r"(?::(?P<split>\S+))?")
+HUB_ID = re.compile(
+    r"hf:(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[^:\s]+))?"
+    r"(?::(?P<split>\S+))?"
+)
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}  # in templates: shells pass `\n` inside quotes as two characters
 # What a data identity holds besides the path as typed: sha256 of the file or folder (None for the hub), then
 # for a table its format, mapping, filter and row counts, and for the hub what it resolved to.
-IDENTITY_PARTS = ("sha256", "format", "fields", "where", "rows",
-                  "dataset", "revision", "split", "fingerprint")
+IDENTITY_PARTS = (
+    "sha256",
+    "format",
+    "fields",
+    "where",
+    "rows",
+    "dataset",
+    "revision",
+    "split",
+    "fingerprint",
+)
 
-DATA_HELP = (" (default: %(default)s). A JSONL file of SFT records (chat `messages`, "
-             "`prompt`/`completion`, `instruction`/`input`/`output` or `text`); a .parquet, .json or .jsonl "
-             "file with any columns, a folder of parquet files or a `save_to_disk` folder; or a hub dataset "
-             "hf:owner/name[@revision][:split] (split default train). Parquet needs `pip install pyarrow`, "
-             "dataset folders and the hub `pip install datasets`")
-FIELDS_HELP = ("prompt=COLUMN,response=COLUMN[,system=COLUMN]: the columns that hold the prompt, the answer "
-               "to learn and a system message. A value with {COLUMN} in it is a template over columns, e.g. "
-               "'prompt=Write a CUDA kernel for this module:\\n{code}' (\\n: newline; {{ }}: braces). "
-               "Without it, each row must be a record in one of the JSONL forms. Repeatable")
-WHERE_HELP = ("COLUMN=VALUE: keep only rows whose COLUMN equals VALUE; repeatable, every one must hold. A "
-              "boolean column takes true or false, a numeric one a number (compared by value: 1 = 1.0), any "
-              "other the exact text; a row without a value never matches")
+DATA_HELP = (
+    " (default: %(default)s). A JSONL file of SFT records (chat `messages`, "
+    "`prompt`/`completion`, `instruction`/`input`/`output` or `text`); a .parquet, .json or .jsonl "
+    "file with any columns, a folder of parquet files or a `save_to_disk` folder; or a hub dataset "
+    "hf:owner/name[@revision][:split] (split default train). Parquet needs `pip install pyarrow`, "
+    "dataset folders and the hub `pip install datasets`"
+)
+FIELDS_HELP = (
+    "prompt=COLUMN,response=COLUMN[,system=COLUMN]: the columns that hold the prompt, the answer "
+    "to learn and a system message. A value with {COLUMN} in it is a template over columns, e.g. "
+    "'prompt=Write a CUDA kernel for this module:\\n{code}' (\\n: newline; {{ }}: braces). "
+    "Without it, each row must be a record in one of the JSONL forms. Repeatable"
+)
+WHERE_HELP = (
+    "COLUMN=VALUE: keep only rows whose COLUMN equals VALUE; repeatable, every one must hold. A "
+    "boolean column takes true or false, a numeric one a number (compared by value: 1 = 1.0), any "
+    "other the exact text; a row without a value never matches"
+)
 
 
 def add_data_arguments(ap: argparse.ArgumentParser, role: str) -> None:
@@ -63,10 +81,16 @@ def add_data_arguments(ap: argparse.ArgumentParser, role: str) -> None:
     The two new flags default to argparse.SUPPRESS, so that a run without them records the same args in
     meta.json (and checks --resume the same way) as before they existed."""
     ap.add_argument("--data", type=Path, default=SFT_KERNEL_FILE, help=role + DATA_HELP)
-    ap.add_argument("--data-fields", action="append", default=argparse.SUPPRESS, metavar="ROLE=COLUMN,...",
-                    help=FIELDS_HELP)
-    ap.add_argument("--data-where", action="append", default=argparse.SUPPRESS, metavar="COLUMN=VALUE",
-                    help=WHERE_HELP)
+    ap.add_argument(
+        "--data-fields",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="ROLE=COLUMN,...",
+        help=FIELDS_HELP,
+    )
+    ap.add_argument(
+        "--data-where", action="append", default=argparse.SUPPRESS, metavar="COLUMN=VALUE", help=WHERE_HELP
+    )
 
 
 def data_argv(args: argparse.Namespace) -> list[str]:
@@ -109,14 +133,17 @@ def load_data(args: argparse.Namespace) -> tuple[list[dict], dict]:
     fields = parse_fields(getattr(args, "data_fields", None))
     filters = parse_where(getattr(args, "data_where", None))
     path = Path(args.data)
-    is_table = (str(path).startswith(HUB_PREFIX) or path.is_dir() or is_parquet(path) or is_json_array(path))
+    is_table = str(path).startswith(HUB_PREFIX) or path.is_dir() or is_parquet(path) or is_json_array(path)
     if not (is_table or fields or filters):
         return load_sft(path), {"path": str(path), "sha256": sha256_file(path)}
     table, identity = open_source(path)
     records, rows = table_records(table, fields, filters)
     if filters:
-        print(f"[data] {table.name}: {rows['kept']} of {rows['read']} rows kept by --data-where "
-              f"{' '.join(filters)}", flush=True)
+        print(
+            f"[data] {table.name}: {rows['kept']} of {rows['read']} rows kept by --data-where "
+            f"{' '.join(filters)}",
+            flush=True,
+        )
     return records, identity | {"fields": fields, "where": sorted(filters), "rows": rows}
 
 
@@ -129,16 +156,23 @@ def table_records(table: Table, fields: dict | None, filters: list[str]) -> tupl
     kept = [r for r in rows if all(matches(r[2].get(c), v, c, r[0]) for _, c, v in conditions)]
     if not kept:
         raise UserError(no_rows(table, rows, conditions) if rows else f"{table.name}: no rows")
-    records = [(row_record(row, templates, where, table) if fields else normalize_record(row, where))
-               | {"line": line} for where, line, row in kept]
+    records = [
+        (row_record(row, templates, where, table) if fields else normalize_record(row, where))
+        | {"line": line}
+        for where, line, row in kept
+    ]
     return records, {"read": len(rows), "kept": len(kept)}
 
 
 def check_columns(table: Table, fields: dict | None, templates: dict, conditions: list) -> list[str] | None:
     """Refuse a mapping or filter that names a column the table lacks, and a table without --data-fields
     whose rows cannot be records; return the columns to read (None: all, for rows read as records)."""
-    mapped = [(f"--data-fields {role}={fields[role]}", column)
-              for role, parts in templates.items() for _, column in parts if column is not None]
+    mapped = [
+        (f"--data-fields {role}={fields[role]}", column)
+        for role, parts in templates.items()
+        for _, column in parts
+        if column is not None
+    ]
     for flag, column in mapped + [(f"--data-where {spec}", column) for spec, column, _ in conditions]:
         if column not in table.columns:
             raise UserError(f"{flag}: {table.name} has no column {column!r}; {columns_line(table)}")
@@ -146,8 +180,10 @@ def check_columns(table: Table, fields: dict | None, templates: dict, conditions
         return sorted({c for _, c in mapped} | {c for _, c, _ in conditions})
     if not any(all(c in table.columns for c in form) for form in RECORD_FORMS):
         forms = ", ".join("+".join(form) for form in RECORD_FORMS)
-        raise UserError(f"{table.name}: its rows are in none of the SFT record forms ({forms}); map its "
-                        f"columns with --data-fields prompt=COLUMN,response=COLUMN; {columns_line(table)}")
+        raise UserError(
+            f"{table.name}: its rows are in none of the SFT record forms ({forms}); map its "
+            f"columns with --data-fields prompt=COLUMN,response=COLUMN; {columns_line(table)}"
+        )
     return None
 
 
@@ -155,9 +191,16 @@ def row_record(row: dict, templates: dict, where: str, table: Table) -> dict:
     """One row as an SFT record: a chat of an optional system turn, the prompt and the response."""
     text = {role: fill(parts, row, where, table) for role, parts in templates.items()}
     system = [{"role": "system", "content": text["system"]}] if text.get("system") else []
-    return normalize_record({"messages": system + [{"role": "user", "content": text["prompt"]},
-                                                   {"role": "assistant", "content": text["response"]}]},
-                            where)
+    return normalize_record(
+        {
+            "messages": system
+            + [
+                {"role": "user", "content": text["prompt"]},
+                {"role": "assistant", "content": text["response"]},
+            ]
+        },
+        where,
+    )
 
 
 def fill(parts: list[tuple[str, str | None]], row: dict, where: str, table: Table) -> str:
@@ -166,8 +209,10 @@ def fill(parts: list[tuple[str, str | None]], row: dict, where: str, table: Tabl
     for literal, column in parts:
         value = row.get(column) if column is not None else ""
         if not isinstance(value, str):
-            raise UserError(f"{where}: column {column!r} holds {describe_value(value)}, not text; map text "
-                            f"columns with --data-fields ({columns_line(table)})")
+            raise UserError(
+                f"{where}: column {column!r} holds {describe_value(value)}, not text; map text "
+                f"columns with --data-fields ({columns_line(table)})"
+            )
         out += [literal, value]
     return "".join(out)
 
@@ -188,14 +233,18 @@ def parse_fields(specs: list[str] | None) -> dict[str, str] | None:
             role, sep, value = pair.partition("=")
             role = role.strip()
             if not sep or role not in ROLES or not value.strip():
-                raise UserError(f"--data-fields {pair!r}: expected ROLE=COLUMN with ROLE one of "
-                                f"{', '.join(ROLES)}, e.g. prompt=question,response=answer")
+                raise UserError(
+                    f"--data-fields {pair!r}: expected ROLE=COLUMN with ROLE one of "
+                    f"{', '.join(ROLES)}, e.g. prompt=question,response=answer"
+                )
             if role in fields:
                 raise UserError(f"--data-fields: {role} is mapped twice ({fields[role]!r} and {value!r})")
             fields[role] = value if "{" in value else value.strip()
     if missing := [r for r in ("prompt", "response") if r not in fields]:
-        raise UserError(f"--data-fields {','.join(specs)}: maps no {' and no '.join(missing)}; both are "
-                        "needed, e.g. prompt=question,response=answer")
+        raise UserError(
+            f"--data-fields {','.join(specs)}: maps no {' and no '.join(missing)}; both are "
+            "needed, e.g. prompt=question,response=answer"
+        )
     return fields
 
 
@@ -236,16 +285,23 @@ def matches(value, wanted: str, column: str, where: str) -> bool:
             return False
     if isinstance(value, str):
         return value == wanted
-    raise UserError(f"{where}: column {column!r} holds {describe_value(value)}; --data-where compares "
-                    "booleans, numbers and text only")
+    raise UserError(
+        f"{where}: column {column!r} holds {describe_value(value)}; --data-where compares "
+        "booleans, numbers and text only"
+    )
 
 
 def no_rows(table: Table, rows: list, conditions: list[tuple[str, str, str]]) -> str:
-    alone = [f"{spec} alone keeps {sum(matches(r[2].get(c), v, c, r[0]) for r in rows)} "
-             f"({c} is {table.columns[c]})" for spec, c, v in conditions]
-    return (f"--data-where keeps none of the {len(rows)} rows of {table.name} ({'; '.join(alone)}); a "
-            f"boolean column takes true or false, a numeric one a number, any other the exact text; "
-            f"{columns_line(table)}")
+    alone = [
+        f"{spec} alone keeps {sum(matches(r[2].get(c), v, c, r[0]) for r in rows)} "
+        f"({c} is {table.columns[c]})"
+        for spec, c, v in conditions
+    ]
+    return (
+        f"--data-where keeps none of the {len(rows)} rows of {table.name} ({'; '.join(alone)}); a "
+        f"boolean column takes true or false, a numeric one a number, any other the exact text; "
+        f"{columns_line(table)}"
+    )
 
 
 def columns_line(table: Table) -> str:
@@ -262,8 +318,13 @@ def describe_value(value) -> str:
 
 def kind_of(value) -> str:
     """The JSON kind of a value, as a column type."""
-    for kind, types in (("null", type(None)), ("bool", bool), ("number", (int, float)), ("string", str),
-                        ("list", list)):
+    for kind, types in (
+        ("null", type(None)),
+        ("bool", bool),
+        ("number", (int, float)),
+        ("string", str),
+        ("list", list),
+    ):
         if isinstance(value, types):
             return kind
     return "object"
@@ -310,8 +371,9 @@ def open_json(path: Path, array: bool) -> Table:
         try:
             rows = json.loads(raw.decode("utf-8-sig"))
         except UnicodeDecodeError as e:
-            raise UserError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save "
-                            "it as UTF-8") from None
+            raise UserError(
+                f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save it as UTF-8"
+            ) from None
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
         items = [(f"{path} row {i}", i, row) for i, row in enumerate(rows)]
@@ -348,8 +410,10 @@ def open_parquet(files: list[Path], name: str) -> Table:
         items = []
         for f, schema in schemas.items():
             if missing := sorted(set(needed or ()) - set(schema.names)):
-                raise UserError(f"{f}: has no column {', '.join(missing)} (its columns: "
-                                f"{', '.join(schema.names)}); give a folder whose files share their columns")
+                raise UserError(
+                    f"{f}: has no column {', '.join(missing)} (its columns: "
+                    f"{', '.join(schema.names)}); give a folder whose files share their columns"
+                )
             rows = pq.read_table(f, columns=needed).to_pylist()
             items += [(f"{f} row {i}", i, row) for i, row in enumerate(rows)]
         return items
@@ -362,8 +426,10 @@ def open_folder(path: Path) -> tuple[Table, dict]:
     saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
     files = sorted(f for f in (path.rglob("*") if saved else path.rglob("*.parquet")) if f.is_file())
     if not files:
-        raise UserError(f"{path}: is a folder, not a file, and holds no dataset (no parquet file, no "
-                        "`save_to_disk` folder); name a JSONL, JSON or parquet file, or a dataset folder")
+        raise UserError(
+            f"{path}: is a folder, not a file, and holds no dataset (no parquet file, no "
+            "`save_to_disk` folder); name a JSONL, JSON or parquet file, or a dataset folder"
+        )
     identity = {"path": str(path), "sha256": sha256_files(path, files)}
     if not saved:
         return open_parquet(files, str(path)), identity | {"format": "parquet-folder"}
@@ -374,8 +440,9 @@ def open_folder(path: Path) -> tuple[Table, dict]:
         why = str(e).splitlines()[0]
         raise UserError(f"{path}: not a dataset folder that `save_to_disk` wrote ({why})") from None
     if isinstance(ds, datasets.DatasetDict):
-        raise UserError(f"{path}: holds the splits {', '.join(ds)}; name one split's folder, e.g. "
-                        f"{path / next(iter(ds))}")
+        raise UserError(
+            f"{path}: holds the splits {', '.join(ds)}; name one split's folder, e.g. {path / next(iter(ds))}"
+        )
     return dataset_table(ds, str(path)), identity | {"format": "datasets-folder"}
 
 
@@ -394,8 +461,10 @@ def open_hub(text: str) -> tuple[Table, dict]:
     """hf:owner/name[@revision][:split] through `datasets` (downloaded once into its cache)."""
     m = HUB_ID.fullmatch(text)
     if m is None:
-        raise UserError(f"--data {text}: not a hub dataset id; write hf:owner/name, optionally with "
-                        "@revision and :split (e.g. hf:SakanaAI/AI-CUDA-Engineer-Archive:level_1)")
+        raise UserError(
+            f"--data {text}: not a hub dataset id; write hf:owner/name, optionally with "
+            "@revision and :split (e.g. hf:SakanaAI/AI-CUDA-Engineer-Archive:level_1)"
+        )
     import_or_refuse("datasets", "datasets", text)
     check_hub_dataset(text, m["repo"], m["revision"])
     return hub_split(text, m["repo"], m["revision"], m["split"] or "train")
@@ -413,8 +482,15 @@ def hub_split(text: str, repo: str, revision: str | None, split: str) -> tuple[T
         ds = builder.as_dataset(split=split)
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # no network; no such split, ...
         raise UserError(f"--data {text}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    identity = {"path": text, "sha256": None, "format": "hub", "dataset": repo, "revision": builder.hash,
-                "split": split, "fingerprint": ds._fingerprint}
+    identity = {
+        "path": text,
+        "sha256": None,
+        "format": "hub",
+        "dataset": repo,
+        "revision": builder.hash,
+        "split": split,
+        "fingerprint": ds._fingerprint,
+    }
     return dataset_table(ds, text), identity
 
 
@@ -431,14 +507,17 @@ def check_hub_dataset(text: str, repo: str, revision: str | None) -> None:
     try:
         huggingface_hub.dataset_info(repo, revision=revision, timeout=2)
     except RepositoryNotFoundError:
-        raise UserError(f"--data {text}: no dataset {repo} on the hub (or it is private: log in with "
-                        f"`hf auth login`); {fix}") from None
+        raise UserError(
+            f"--data {text}: no dataset {repo} on the hub (or it is private: log in with "
+            f"`hf auth login`); {fix}"
+        ) from None
     except HfHubHTTPError:
         return  # the hub answered (an error of its own, e.g. gated): datasets says what it needs
     except Exception as e:  # the HTTP client's own errors (no network, DNS, timeout), and offline mode
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-        raise UserError(f"--data {text}: not in the local cache and the hub cannot be reached ({why}); "
-                        f"{fix}") from None
+        raise UserError(
+            f"--data {text}: not in the local cache and the hub cannot be reached ({why}); {fix}"
+        ) from None
 
 
 def import_or_refuse(module: str, package: str, data: str):
@@ -447,8 +526,9 @@ def import_or_refuse(module: str, package: str, data: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UserError(f"--data {data}: reading it needs the {package} package; `pip install {package}`"
-                        ) from None
+        raise UserError(
+            f"--data {data}: reading it needs the {package} package; `pip install {package}`"
+        ) from None
 
 
 def sha256_files(folder: Path, files: list[Path]) -> str:

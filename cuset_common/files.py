@@ -1,4 +1,5 @@
 """Files written atomically, JSONL read with file:line errors, hashes."""
+
 from __future__ import annotations
 
 import errno
@@ -7,8 +8,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .cli import UserError
 
@@ -53,7 +54,7 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
         before = os.lseek(fd, 0, os.SEEK_END)
         try:
             while data:  # os.write may write less than it is given
-                data = data[os.write(fd, data):]
+                data = data[os.write(fd, data) :]
             os.fsync(fd)
         except BaseException:
             os.ftruncate(fd, before)
@@ -113,8 +114,10 @@ def real_path(path: Path, what: str = "") -> Path:
     except OSError as e:
         if e.errno == errno.ELOOP:
             name = f"{what} {path}" if what else str(path)
-            raise UserError(f"{name}: its symbolic links form a loop (they never reach a folder); point the "
-                            f"link at a real folder, or name another path") from None
+            raise UserError(
+                f"{name}: its symbolic links form a loop (they never reach a folder); point the "
+                f"link at a real folder, or name another path"
+            ) from None
     return real
 
 
@@ -161,30 +164,37 @@ def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
     try:
         line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
-                        f"{e.start + 1}); save the file as UTF-8 JSONL, one JSON object per line") from None
+        raise UserError(
+            f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+            f"{e.start + 1}); save the file as UTF-8 JSONL, one JSON object per line"
+        ) from None
     if not line.strip():
         return None
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
-                        f"each line must be one JSON object") from None
+        raise UserError(
+            f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+            f"each line must be one JSON object"
+        ) from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
         raise UserError(f"{path}:{lineno}: not valid JSON here ({e})") from None
     except RecursionError:
-        raise UserError(f"{path}:{lineno}: JSON nested too deeply to read (arrays or objects inside each "
-                        f"other beyond Python's recursion limit); each line must be one plain JSON object"
-                        ) from None
+        raise UserError(
+            f"{path}:{lineno}: JSON nested too deeply to read (arrays or objects inside each "
+            f"other beyond Python's recursion limit); each line must be one plain JSON object"
+        ) from None
     if not isinstance(obj, dict):
         raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
     if SURROGATE_ESCAPE.search(line):
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as e:
-            raise UserError(f"{path}:{lineno}: a string holds half a UTF-16 surrogate pair "
-                            f"(\\u{ord(e.object[e.start]):04x} without its partner), which no UTF-8 text can "
-                            f"hold; fix or remove that escape") from None
+            raise UserError(
+                f"{path}:{lineno}: a string holds half a UTF-16 surrogate pair "
+                f"(\\u{ord(e.object[e.start]):04x} without its partner), which no UTF-8 text can "
+                f"hold; fix or remove that escape"
+            ) from None
     return obj
 
 
@@ -198,6 +208,7 @@ def open_input(path: Path):
         raise UserError(f"{path}: file not found") from None
     except OSError as e:
         raise UserError(f"{path}: cannot be read ({e.strerror})") from None
+
 
 def sha256_file(path: Path) -> str:
     import hashlib

@@ -5,6 +5,7 @@ The stage files state each formula in their docstrings and call these (docs/meth
 log p(gold) the same way, gold_log_softmax of float32 logits chunk by chunk: stage 01 without grad (it
 needs the whole log-softmax for the entropy too), stage 03 under a checkpoint per chunk.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,8 +53,9 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_rows: int,
-                         use_bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gold_logprob_entropy(
+    head, hidden: torch.Tensor, gold: torch.Tensor, chunk_rows: int, use_bf16: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 01: log p(gold), entropy and argmax == gold (bool) per row of hidden [N, d] -> three [N];
     head: h [n, d] -> logits [n, V] (head_logits of the model's output layer).
 
@@ -64,10 +66,10 @@ def gold_logprob_entropy(head, hidden: torch.Tensor, gold: torch.Tensor, chunk_r
     logp_gold, entropy, correct = [], [], []
     for lo in row_chunks(hidden.shape[0], chunk_rows):
         with torch.autocast(device_type=hidden.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = head(hidden[lo:lo + chunk_rows])  # [n, V]
+            logits = head(hidden[lo : lo + chunk_rows])  # [n, V]
         logits = logits.float()  # [n, V] float32
-        correct.append(logits.argmax(-1) == gold[lo:lo + chunk_rows])  # [n] bool
-        logp, gold_logp = gold_log_softmax(logits, gold[lo:lo + chunk_rows])  # [n, V], [n]
+        correct.append(logits.argmax(-1) == gold[lo : lo + chunk_rows])  # [n] bool
+        logp, gold_logp = gold_log_softmax(logits, gold[lo : lo + chunk_rows])  # [n, V], [n]
         logp_gold.append(gold_logp)
         entropy.append(entropy_of(logp))  # [n]
     return torch.cat(logp_gold), torch.cat(entropy), torch.cat(correct)
@@ -79,13 +81,19 @@ def gold_log_softmax(logits: torch.Tensor, gold: torch.Tensor) -> tuple[torch.Te
     return logp, logp.gather(1, gold[:, None])[:, 0]
 
 
-def _chunk_gold_logp(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     labels: torch.Tensor) -> torch.Tensor:
+def _chunk_gold_logp(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor
+) -> torch.Tensor:
     return gold_log_softmax(head_logits(hidden, weight, bias), labels)[1]  # one [n, V] chunk at a time
 
 
-def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
+def gold_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Stage 03: log q(labels) from last hidden states [..., d] and the output layer (weight [V, d],
     bias [V]) -> [...], with grad.
 
@@ -93,6 +101,8 @@ def gold_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
     forward nor backward ever holds logits for the whole batch (docs/method.md "Memory").
     """
     h, y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)  # [n, d], [n]
-    parts = [checkpoint(_chunk_gold_logp, h[s:s + chunk], weight, bias, y[s:s + chunk], use_reentrant=False)
-             for s in row_chunks(h.shape[0], chunk)]
+    parts = [
+        checkpoint(_chunk_gold_logp, h[s : s + chunk], weight, bias, y[s : s + chunk], use_reentrant=False)
+        for s in row_chunks(h.shape[0], chunk)
+    ]
     return torch.cat(parts).view(labels.shape) if parts else h.new_zeros(labels.shape, dtype=torch.float32)

@@ -1,4 +1,5 @@
 """Models: loading with one-line errors, and the check that logits are a plain linear head."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,8 +9,11 @@ from pathlib import Path
 from .cli import UserError
 
 # What a local model folder must hold, per part: at least one file matching one of the patterns.
-MODEL_PARTS = {"tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"),
-               "model config": ("config.json",), "model weights": ("*.safetensors", "*.bin")}
+MODEL_PARTS = {
+    "tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"),
+    "model config": ("config.json",),
+    "model weights": ("*.safetensors", "*.bin"),
+}
 
 
 def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -> None:
@@ -21,28 +25,35 @@ def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -
         check_hub_id(name)
         return
     if not path.is_dir():
-        raise UserError(f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; "
-                        "pass a folder holding a Hugging Face model (config.json, weights, tokenizer) or a "
-                        "hub id")
+        raise UserError(
+            f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; "
+            "pass a folder holding a Hugging Face model (config.json, weights, tokenizer) or a "
+            "hub id"
+        )
     for part in parts:
         if not any(any(path.glob(pattern)) for pattern in MODEL_PARTS[part]):
-            raise UserError(f"--model {name}: this folder holds no {part} (none of "
-                            f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
-                            f"save_pretrained wrote")
+            raise UserError(
+                f"--model {name}: this folder holds no {part} (none of "
+                f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
+                f"save_pretrained wrote"
+            )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def check_hub_id(name: str) -> None:
     """Refuse in about a second a name that is neither a local folder nor a hub id we can use: not in the
     local cache, and the hub unreachable (offline, no network) or without it. A reachable hub that has it
     passes: from_pretrained downloads it. Without this, from_pretrained retries for about 45 s first."""
     import huggingface_hub
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        RepositoryNotFoundError,
+    )
 
     start = f"--model {name}: no local folder {name}, and hub id {name}"
-    fix = ("pass the folder that holds the model, or a hub id that exists (with "
-           "network access to download it)")
+    fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
     try:
         files = ("config.json", "tokenizer_config.json")
         cached = (huggingface_hub.try_to_load_from_cache(name, f) for f in files)
@@ -54,14 +65,16 @@ def check_hub_id(name: str) -> None:
     except GatedRepoError:
         return  # it exists; from_pretrained says how to get access
     except RepositoryNotFoundError:
-        raise UserError(f"{start} is not found on the hub (or it is private: log in with `hf auth login`); "
-                        f"{fix}") from None
+        raise UserError(
+            f"{start} is not found on the hub (or it is private: log in with `hf auth login`); {fix}"
+        ) from None
     except HfHubHTTPError:
         return  # the hub answered (an error of its own): leave the verdict to from_pretrained
     except Exception as e:  # the HTTP client's own errors (no network, DNS, timeout), and offline mode
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-        raise UserError(f"{start} is not in the local cache and the hub cannot be reached ({why}); {fix}"
-                        ) from None
+        raise UserError(
+            f"{start} is not in the local cache and the hub cannot be reached ({why}); {fix}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -100,16 +113,19 @@ def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
         with quiet_transformers():  # it reads config.json too
             tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
-        raise UserError(f"--model {name}: cannot load its tokenizer "
-                        f"({str(e).splitlines()[0] if str(e) else e!r})"
-                        ) from None
+        raise UserError(
+            f"--model {name}: cannot load its tokenizer ({str(e).splitlines()[0] if str(e) else e!r})"
+        ) from None
     except config_errors() as e:
-        raise UserError(f"--model {name}: cannot load its tokenizer: its config.json is refused "
-                        f"({one_line(e)}); fix config.json, or point --model at the folder save_pretrained "
-                        f"wrote") from None
+        raise UserError(
+            f"--model {name}: cannot load its tokenizer: its config.json is refused "
+            f"({one_line(e)}); fix config.json, or point --model at the folder save_pretrained "
+            f"wrote"
+        ) from None
     if need_offsets and not tokenizer.is_fast:
-        raise UserError(f"--model {name}: its tokenizer is not a fast "
-                        "tokenizer; character offsets are needed")
+        raise UserError(
+            f"--model {name}: its tokenizer is not a fast tokenizer; character offsets are needed"
+        )
     return tokenizer
 
 
@@ -123,14 +139,18 @@ def load_causal_lm(name: str, dtype):
     check_model_source(name, ("model config", "model weights"))
     try:
         with quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, output_loading_info=True,
-                                                               ignore_mismatched_sizes=True)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                name, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+            )
     except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
-        raise UserError(f"--model {name}: cannot load the model "
-                        f"({str(e).splitlines()[0] if str(e) else e!r})") from None
+        raise UserError(
+            f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
+        ) from None
     except config_errors() as e:
-        raise UserError(f"--model {name}: its config.json cannot describe a model ({one_line(e)}); fix "
-                        f"config.json, or point --model at the folder save_pretrained wrote") from None
+        raise UserError(
+            f"--model {name}: its config.json cannot describe a model ({one_line(e)}); fix "
+            f"config.json, or point --model at the folder save_pretrained wrote"
+        ) from None
     check_loading_info(name, info)
     return model
 
@@ -151,10 +171,14 @@ def check_loading_info(name: str, info: dict) -> None:
     fix = "make config.json match the weights, or point --model at the folder save_pretrained wrote"
     if info["mismatched_keys"]:
         key, in_file, in_config = sorted(info["mismatched_keys"])[0]
-        raise UserError(f"{start} ({len(info['mismatched_keys'])} tensor(s) of another shape, e.g. {key}: "
-                        f"{list(in_file)} in the files, {list(in_config)} by config.json); {fix}")
-    for what, keys in (("that they lack", info["missing_keys"]),
-                       ("that it has no place for", info["unexpected_keys"])):
+        raise UserError(
+            f"{start} ({len(info['mismatched_keys'])} tensor(s) of another shape, e.g. {key}: "
+            f"{list(in_file)} in the files, {list(in_config)} by config.json); {fix}"
+        )
+    for what, keys in (
+        ("that they lack", info["missing_keys"]),
+        ("that it has no place for", info["unexpected_keys"]),
+    ):
         if keys:
             raise UserError(f"{start} ({len(keys)} tensor(s) {what}, e.g. {sorted(keys)[0]}); {fix}")
 
@@ -200,16 +224,19 @@ def check_head_is_plain(model, input_ids, stage: str) -> None:
         w = weight.float()  # [V, d]
         b = bias.float() if bias is not None else torch.zeros(w.shape[0], device=w.device)  # [V]
         ours = hidden @ w.t() + b  # [1, L, V]
-        d, u = hidden.shape[-1], 2.0 ** -24
+        d, u = hidden.shape[-1], 2.0**-24
         gamma = (d + 1) * u / (1 - (d + 1) * u)
-        allowed = (2 * gamma * (hidden.abs() @ w.abs().t() + b.abs())
-                   + torch.finfo(theirs.dtype).eps * theirs.abs())
+        allowed = (
+            2 * gamma * (hidden.abs() @ w.abs().t() + b.abs()) + torch.finfo(theirs.dtype).eps * theirs.abs()
+        )
         err = (ours - theirs.float()).abs().flatten()
         allowed = allowed.flatten()
         worst = torch.argmax(err - allowed)  # the logit furthest past what rounding allows
         diff, room = err[worst].item(), allowed[worst].item()
     if diff > room:
-        raise UserError(f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are "
-                        "not last_hidden_state @ lm_head.weight.T (+ bias): they differ by up to "
-                        f"{diff:.2g}, where rounding allows {room:.2g} (logit scaling or soft-capping?); "
-                        f"{stage} applies the output layer itself and does not support this model")
+        raise UserError(
+            f"model type {model.config.model_type!r} ({type(model).__name__}): its logits are "
+            "not last_hidden_state @ lm_head.weight.T (+ bias): they differ by up to "
+            f"{diff:.2g}, where rounding allows {room:.2g} (logit scaling or soft-capping?); "
+            f"{stage} applies the output layer itself and does not support this model"
+        )

@@ -1,4 +1,5 @@
 """Where the project's files are, and the fixed settings every part shares (nvcc flags, prompt levels)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """CUDABench tasks and the prompt builder: the SFT data (data/build_sft.py) and the evaluation
 (04_eval_kernels.py) must word prompts identically."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,18 @@ from .cli import UserError
 from .files import read_jsonl
 from .paths import LEVELS, MODES, SYSTEM_PROMPT, TASKS_FILE
 
-TASK_REQUIRED = ("id", "task_name", "inputs", "outputs", "bench.cu", "gen.py", "compare.py",
-                 "level1_prompt", "level2_prompt", "level3_prompt")
+TASK_REQUIRED = (
+    "id",
+    "task_name",
+    "inputs",
+    "outputs",
+    "bench.cu",
+    "gen.py",
+    "compare.py",
+    "level1_prompt",
+    "level2_prompt",
+    "level3_prompt",
+)
 # The fields read as text (the prompt's words, the scripts written to files); the optional ones where present.
 TASK_TEXT = ("task_name", "bench.cu", "gen.py", "compare.py", *(f"level{lv}_prompt" for lv in LEVELS))
 TASK_OPTIONAL_TEXT = ("task_description", "split", "category")
@@ -35,13 +46,17 @@ def load_tasks(path: Path = TASKS_FILE) -> list[dict]:
     for lineno, task in read_jsonl(path):
         missing = [k for k in TASK_REQUIRED if k not in task]
         if missing:
-            raise UserError(f"{path}:{lineno}: task is missing {', '.join(missing)}; "
-                            f"a CUDABench task needs {', '.join(TASK_REQUIRED)}")
+            raise UserError(
+                f"{path}:{lineno}: task is missing {', '.join(missing)}; "
+                f"a CUDABench task needs {', '.join(TASK_REQUIRED)}"
+            )
         if problem := task_problem(task):
             raise UserError(f"{path}:{lineno}: {problem}; fix that field of the task")
         if str(task["id"]) in first_line:
-            raise UserError(f"{path}:{lineno}: task id {task['id']!r} is already the id of line "
-                            f"{first_line[str(task['id'])]}; give each task its own id")
+            raise UserError(
+                f"{path}:{lineno}: task id {task['id']!r} is already the id of line "
+                f"{first_line[str(task['id'])]}; give each task its own id"
+            )
         first_line[str(task["id"])] = lineno
         tasks.append(task)
     return tasks
@@ -95,8 +110,9 @@ def buffer_problem(buf) -> str | None:
             return f"{key} must be a string, not {json_kind(buf.get(key))}"
     name = buf["name"]
     if not name or not name.isprintable() or "/" in name or len(f"{name}.bin".encode()) > NAME_MAX:
-        return (f"name {name!r} must name one file (<name>.bin, at most {NAME_MAX} bytes): printable, "
-                f"without '/'")
+        return (
+            f"name {name!r} must name one file (<name>.bin, at most {NAME_MAX} bytes): printable, without '/'"
+        )
     if any(len(d) > 19 for d in re.findall(r"\d+", buf["shape"])) or buffer_bytes(buf) > MAX_BUFFER_BYTES:
         return f"shape {buf['shape']!r} of {buf['dtype']!r} declares over 2^62 bytes"
     return None
@@ -140,30 +156,41 @@ def build_prompt(task: dict, level: int, mode: str) -> str:
         raise ValueError(f"mode must be one of {MODES}, got {mode}")
     parts = [f"Task: {task['task_name']}", task[f"level{level}_prompt"].strip(), ""]
     if mode == "standalone":
-        parts += ["Inputs (raw little-endian binary files, row-major):",
-                  *_buffer_lines(task["inputs"], "read from"),
-                  "Outputs:", *_buffer_lines(task["outputs"], "write to"), "",
-                  "Write a complete CUDA C++ program with a main function that reads the inputs, computes "
-                  "the outputs on the GPU and writes them. Reply with the whole "
-                  "program in one ```cpp code block."]
+        parts += [
+            "Inputs (raw little-endian binary files, row-major):",
+            *_buffer_lines(task["inputs"], "read from"),
+            "Outputs:",
+            *_buffer_lines(task["outputs"], "write to"),
+            "",
+            "Write a complete CUDA C++ program with a main function that reads the inputs, computes "
+            "the outputs on the GPU and writes them. Reply with the whole "
+            "program in one ```cpp code block.",
+        ]
     else:
         km = task.get("kernel_mode")
         if not km:
             raise UserError(f"task {task['id']} has no kernel_mode harness; use --mode standalone")
-        parts += ["Inputs:", *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}" for b in task["inputs"]],
-                  "Outputs:", *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}"
-                                for b in task["outputs"]], "",
-                  "Write only the CUDA kernel(s) with exactly these signatures, plus any __device__ helpers "
-                  "and constants they need:", *[f"  {s}" for s in km["signatures"]],
-                  f"The host code is fixed: {km['launch']}",
-                  "Do not write main or any host code. Reply with the code in one ```cpp code block."]
+        parts += [
+            "Inputs:",
+            *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}" for b in task["inputs"]],
+            "Outputs:",
+            *[f"- {b['name']}: {b['dtype']}, shape {b['shape']}" for b in task["outputs"]],
+            "",
+            "Write only the CUDA kernel(s) with exactly these signatures, plus any __device__ helpers "
+            "and constants they need:",
+            *[f"  {s}" for s in km["signatures"]],
+            f"The host code is fixed: {km['launch']}",
+            "Do not write main or any host code. Reply with the code in one ```cpp code block.",
+        ]
     return "\n".join(parts)
 
 
 def build_messages(task: dict, level: int, mode: str) -> list[dict[str, Any]]:
     """System and user turns, ready for tokenizer.apply_chat_template."""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": build_prompt(task, level, mode)}]
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": build_prompt(task, level, mode)},
+    ]
 
 
 KERNEL_SIGNATURE = re.compile(r"__global__\s+void\s+(\w+)\s*\(([^)]*)\)")

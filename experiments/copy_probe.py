@@ -18,6 +18,7 @@ al., 2022: attend to the token after an earlier occurrence of the current one). 
     python experiments/copy_probe.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --device cuda
     python experiments/copy_probe.py --help
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,21 +29,34 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import (EVAL_SFT_KERNEL_FILE, KERNEL_SIGNATURE, TINY_MODEL, UserError, encode_sample,  # noqa: E402
-                          load_causal_lm, load_sft, load_tokenizer, pick_device, run_main, signature_parts,
-                          write_text_atomic)
+from cuset_common.cli import UserError, pick_device, run_main
+from cuset_common.data import encode_sample, load_sft
+from cuset_common.files import write_text_atomic
+from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
+from cuset_common.tasks import KERNEL_SIGNATURE, signature_parts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(TINY_MODEL), help="model folder or hub id (default: %(default)s)")
-    ap.add_argument("--data", type=Path, default=EVAL_SFT_KERNEL_FILE,
-                    help="kernel-mode SFT file whose prompts give signatures (default: %(default)s)")
-    ap.add_argument("--limit", type=int, default=0, help="first N records only; 0: all (default: %(default)s)")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=EVAL_SFT_KERNEL_FILE,
+        help="kernel-mode SFT file whose prompts give signatures (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--limit", type=int, default=0, help="first N records only; 0: all (default: %(default)s)"
+    )
     ap.add_argument("--max-length", type=int, default=2048, help="tokens per record (default: %(default)s)")
     ap.add_argument("--trials", type=int, default=8, help="random-repeat sequences (default: %(default)s)")
-    ap.add_argument("--span", type=int, default=40, help="random tokens that are repeated (default: %(default)s)")
-    ap.add_argument("--gap", type=int, default=200, help="random tokens between the two copies (default: %(default)s)")
+    ap.add_argument(
+        "--span", type=int, default=40, help="random tokens that are repeated (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--gap", type=int, default=200, help="random tokens between the two copies (default: %(default)s)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default: %(default)s)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
@@ -76,8 +90,9 @@ def char_mask(text: str, spans: list[tuple[int, int]]) -> list[bool]:
     return mask
 
 
-def name_and_signature_spans(response: str, names: set[str], kernels: list[str]
-                             ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def name_and_signature_spans(
+    response: str, names: set[str], kernels: list[str]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Character spans, in the response, of whole-word occurrences of the names, and of the signatures
     of the prompt's kernels (from the kernel name to the closing parenthesis)."""
     words = [m.span() for m in re.finditer(r"\w+", response) if m.group() in names]
@@ -98,13 +113,22 @@ def score_record(model, tokenizer, record: dict, max_length: int, device: str) -
     ids = torch.tensor([enc["input_ids"]], device=device)
     start = enc["response_start"]
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, start - 1:-1].float()  # [R, V]: predicts response tokens
+        logits = model(input_ids=ids).logits[0, start - 1 : -1].float()  # [R, V]: predicts response tokens
     gold = ids[0, start:]
     p = torch.softmax(logits, -1).gather(1, gold[:, None])[:, 0].tolist()
     hit = (logits.argmax(-1) == gold).tolist()
-    words, sigs = name_and_signature_spans(enc["response_text"], names, [k for k, _ in KERNEL_SIGNATURE.findall(text)])
+    words, sigs = name_and_signature_spans(
+        enc["response_text"], names, [k for k, _ in KERNEL_SIGNATURE.findall(text)]
+    )
     in_name = char_mask(enc["response_text"], words)
-    out = {"name_p": [], "name_hit": [], "other_p": [], "other_hit": [], "signatures": len(sigs), "signatures_right": 0}
+    out = {
+        "name_p": [],
+        "name_hit": [],
+        "other_p": [],
+        "other_hit": [],
+        "signatures": len(sigs),
+        "signatures_right": 0,
+    }
     for (a, b), pi, hi in zip(enc["spans"], p, hit):
         key = "name" if any(in_name[a:b]) else "other"
         out[f"{key}_p"].append(pi)
@@ -130,7 +154,7 @@ def random_repeat_accuracy(model, tokenizer, args: argparse.Namespace, device: s
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0]
         first = args.span + args.gap  # position of the repeat's first token
-        hits += (logits[first:-1].argmax(-1) == ids[0, first + 1:]).tolist()
+        hits += (logits[first:-1].argmax(-1) == ids[0, first + 1 :]).tolist()
     return float(np.mean(hits))
 
 
@@ -140,10 +164,14 @@ def mean(xs: list) -> float | None:
 
 def summarize(rows: list[dict]) -> dict:
     pooled = {k: [v for r in rows for v in r[k]] for k in ("name_p", "name_hit", "other_p", "other_hit")}
-    return {"records": len(rows), "name_tokens": len(pooled["name_p"]), "other_tokens": len(pooled["other_p"]),
-            **{f"mean_{k}": mean(v) for k, v in pooled.items()},
-            "signatures": sum(r["signatures"] for r in rows),
-            "signatures_right": sum(r["signatures_right"] for r in rows)}
+    return {
+        "records": len(rows),
+        "name_tokens": len(pooled["name_p"]),
+        "other_tokens": len(pooled["other_p"]),
+        **{f"mean_{k}": mean(v) for k, v in pooled.items()},
+        "signatures": sum(r["signatures"] for r in rows),
+        "signatures_right": sum(r["signatures_right"] for r in rows),
+    }
 
 
 def fmt(x: float | None) -> str:
@@ -155,12 +183,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     if not args.data.is_file():
-        raise UserError(f"--data {args.data}: no such file; build it with `python data/build_sft.py` or pass a "
-                        f"kernel-mode SFT file")
-    records = load_sft(args.data)[:args.limit or None]
+        raise UserError(
+            f"--data {args.data}: no such file; build it with `python data/build_sft.py` or pass a "
+            f"kernel-mode SFT file"
+        )
+    records = load_sft(args.data)[: args.limit or None]
     if not any(prompt_names(prompt_text(r)) for r in records):
-        raise UserError(f"--data {args.data}: no record's prompt gives a `__global__ void name(...)` signature; "
-                        f"pass kernel-mode data (data/sft/*_kernel.jsonl)")
+        raise UserError(
+            f"--data {args.data}: no record's prompt gives a `__global__ void name(...)` signature; "
+            f"pass kernel-mode data (data/sft/*_kernel.jsonl)"
+        )
     device = pick_device(args.device)
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model, torch.float32 if device == "cpu" else torch.bfloat16).to(device).eval()
@@ -174,19 +206,31 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append(record["id"])
         if i % 10 == 0 or i == len(records):
             el = time.time() - t0
-            print(f"records {i}/{len(records)} | {el:.0f}s | ETA {el / i * (len(records) - i):.0f}s", flush=True)
-    result = {"model": args.model, "data": str(args.data), "skipped_no_signature": skipped,
-              "random_repeat_accuracy": random_repeat_accuracy(model, tokenizer, args, device),
-              "random_repeat": {"trials": args.trials, "span": args.span, "gap": args.gap, "seed": args.seed},
-              **summarize(rows)}
+            print(
+                f"records {i}/{len(records)} | {el:.0f}s | ETA {el / i * (len(records) - i):.0f}s", flush=True
+            )
+    result = {
+        "model": args.model,
+        "data": str(args.data),
+        "skipped_no_signature": skipped,
+        "random_repeat_accuracy": random_repeat_accuracy(model, tokenizer, args, device),
+        "random_repeat": {"trials": args.trials, "span": args.span, "gap": args.gap, "seed": args.seed},
+        **summarize(rows),
+    }
 
-    print(f"random-repeat accuracy: {result['random_repeat_accuracy']:.3f} ({args.trials} x {args.span} tokens "
-          f"repeated after {args.gap}; chance ~ 1/{len(tokenizer)})")
-    print(f"prompt names in the answers ({result['records']} records): {result['name_tokens']} tokens, mean p(gold) "
-          f"{fmt(result['mean_name_p'])}, argmax right {fmt(result['mean_name_hit'])}; other tokens: mean p(gold) "
-          f"{fmt(result['mean_other_p'])}, argmax right {fmt(result['mean_other_hit'])}")
-    print(f"whole signatures right under argmax: {result['signatures_right']}/{result['signatures']}"
-          + (f"; {len(skipped)} records without a signature skipped" if skipped else ""))
+    print(
+        f"random-repeat accuracy: {result['random_repeat_accuracy']:.3f} ({args.trials} x {args.span} tokens "
+        f"repeated after {args.gap}; chance ~ 1/{len(tokenizer)})"
+    )
+    print(
+        f"prompt names in the answers ({result['records']} records): {result['name_tokens']} tokens, mean p(gold) "
+        f"{fmt(result['mean_name_p'])}, argmax right {fmt(result['mean_name_hit'])}; other tokens: mean p(gold) "
+        f"{fmt(result['mean_other_p'])}, argmax right {fmt(result['mean_other_hit'])}"
+    )
+    print(
+        f"whole signatures right under argmax: {result['signatures_right']}/{result['signatures']}"
+        + (f"; {len(skipped)} records without a signature skipped" if skipped else "")
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")

@@ -16,6 +16,7 @@ Two readings. Its compile rate is what copying names buys a model that only memo
 bundled tiny model has no such copy and compiles nothing. Its pass rate checks the split the other way
 round: a train answer that computes an eval task's op would mean the op leaked.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # the taskgen package lives in data/
-from cuset_common import (DATA, KERNEL_SIGNATURE, LEVELS, TASKS_FILE, UserError, fence, load_tasks,  # noqa: E402
-                          run_main, signature_parts, write_jsonl_atomic)
 from taskgen.variants import rename_code  # noqa: E402  (the SFT copies' renaming: members keep their names)
+
+from cuset_common.cli import UserError, run_main
+from cuset_common.files import write_jsonl_atomic
+from cuset_common.paths import DATA, LEVELS, TASKS_FILE
+from cuset_common.tasks import KERNEL_SIGNATURE, fence, load_tasks, signature_parts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=Path, default=TASKS_FILE, help="task file with train tasks (default: %(default)s)")
+    ap.add_argument(
+        "--tasks", type=Path, default=TASKS_FILE, help="task file with train tasks (default: %(default)s)"
+    )
     ap.add_argument("--split", default="eval", help="split to answer (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "nearest_train.jsonl",
-                    help="solutions JSONL to write, for stage 04 --solutions (default: %(default)s)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=DATA / "artifacts" / "nearest_train.jsonl",
+        help="solutions JSONL to write, for stage 04 --solutions (default: %(default)s)",
+    )
     return ap.parse_args(argv)
 
 
@@ -69,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         bad = [s for s in task["kernel_mode"]["signatures"] if not KERNEL_SIGNATURE.search(s)]
         if bad:
-            raise UserError(f"--tasks {args.tasks}: task {task['id']}: kernel_mode signature {bad[0]!r} is not "
-                            f"`__global__ void name(params)`; fix the task file")
+            raise UserError(
+                f"--tasks {args.tasks}: task {task['id']}: kernel_mode signature {bad[0]!r} is not "
+                f"`__global__ void name(params)`; fix the task file"
+            )
     if not train or not wanted:
-        raise UserError(f"--tasks {args.tasks}: {len(train)} train and {len(wanted)} {args.split!r} tasks with a "
-                        f"kernel-mode harness; the baseline needs both (pass --split, or our task file)")
+        raise UserError(
+            f"--tasks {args.tasks}: {len(train)} train and {len(wanted)} {args.split!r} tasks with a "
+            f"kernel-mode harness; the baseline needs both (pass --split, or our task file)"
+        )
     rows, same_category = [], 0
     for task in wanted:
         source = pick_source(task, train)
@@ -82,11 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         same_category += source.get("category") == task.get("category")
         answer = fence(renamed_kernels(source, task))
         # One answer serves every level: kernel mode's harness and signatures do not depend on it.
-        rows += [{"task_id": task["id"], "level": level, "sample": 0, "completion": answer, "source": source["id"]}
-                 for level in LEVELS]
+        rows += [
+            {"task_id": task["id"], "level": level, "sample": 0, "completion": answer, "source": source["id"]}
+            for level in LEVELS
+        ]
     write_jsonl_atomic(args.out, rows)
-    print(f"{len(rows) // len(LEVELS)} of {len(wanted)} {args.split} tasks answered from a train task of the same "
-          f"signature shape ({same_category} of the same category); wrote {args.out}")
+    print(
+        f"{len(rows) // len(LEVELS)} of {len(wanted)} {args.split} tasks answered from a train task of the same "
+        f"signature shape ({same_category} of the same category); wrote {args.out}"
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ pass. It is how the table of the real CUDABench references in docs/evaluation.md
 
 The table is printed (markdown) and written to <run>/outcomes.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,20 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common import UserError, read_appended_jsonl, run_main, write_text_atomic  # noqa: E402
+from cuset_common.cli import UserError, run_main  # noqa: E402
+from cuset_common.files import read_appended_jsonl, write_text_atomic  # noqa: E402
 
-ORDER = ("pass", "wrong_output", "runtime_error", "timeout", "compile_error", "no_code", "missing",
-         "unsupported", "task_error")
+ORDER = (
+    "pass",
+    "wrong_output",
+    "runtime_error",
+    "timeout",
+    "compile_error",
+    "no_code",
+    "missing",
+    "unsupported",
+    "task_error",
+)
 SHOWN_IDS = 12  # task ids listed per reason before "..."
 
 

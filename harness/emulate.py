@@ -17,6 +17,7 @@ reason: stage 04 records them as `unsupported`, never as a verdict.
 
     python harness/emulate.py prog.cu > prog_emu.cpp     # look at a translation
 """
+
 from __future__ import annotations
 
 import re
@@ -27,13 +28,23 @@ EMU_INCLUDE = Path(__file__).resolve().parent / "emu"
 GXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-w"]
 # AddressSanitizer build (--emulate-checks): out-of-bounds device accesses abort with a report,
 # what compute-sanitizer's memcheck does on a GPU.
-GXX_CHECK_FLAGS = ["-std=c++17", "-O1", "-g", "-pthread", "-w", "-fsanitize=address", "-fno-omit-frame-pointer"]
+GXX_CHECK_FLAGS = [
+    "-std=c++17",
+    "-O1",
+    "-g",
+    "-pthread",
+    "-w",
+    "-fsanitize=address",
+    "-fno-omit-frame-pointer",
+]
 
 # (pattern on comment- and string-masked source, reason). Headers first: a program that
 # includes one of these needs a library the emulator does not have.
 UNSUPPORTED = [
-    (r"#\s*include\s*[<\"](cublas|cublasLt|curand|cufft|cusparse|cusolver|cudnn|nccl|nvrtc|npp)\w*\.h",
-     "CUDA library {0}"),
+    (
+        r"#\s*include\s*[<\"](cublas|cublasLt|curand|cufft|cusparse|cusolver|cudnn|nccl|nvrtc|npp)\w*\.h",
+        "CUDA library {0}",
+    ),
     (r"#\s*include\s*[<\"](thrust|cub|cuda)/", "C++ library {0}"),
     (r"#\s*include\s*[<\"](cuda_fp16|cuda_bf16|cuda_fp8)\.h", "half precision ({0}.h)"),
     (r"#\s*include\s*[<\"](mma)\.h", "tensor cores ({0}.h)"),
@@ -42,12 +53,21 @@ UNSUPPORTED = [
     (r"\b(__half2?|__nv_bfloat162?)\b", "half precision ({0})"),
     (r"\b(wmma|nvcuda)::", "tensor cores ({0})"),
     # texture objects over 1D and 2D arrays and memory run (harness/emu/textures.h); these do not
-    (r"\b(tex3D|tex\w*Layered|texCubemap\w*|tex2DGather|tex\w+Lod|tex\w+Grad|surf\w+|cudaSurfaceObject_t|"
-     r"cudaMalloc3DArray|cudaMallocMipmappedArray)\b", "textures beyond 1D and 2D texture objects ({0})"),
-    (r"\b(grid_group|this_grid|tiled_partition|thread_block_tile|coalesced_threads|coalesced_group|"
-     r"labeled_partition|memcpy_async|cudaLaunchCooperativeKernel)\b", "cooperative groups beyond the thread block ({0})"),
+    (
+        r"\b(tex3D|tex\w*Layered|texCubemap\w*|tex2DGather|tex\w+Lod|tex\w+Grad|surf\w+|cudaSurfaceObject_t|"
+        r"cudaMalloc3DArray|cudaMallocMipmappedArray)\b",
+        "textures beyond 1D and 2D texture objects ({0})",
+    ),
+    (
+        r"\b(grid_group|this_grid|tiled_partition|thread_block_tile|coalesced_threads|coalesced_group|"
+        r"labeled_partition|memcpy_async|cudaLaunchCooperativeKernel)\b",
+        "cooperative groups beyond the thread block ({0})",
+    ),
     (r"\b(__cluster_dims__|cluster_group|this_cluster|cudaLaunchKernelEx)\b", "thread block clusters ({0})"),
-    (r"\b(cu(?:Init|DeviceGet|CtxCreate|ModuleLoad\w*|LaunchKernel|MemAlloc\w*))\b", "the CUDA driver API ({0})"),
+    (
+        r"\b(cu(?:Init|DeviceGet|CtxCreate|ModuleLoad\w*|LaunchKernel|MemAlloc\w*))\b",
+        "the CUDA driver API ({0})",
+    ),
     (r"\b(cudaGraph\w*|cudaStreamBeginCapture)\b", "CUDA graphs ({0})"),
 ]
 
@@ -62,7 +82,7 @@ def mask(src: str, strings: bool = True) -> str:
     out = list(src)
     i, n = 0, len(src)
     while i < n:
-        two = src[i:i + 2]
+        two = src[i : i + 2]
         if two == "//":
             end = src.find("\n", i)
             start, stop = i, (n if end < 0 else end)
@@ -132,14 +152,14 @@ def _kernel_start(m: str, i: int) -> int:
             k = j
             while k and m[k - 1].isspace():
                 k -= 1
-            if m[k - 2:k] in ("::", "->"):
+            if m[k - 2 : k] in ("::", "->"):
                 j = k - 2
                 continue
-            if m[k - 1:k] == ".":
+            if m[k - 1 : k] == ".":
                 j = k - 1
                 continue
             return j
-        if m[j - 2:j] == "::":  # a leading `::`
+        if m[j - 2 : j] == "::":  # a leading `::`
             return j - 2
         return j
 
@@ -159,16 +179,18 @@ def launch_edits(src: str, m: str) -> list[tuple[int, int, str]]:
         close = m.find(">>>", at + 3)
         if close < 0:
             raise Unsupported(f"line {_line(m, at)}: launch without `>>>`")
-        config = src[at + 3:close]
+        config = src[at + 3 : close]
         k = close + 3
         while k < len(m) and m[k].isspace():
             k += 1
         if k >= len(m) or m[k] != "(":
             raise Unsupported(f"line {_line(m, at)}: launch without an argument list")
         end = _match_forward(m, k)
-        args = src[k + 1:end - 1]
-        text = (f"::cuset_emu::launch(::cuset_emu::Config({config}), [&](auto&&... cuset_a) {{ {name}(cuset_a...); }}"
-                + (f", {args})" if args.strip() else ")"))
+        args = src[k + 1 : end - 1]
+        text = (
+            f"::cuset_emu::launch(::cuset_emu::Config({config}), [&](auto&&... cuset_a) {{ {name}(cuset_a...); }}"
+            + (f", {args})" if args.strip() else ")")
+        )
         edits.append((start, end, text))
     return edits
 
@@ -215,14 +237,18 @@ def shared_edits(src: str, m: str) -> list[tuple[int, int, str]]:
         declarators = _split_top_level(body)
         first = DECLARATOR.match(declarators[0].strip())
         if first is None or "=" in body or "(" in first.group("type"):
-            raise Unsupported(f"line {_line(m, hit.start())}: cannot read the __shared__ declaration {decl.strip()!r}")
+            raise Unsupported(
+                f"line {_line(m, hit.start())}: cannot read the __shared__ declaration {decl.strip()!r}"
+            )
         base = first.group("type").strip()
         at_file_scope = _brace_depth(m, start) == 0
         out = []
         for d in declarators:
             parts = DECLARATOR.match(d.strip()) if d is not declarators[0] else first
             if parts is None:
-                raise Unsupported(f"line {_line(m, hit.start())}: cannot read the __shared__ declarator {d.strip()!r}")
+                raise Unsupported(
+                    f"line {_line(m, hit.start())}: cannot read the __shared__ declarator {d.strip()!r}"
+                )
             name, dims = parts.group("name"), re.sub(r"\s+", "", parts.group("dims"))
             ctype = base + (parts.group("type").strip() if d is not declarators[0] else "")
             out.append(_shared_storage(ctype, name, dims, extern, at_file_scope))
@@ -237,8 +263,10 @@ def _shared_storage(ctype: str, name: str, dims: str, extern: bool, at_file_scop
         value = f"reinterpret_cast<{ctype} (*){rest}>(::cuset_emu::dynamic_smem())"
         return f"\n#define {name} ({value})\n" if at_file_scope else f"auto {name} = {value};"
     if at_file_scope:  # one key type per variable, so that every use finds the same storage
-        return (f"struct cuset_shared_{name};\n#define {name} "
-                f"(::cuset_emu::shared_var<{ctype}{dims}>((cuset_shared_{name}*)nullptr))\n")
+        return (
+            f"struct cuset_shared_{name};\n#define {name} "
+            f"(::cuset_emu::shared_var<{ctype}{dims}>((cuset_shared_{name}*)nullptr))\n"
+        )
     return f"auto& {name} = ::cuset_emu::shared_var<{ctype}{dims}>([] {{}});"
 
 
@@ -286,7 +314,15 @@ def pch_command(include: str, checks: bool) -> list[str]:
     """Precompiles the runtime header in `include` (a copy of harness/emu) for gxx_command with the
     same flags: about a third of each build's time."""
     header = f"{include}/cuda_runtime.h"
-    return ["g++", *(GXX_CHECK_FLAGS if checks else GXX_FLAGS), "-x", "c++-header", header, "-o", header + ".gch"]
+    return [
+        "g++",
+        *(GXX_CHECK_FLAGS if checks else GXX_FLAGS),
+        "-x",
+        "c++-header",
+        header,
+        "-o",
+        header + ".gch",
+    ]
 
 
 if __name__ == "__main__":

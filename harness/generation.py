@@ -10,6 +10,7 @@ What both engines share lives here: the prompts as token ids (prompt_ids: vLLM g
 so the tokenization is ours), the stop rules (stop_rules), the per-prompt sampling seeds and the record
 of what a generation took (generation_record); harness/vllm_generation.py is the other engine.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,15 +19,17 @@ import inspect
 import math
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from cuset_common import (build_messages, end_of_turn_ids, load_causal_lm, load_tokenizer, pick_device,
-                          render_prompt_and_response)
-from cuset_common.cli import resolve_precision
+from cuset_common.cli import pick_device, resolve_precision
+from cuset_common.data import end_of_turn_ids, render_prompt_and_response
+from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.tasks import build_messages
 
 
-def generate(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress,
-             on_batch) -> dict:
+def generate(
+    args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress, on_batch
+) -> dict:
     """Replies for `jobs` ((task id, level, sample)), --gen-batch-size prompts per batch, each prompt's
     --num-samples samples (greedy at --temperature 0: one reply, every sample's). on_batch({job: reply}) is
     called as each batch finishes, so a kill loses one batch. Returns the generation record
@@ -42,8 +45,9 @@ def generate(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str
         torch.set_num_threads(previous)
 
 
-def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress,
-                     on_batch) -> dict:
+def generate_batches(
+    args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress, on_batch
+) -> dict:
     """generate()'s work, at the thread count it set."""
     import torch
     import transformers
@@ -64,26 +68,54 @@ def generate_batches(args, tasks_by_id: dict, jobs: list[tuple], complete: Calla
     per_prompt = copy.copy(args)  # decode() takes --num-samples as its rows per prompt
     per_prompt.num_samples = k = distinct_samples(args)
     for i in range(0, len(prompts), args.gen_batch_size):
-        chunk = prompts[i:i + args.gen_batch_size]
-        enc = left_padded([prompt_ids(tok, tasks_by_id[t], lv, args.mode) for t, lv in chunk],
-                          tok.pad_token_id, device)
-        rngs = [row_generator(prompt_seed(args.seed, t, lv) + s, device)
-                for t, lv in chunk for s in range(k)] if args.temperature > 0 else None
+        chunk = prompts[i : i + args.gen_batch_size]
+        enc = left_padded(
+            [prompt_ids(tok, tasks_by_id[t], lv, args.mode) for t, lv in chunk], tok.pad_token_id, device
+        )
+        rngs = (
+            [row_generator(prompt_seed(args.seed, t, lv) + s, device) for t, lv in chunk for s in range(k)]
+            if args.temperature > 0
+            else None
+        )
         with torch.no_grad():
-            ids = decode(model, enc, per_prompt, stops, eos,
-                         report_tokens(progress, f"batch {i // args.gen_batch_size + 1}/{batches}"), rngs)
+            ids = decode(
+                model,
+                enc,
+                per_prompt,
+                stops,
+                eos,
+                report_tokens(progress, f"batch {i // args.gen_batch_size + 1}/{batches}"),
+                rngs,
+            )
         written += sum(map(len, ids))
         replies = tok.batch_decode(ids, skip_special_tokens=True)
-        batch = {(tid, level, s): replies[j * k + s % k]
-                 for j, (tid, level) in enumerate(chunk) for s in range(args.num_samples)}
+        batch = {
+            (tid, level, s): replies[j * k + s % k]
+            for j, (tid, level) in enumerate(chunk)
+            for s in range(args.num_samples)
+        }
         on_batch({job: text for job, text in batch.items() if job in wanted})
         progress(len(chunk))
-    return generation_record("hf", f"transformers {transformers.__version__}", precision, device,
-                             loaded - started, written, time.perf_counter() - loaded)
+    return generation_record(
+        "hf",
+        f"transformers {transformers.__version__}",
+        precision,
+        device,
+        loaded - started,
+        written,
+        time.perf_counter() - loaded,
+    )
 
 
-def decode(model, enc, args, stops: list[Callable], eos_ids: list[int], report: Callable,
-           generators: list | None = None) -> list[list[int]]:
+def decode(
+    model,
+    enc,
+    args,
+    stops: list[Callable],
+    eos_ids: list[int],
+    report: Callable,
+    generators: list | None = None,
+) -> list[list[int]]:
     """Reply ids of each prompt of `enc` (left-padded), --num-samples rows per prompt: one token per step
     for every row still decoding, picked by pick_token (sampling with the row's own torch.Generator, one per
     row, when given). A row stops at an end-of-turn id (kept: decoding skips it), at --max-new-tokens, or
@@ -97,8 +129,13 @@ def decode(model, enc, args, stops: list[Callable], eos_ids: list[int], report: 
     takes = inspect.signature(model.forward).parameters  # transformers 5 names the cache `cache`, 4 not
     cache_arg = "cache" if "cache" in takes else "past_key_values"
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}  # the prompt's logits: 1 row
-    out = model(input_ids=enc["input_ids"].repeat_interleave(k, 0), attention_mask=mask,
-                position_ids=position, use_cache=True, **last_only)
+    out = model(
+        input_ids=enc["input_ids"].repeat_interleave(k, 0),
+        attention_mask=mask,
+        position_ids=position,
+        use_cache=True,
+        **last_only,
+    )
     cache, position = getattr(out, "cache", None) or out.past_key_values, position[:, -1:]  # (rows, 1)
     rows = list(range(len(mask)))  # which row each decoding sequence is (a list: no device to match)
     replies = mask.new_zeros(len(mask), 0)  # (alive, step)
@@ -120,8 +157,13 @@ def decode(model, enc, args, stops: list[Callable], eos_ids: list[int], report: 
             rows, replies, token = [rows[j] for j in keep.tolist()], replies[keep], token[keep]
             mask, position = mask[keep], position[keep]
         mask, position = torch.cat([mask, mask.new_ones(len(mask), 1)], 1), position + 1
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
-                    **{cache_arg: cache})
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=position,
+            use_cache=True,
+            **{cache_arg: cache},
+        )
     return done
 
 
@@ -152,8 +194,9 @@ def distinct_samples(args) -> int:
 
 def prompt_text(tok, task: dict, level: int, mode: str) -> str:
     """The chat-rendered prompt of a task at a level, open for the assistant's reply."""
-    return render_prompt_and_response(tok, {"prompt_messages": build_messages(task, level, mode),
-                                            "response": ""})[0]
+    return render_prompt_and_response(
+        tok, {"prompt_messages": build_messages(task, level, mode), "response": ""}
+    )[0]
 
 
 def prompt_ids(tok, task: dict, level: int, mode: str) -> list[int]:
@@ -170,8 +213,10 @@ def left_padded(ids: list[list[int]], pad_id: int, device: str) -> dict:
     padding = [width - len(x) for x in ids]
     input_ids = [[pad_id] * p + x for p, x in zip(padding, ids)]
     mask = [[0] * p + [1] * len(x) for p, x in zip(padding, ids)]
-    return {"input_ids": torch.tensor(input_ids, device=device),
-            "attention_mask": torch.tensor(mask, device=device)}
+    return {
+        "input_ids": torch.tensor(input_ids, device=device),
+        "attention_mask": torch.tensor(mask, device=device),
+    }
 
 
 def prompt_seed(seed: int, task_id: str, level: int) -> int:
@@ -193,7 +238,8 @@ def generation_settings(args) -> dict:
     are computed in (bf16 and fp32 replies part within a few tokens) and, when sampling, the seed. Not the
     engine nor --gen-batch-size: they change the arithmetic only at rounding level."""
     return {"precision": resolve_precision(args.precision, pick_device(args.device))} | (
-        {"seed": args.seed} if args.temperature > 0 else {})
+        {"seed": args.seed} if args.temperature > 0 else {}
+    )
 
 
 def stop_rules(tok, complete: Callable[[str], bool], loop_stop: int) -> list[Callable]:
@@ -202,13 +248,21 @@ def stop_rules(tok, complete: Callable[[str], bool], loop_stop: int) -> list[Cal
     return [stop_when_complete(tok, complete), *([stop_when_looping(loop_stop)] if loop_stop else [])]
 
 
-def generation_record(engine: str, version: str, precision: str, device: str, load_s: float, tokens: int,
-                      seconds: float) -> dict:
+def generation_record(
+    engine: str, version: str, precision: str, device: str, load_s: float, tokens: int, seconds: float
+) -> dict:
     """What summary.json says of a run's generation: the engine, its version, the dtype, the load seconds,
     and the tokens written (end-of-turn tokens included) and the seconds they took, loading excluded."""
-    return {"engine": engine, "version": version, "dtype": {"bf16": "bfloat16", "fp32": "float32"}[precision],
-            "device": device, "load_s": round(load_s, 2), "tokens": tokens, "seconds": round(seconds, 2),
-            "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None}
+    return {
+        "engine": engine,
+        "version": version,
+        "dtype": {"bf16": "bfloat16", "fp32": "float32"}[precision],
+        "device": device,
+        "load_s": round(load_s, 2),
+        "tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None,
+    }
 
 
 def default_threads() -> int:
@@ -226,8 +280,13 @@ def stop_when_complete(tok, complete: Callable[[str], bool]):
     import torch
 
     def stop(replies):
-        done = [("```" in tok.decode(row[-4:], skip_special_tokens=True)
-                 and complete(tok.decode(row, skip_special_tokens=True))) for row in replies]
+        done = [
+            (
+                "```" in tok.decode(row[-4:], skip_special_tokens=True)
+                and complete(tok.decode(row, skip_special_tokens=True))
+            )
+            for row in replies
+        ]
         return torch.tensor(done, dtype=torch.bool, device=replies.device)
 
     return stop
@@ -253,6 +312,7 @@ LOOP_CHECK_EVERY = 8
 def stop_when_looping(span: int):
     """A stop rule: the replies (rows, length) for which looping() holds, checked every LOOP_CHECK_EVERY
     tokens."""
+
     def stop(replies):
         if replies.shape[1] < span or replies.shape[1] % LOOP_CHECK_EVERY:
             return replies.new_zeros(len(replies), dtype=bool)
@@ -271,7 +331,8 @@ def report_tokens(progress, label: str):
         nonlocal shown
         if (now := time.time()) - shown >= 1.0:
             shown = now
-            progress(0, f" ({label}: {written} tokens, {decoding} replies going, "
-                        f"{written / (now - t0):.1f} tok/s)")
+            progress(
+                0, f" ({label}: {written} tokens, {decoding} replies going, {written / (now - t0):.1f} tok/s)"
+            )
 
     return report

@@ -7,6 +7,7 @@ previous one with O_NOFOLLOW, only regular files are read (fstat on the open fil
 on the path), and sizes are capped. The program is dead by then (the sandbox kills everything it
 started before returning), so nothing swaps a file between the check and the read.
 """
+
 from __future__ import annotations
 
 import errno

@@ -7,6 +7,7 @@ unless asked); the limit on what a program may write; reading the kernel-mode ha
 line without trusting the program; clipping logs for the results; and the run's work folder,
 which a killed run leaves behind for the next run to remove.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,6 +32,7 @@ LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
 @dataclass(frozen=True)
 class Runner:
     """How this run executes code: the sandbox on or off (--no-sandbox), the backend label."""
+
     sandbox: bool
     backend: str  # "gpu" | "emulated"
 
@@ -41,8 +43,15 @@ class Runner:
 
     def task_script(self, script: str, folder: Path, timeout: float) -> tuple[int | None, str]:
         """The task author's gen.py/compare.py: our file system view, no network, generous limits."""
-        return self._run([sys.executable, script], folder, timeout, untrusted=False,
-                         cpu_s=int(timeout * (os.cpu_count() or 1)) + 5, file_mb=1 << 20, nproc=4096)
+        return self._run(
+            [sys.executable, script],
+            folder,
+            timeout,
+            untrusted=False,
+            cpu_s=int(timeout * (os.cpu_count() or 1)) + 5,
+            file_mb=1 << 20,
+            nproc=4096,
+        )
 
     def _run(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
         """run_sandboxed, retried for up to `timeout` seconds while the sandbox cannot start for want of
@@ -56,8 +65,9 @@ class Runner:
         on and the row counts, so the machine's state cannot drop a job from pass@k unseen. A sandbox
         that cannot start for another reason is a broken setup: it stops the run with one line."""
         try:
-            return run_sandboxed(cmd, folder, timeout, isolate=self.sandbox, log_keep=LOG_KEEP // 2,
-                                 wait_s=timeout, **kw)
+            return run_sandboxed(
+                cmd, folder, timeout, isolate=self.sandbox, log_keep=LOG_KEEP // 2, wait_s=timeout, **kw
+            )
         except SandboxBusy as e:
             return None, f"the sandbox could not start within {timeout:g} s, for want of a resource: {e}"
         except SandboxError as e:
@@ -73,10 +83,15 @@ def choose_runner(no_sandbox: bool, backend: str) -> Runner:
         print(f"sandbox: {isolation.how}")
         return Runner(True, backend)
     if not no_sandbox:
-        raise UserError(f"cannot isolate generated code here: {isolation.how}. Stage 04 runs untrusted programs "
-                        f"and refuses to do so unisolated; fix that, or pass --no-sandbox (only for code you trust)")
-    print(f"WARNING: --no-sandbox: generated code runs with your rights and sees your files "
-          f"(isolation {'available but ' if isolation.available else ''}off: {isolation.how})", file=sys.stderr)
+        raise UserError(
+            f"cannot isolate generated code here: {isolation.how}. Stage 04 runs untrusted programs "
+            f"and refuses to do so unisolated; fix that, or pass --no-sandbox (only for code you trust)"
+        )
+    print(
+        f"WARNING: --no-sandbox: generated code runs with your rights and sees your files "
+        f"(isolation {'available but ' if isolation.available else ''}off: {isolation.how})",
+        file=sys.stderr,
+    )
     return Runner(False, backend)
 
 
@@ -84,7 +99,9 @@ def gpu_name() -> str | None:
     """The first GPU nvidia-smi lists, or None (no driver, no GPU)."""
     if shutil.which("nvidia-smi") is None:
         return None
-    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    r = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+    )
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
@@ -111,9 +128,14 @@ def make_work_dir() -> Path:
     killed runs left behind: a SIGKILL skips stage 04's clean-up, and a task's data may take GBs.
     A folder is stale when it is ours and the process its name carries no longer exists."""
     for old in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*-*"):
-        pid = old.name[len(WORK_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and old.is_dir() and not old.is_symlink() and old.lstat().st_uid == os.geteuid() \
-                and not process_exists(int(pid)):
+        pid = old.name[len(WORK_PREFIX) :].split("-", 1)[0]
+        if (
+            pid.isdigit()
+            and old.is_dir()
+            and not old.is_symlink()
+            and old.lstat().st_uid == os.geteuid()
+            and not process_exists(int(pid))
+        ):
             shutil.rmtree(old, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-"))
     os.chmod(work, 0o711)
@@ -142,6 +164,7 @@ def built_file(folder: Path, name: str) -> bool:
 class Emulator:
     """The emulation backend of one run: a copy of harness/emu with the header precompiled for the
     run's g++ flags (plain or AddressSanitizer)."""
+
     include: Path
     checks: bool
 
@@ -155,8 +178,9 @@ def prepare_emulator(work: Path, checks: bool) -> Emulator:
     return Emulator(include, checks)
 
 
-def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulator,
-                   runner: Runner) -> tuple[Path | None, str]:
+def build_emulated(
+    source: str, workdir: Path, timeout: float, emulator: Emulator, runner: Runner
+) -> tuple[Path | None, str]:
     """Rebuild a program nvcc accepted for the CPU emulator: translate, then g++ against the runtime
     header, linked into the build folder (the sandbox sees nothing else). Returns
     (executable, "") or (None, why the emulator cannot run it)."""
@@ -167,8 +191,9 @@ def build_emulated(source: str, workdir: Path, timeout: float, emulator: Emulato
     (workdir / "prog_emu.cpp").write_text(translated)
     # Links, so shared: the sandbox's uid gets their folder, not them (ours, read-only to it).
     shutil.copytree(emulator.include, workdir / "emu", copy_function=os.link)
-    code, log = runner.untrusted(gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout,
-                                 nproc=512)
+    code, log = runner.untrusted(
+        gxx_command("prog_emu.cpp", "prog_emu", "emu", emulator.checks), workdir, timeout, nproc=512
+    )
     if code == 0 and built_file(workdir, "prog_emu"):
         return workdir / "prog_emu", ""
     why = f"timeout\n{log}" if code is None else log
@@ -199,7 +224,9 @@ def parse_timing(log: str, nonce: str) -> dict:
     if found == 0:
         return {}
     if found > 1 or m is None or m.group(1) != nonce:
-        return {"timing_void": f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"}
+        return {
+            "timing_void": f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"
+        }
     cand, ref = float(m.group(2)), float(m.group(3))
     return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
 

@@ -3,6 +3,7 @@
 the summary that 04_eval_kernels.summarize computes, with the generation record (harness/generation.py:
 generation_record); a --generate-only run's summary holds that record and no verdicts.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cuset_common import write_text_atomic
+from cuset_common.files import write_text_atomic
 
 
 class Progress:
@@ -24,8 +25,12 @@ class Progress:
         self.done += n
         el = time.time() - self.t0
         eta = f"{el / self.done * (self.total - self.done):,.0f}s" if self.done else "?"
-        print(f"\r{self.what}: {self.done}/{self.total}{detail} | {el:,.0f}s | ETA {eta}   ", end="",
-              file=sys.stderr, flush=True)
+        print(
+            f"\r{self.what}: {self.done}/{self.total}{detail} | {el:,.0f}s | ETA {eta}   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.done >= self.total:
             print(file=sys.stderr)
 
@@ -38,19 +43,20 @@ def mapped(what: str, fn, items: list, jobs: int) -> list:
         out = fn(x)
         progress()
         return out
+
     with ThreadPoolExecutor(jobs) as pool:
         return list(pool.map(one, items))
 
 
 NOTES = {  # what summary.md says when a run has rows of a kind
     "task_error": "{n} rows are `task_error`: the task's own gen.py failed here, or compare.py judged the "
-                  "task's own reference F (their cause and log are in results.jsonl); they are outside "
-                  "pass@k and the compile rate.",
+    "task's own reference F (their cause and log are in results.jsonl); they are outside "
+    "pass@k and the compile rate.",
     "unchecked": "{n} rows with a verdict are `unchecked`: their task's own reference could not run here "
-                 "(task_checks.jsonl says why), so nothing showed that its scripts accept a right program; "
-                 "they are inside pass@k.",
+    "(task_checks.jsonl says why), so nothing showed that its scripts accept a right program; "
+    "they are inside pass@k.",
     "emulated": "**backend: emulated.** Programs ran under CPU emulation: verdicts on functional correctness "
-                "of well-synchronised code; no timings. `unsupported` rows are outside pass@k.",
+    "of well-synchronised code; no timings. `unsupported` rows are outside pass@k.",
 }
 
 
@@ -62,12 +68,16 @@ def summary_markdown(summary: dict, header: str) -> str:
     def row(name, s):
         vals = [f"{s[c]:.3f}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in cols]
         return f"| {name} | {s['rows']} | " + " | ".join(vals) + " |"
+
     lines.append(row("**all**", summary["overall"]))
     lines += [row(k, v) for k, v in summary["by_level"].items()]
     lines += [row(k, v) for k, v in summary["by_category"].items()]
     lines += ["", "Outcomes: " + ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())]
-    counts = {"task_error": summary["outcomes"]["task_error"], "unchecked": summary["overall"]["unchecked"],
-              "emulated": summary["backend"] == "emulated"}
+    counts = {
+        "task_error": summary["outcomes"]["task_error"],
+        "unchecked": summary["overall"]["unchecked"],
+        "emulated": summary["backend"] == "emulated",
+    }
     lines += [line for kind, n in counts.items() if n for line in ("", NOTES[kind].format(n=n))]
     if summary.get("generation"):
         lines += ["", generation_line(summary["generation"])]
@@ -76,22 +86,31 @@ def summary_markdown(summary: dict, header: str) -> str:
 
 def generation_line(record: dict) -> str:
     """One sentence of what generating took (the generation record)."""
-    return (f"Generation: {record['engine']} ({record['version']}, {record['dtype']}, {record['device']}; "
-            f"{record['chosen']}), loaded in {record['load_s']:,.1f} s; {record['tokens']:,} tokens in "
-            f"{record['seconds']:,.1f} s, {record['tokens_per_s']} tokens/s with loading excluded.")
+    return (
+        f"Generation: {record['engine']} ({record['version']}, {record['dtype']}, {record['device']}; "
+        f"{record['chosen']}), loaded in {record['load_s']:,.1f} s; {record['tokens']:,} tokens in "
+        f"{record['seconds']:,.1f} s, {record['tokens_per_s']} tokens/s with loading excluded."
+    )
 
 
 def write_generation_summary(out: Path, summary: dict) -> str:
     """summary.json and summary.md of a --generate-only run (generation_summary in 04_eval_kernels.py), each
     written atomically; returns the markdown, which says that nothing was judged."""
     record, file = summary["generation"], summary["completions_file"]
-    md = "\n".join([
-        f"# Generation only: {summary['model']}, mode {summary['mode']}, levels {summary['levels']}", "",
-        f"**No verdicts**: nothing was compiled, run or judged. {summary['completions']} of "
-        f"{summary['rows']} completions are in {file}; score them with `04_eval_kernels.py --solutions "
-        f"{file}` (same --tasks, --mode, --levels), or rerun this command without --generate-only in the "
-        f"same --out.", "",
-        generation_line(record) if record else "Nothing was generated: every completion was there already."])
+    md = "\n".join(
+        [
+            f"# Generation only: {summary['model']}, mode {summary['mode']}, levels {summary['levels']}",
+            "",
+            f"**No verdicts**: nothing was compiled, run or judged. {summary['completions']} of "
+            f"{summary['rows']} completions are in {file}; score them with `04_eval_kernels.py --solutions "
+            f"{file}` (same --tasks, --mode, --levels), or rerun this command without --generate-only in the "
+            f"same --out.",
+            "",
+            generation_line(record)
+            if record
+            else "Nothing was generated: every completion was there already.",
+        ]
+    )
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_text_atomic(out / "summary.md", md + "\n")
     return md

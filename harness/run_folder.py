@@ -3,6 +3,7 @@ run (its tasks, its fingerprint), resuming the same run or refusing another's fo
 answers made elsewhere (--solutions). Rows, completions and task checks are appended as they
 finish (Run), so a killed run resumes where it stopped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -12,19 +13,41 @@ import sys
 import threading
 from pathlib import Path
 
-from cuset_common import (EVAL_RUN_FILES, LEVELS, UserError, append_jsonl, check_out_dir, load_tasks,
-                          open_out, read_appended_jsonl, read_jsonl, sha256_file, write_jsonl_atomic,
-                          write_text_atomic)
-from cuset_common.artifacts import json_kind
+from cuset_common.artifacts import EVAL_RUN_FILES, check_out_dir, json_kind, open_out
+from cuset_common.cli import UserError
+from cuset_common.files import (
+    append_jsonl,
+    read_appended_jsonl,
+    read_jsonl,
+    sha256_file,
+    write_jsonl_atomic,
+    write_text_atomic,
+)
+from cuset_common.paths import LEVELS
+from cuset_common.tasks import load_tasks
 from harness.generation import generation_settings
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
 # and its completion (up to --max-new-tokens tokens of a few bytes each), written twice (appended, then in
 # job order); rough on purpose.
 ROOM_PER_JOB = 64 << 10
-FINGERPRINTED = ("tasks", "split", "limit", "mode", "levels", "num_samples", "temperature", "top_p",
-                 "max_new_tokens", "loop_stop", "backend", "emulate_checks", "compile_timeout", "run_timeout",
-                 "no_task_check")
+FINGERPRINTED = (
+    "tasks",
+    "split",
+    "limit",
+    "mode",
+    "levels",
+    "num_samples",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "loop_stop",
+    "backend",
+    "emulate_checks",
+    "compile_timeout",
+    "run_timeout",
+    "no_task_check",
+)
 
 
 def model_fingerprint(name: str) -> dict:
@@ -45,20 +68,38 @@ def model_fingerprint(name: str) -> dict:
 
 def run_fingerprint(args, backend: str) -> dict:
     """What defines a run's rows: a rerun into the same --out resumes only when all of it is equal."""
-    source = ({"source": "reference"} if args.reference else
-              {"source": "solutions", "solutions_sha256": sha256_file(args.solutions)} if args.solutions else
-              {"source": "model"} | model_fingerprint(args.model) | generation_settings(args))
-    values = vars(args) | {"tasks": sha256_file(args.tasks), "backend": backend,
-                           "emulate_checks": backend == "emulated" and args.emulate_checks}
+    source = (
+        {"source": "reference"}
+        if args.reference
+        else {"source": "solutions", "solutions_sha256": sha256_file(args.solutions)}
+        if args.solutions
+        else {"source": "model"} | model_fingerprint(args.model) | generation_settings(args)
+    )
+    values = vars(args) | {
+        "tasks": sha256_file(args.tasks),
+        "backend": backend,
+        "emulate_checks": backend == "emulated" and args.emulate_checks,
+    }
     return source | {k: values[k] for k in FINGERPRINTED}
 
 
 # The fields a resumed run reads of each row of its files, and their JSON types (bool is not int here).
-RUN_ROWS = {"results.jsonl": {"task_id": (str,), "level": (int,), "sample": (int,), "outcome": (str,),
-                              "category": (str,)},
-            "completions.jsonl": {"task_id": (str,), "level": (int,), "sample": (int,),
-                                  "completion": (str, type(None))},  # None: --solutions had no answer
-            "task_checks.jsonl": {"task_id": (str,), "outcome": (str,)}}
+RUN_ROWS = {
+    "results.jsonl": {
+        "task_id": (str,),
+        "level": (int,),
+        "sample": (int,),
+        "outcome": (str,),
+        "category": (str,),
+    },
+    "completions.jsonl": {
+        "task_id": (str,),
+        "level": (int,),
+        "sample": (int,),
+        "completion": (str, type(None)),
+    },  # None: --solutions had no answer
+    "task_checks.jsonl": {"task_id": (str,), "outcome": (str,)},
+}
 
 
 def read_run_rows(out: Path, name: str) -> list[dict]:
@@ -67,9 +108,11 @@ def read_run_rows(out: Path, name: str) -> list[dict]:
     rows = read_appended_jsonl(out / name)
     for i, row in enumerate(rows, start=1):
         if wrong := [k for k, kinds in RUN_ROWS[name].items() if type(row.get(k)) not in kinds]:
-            raise UserError(f"{out / name}: row {i} lacks {', '.join(wrong)} or holds another type there "
-                            f"(not as stage 04 wrote it); pass --force to start the run over, or name another"
-                            f" --out")
+            raise UserError(
+                f"{out / name}: row {i} lacks {', '.join(wrong)} or holds another type there "
+                f"(not as stage 04 wrote it); pass --force to start the run over, or name another"
+                f" --out"
+            )
     return rows
 
 
@@ -97,8 +140,10 @@ class Run:
 
     def keep_completions(self, batch: dict) -> None:
         with self.lock:
-            rows = [{"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
-                    for j, c in sorted(batch.items())]
+            rows = [
+                {"task_id": j[0], "level": j[1], "sample": j[2], "completion": c}
+                for j, c in sorted(batch.items())
+            ]
             append_jsonl(self.out / "completions.jsonl", rows)
             self.completions.update(batch)
 
@@ -115,14 +160,19 @@ def open_run(args, fingerprint: dict, n_jobs: int) -> Run:
     (cuset_common.check_out_dir). With --force the previous run is set aside: put back if this one fails,
     deleted when it finishes (cuset_common.open_out)."""
     out, fp_path = args.out, args.out / "fingerprint.json"
-    inputs = {"--tasks": args.tasks, "--solutions": args.solutions,
-              "--model": None if args.reference or args.solutions else Path(args.model)}
+    inputs = {
+        "--tasks": args.tasks,
+        "--solutions": args.solutions,
+        "--model": None if args.reference or args.solutions else Path(args.model),
+    }
     check_out_dir(out, "04_eval_kernels", inputs, args.force, n_jobs * ROOM_PER_JOB)
     saved = saved_fingerprint(out)
     if saved is not None and saved != fingerprint and not args.force:
         differ = [k for k in sorted(set(saved) | set(fingerprint)) if saved.get(k) != fingerprint.get(k)]
-        raise UserError(f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force "
-                        f"to start over there, or name another --out")
+        raise UserError(
+            f"--out {out} holds another run (it differs in: {', '.join(differ)}); pass --force "
+            f"to start over there, or name another --out"
+        )
     open_out(out, start_over=args.force)
     if args.force or saved is None:
         write_text_atomic(fp_path, json.dumps(fingerprint, indent=2) + "\n")
@@ -139,8 +189,10 @@ def select_tasks(args) -> tuple[list[dict], set[str]]:
     if args.mode == "kernel":
         missing = [str(t["id"]) for t in tasks if not t.get("kernel_mode")]  # absent or null
         if missing:
-            raise UserError(f"--mode kernel needs tasks with a kernel_mode harness; {len(missing)} have none "
-                            f"(e.g. {missing[0]}); use --mode standalone")
+            raise UserError(
+                f"--mode kernel needs tasks with a kernel_mode harness; {len(missing)} have none "
+                f"(e.g. {missing[0]}); use --mode standalone"
+            )
     tasks = tasks[: args.limit] if args.limit else tasks
     if not tasks:
         raise UserError(f"{args.tasks}: no tasks in split {args.split!r}")
@@ -171,21 +223,26 @@ def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[t
     for lineno, obj in read_jsonl(path):
         key, text = solution_row(obj, f"{path}:{lineno}", task_ids)
         if key in first_line:
-            raise UserError(f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already "
-                            f"answered on line {first_line[key]}; keep one answer per task, level and sample")
+            raise UserError(
+                f"{path}:{lineno}: task {key[0]} level {key[1]} sample {key[2]} was already "
+                f"answered on line {first_line[key]}; keep one answer per task, level and sample"
+            )
         first_line[key] = lineno
         if key in wanted:
             found[key] = text
         else:
             outside.append((lineno, key))
     if not first_line:  # every job would be scored `missing`
-        raise UserError(f"{path}: holds no answers; write one JSON object per line: task_id, level, sample, "
-                        f"completion")
+        raise UserError(
+            f"{path}: holds no answers; write one JSON object per line: task_id, level, sample, completion"
+        )
     if outside:
         lineno, key = outside[0]
-        print(f"warning: {path}: {len(outside)} answer(s) name no job of this run (split, level or sample "
-              f"not selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored",
-              file=sys.stderr)
+        print(
+            f"warning: {path}: {len(outside)} answer(s) name no job of this run (split, level or sample "
+            f"not selected), e.g. line {lineno}: {key[0]} level {key[1]} sample {key[2]}; ignored",
+            file=sys.stderr,
+        )
     return found
 
 
@@ -194,22 +251,35 @@ def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str]
     can exist: level and sample JSON integers (1.7 is no level, nor true, nor "1"), the task id an integer
     or a string of --tasks."""
     if not all(k in obj for k in ("task_id", "level", "completion")):
-        raise UserError(f"{where}: each line needs task_id, level, sample (an integer; 0 if absent) and "
-                        f"completion")
+        raise UserError(
+            f"{where}: each line needs task_id, level, sample (an integer; 0 if absent) and completion"
+        )
     tid, level, sample, text = obj["task_id"], obj["level"], obj.get("sample", 0), obj["completion"]
-    wrong = [f"{name} is {json_kind(value)}" for name, value, kinds in
-             (("task_id", tid, (str, int)), ("level", level, (int,)), ("sample", sample, (int,)))
-             if type(value) not in kinds]  # type(), not isinstance: true is an int to Python
+    wrong = [
+        f"{name} is {json_kind(value)}"
+        for name, value, kinds in (
+            ("task_id", tid, (str, int)),
+            ("level", level, (int,)),
+            ("sample", sample, (int,)),
+        )
+        if type(value) not in kinds
+    ]  # type(), not isinstance: true is an int to Python
     if wrong:
-        raise UserError(f"{where}: {', '.join(wrong)}; task_id must be a string or an integer, level and "
-                        f'sample integers ("level": 1, not 1.0, true or "1")')
+        raise UserError(
+            f"{where}: {', '.join(wrong)}; task_id must be a string or an integer, level and "
+            f'sample integers ("level": 1, not 1.0, true or "1")'
+        )
     key = (str(tid), level, sample)
     if not isinstance(text, str):
         raise UserError(f"{where}: completion must be a string, not {json_kind(text)}")
     if key[0] not in task_ids:
-        raise UserError(f"{where}: task {key[0]!r} is not in --tasks; fix the task id (or pass the task file "
-                        f"it comes from)")
+        raise UserError(
+            f"{where}: task {key[0]!r} is not in --tasks; fix the task id (or pass the task file "
+            f"it comes from)"
+        )
     if key[1] not in LEVELS or key[2] < 0:
-        raise UserError(f"{where}: level {key[1]} sample {key[2]}: levels are {', '.join(map(str, LEVELS))} "
-                        f"and samples count from 0")
+        raise UserError(
+            f"{where}: level {key[1]} sample {key[2]}: levels are {', '.join(map(str, LEVELS))} "
+            f"and samples count from 0"
+        )
     return key, text

@@ -32,6 +32,7 @@ both the process tree and the session before the timeout (double fork + setsid) 
 Not root, the process budget is the user's: a job's limit leaves it `nproc` processes beyond
 what the user ran when it started, and a neighbour that forks later draws on the same budget.
 """
+
 from __future__ import annotations
 
 import errno
@@ -139,18 +140,55 @@ def _gpu_binds() -> list[str]:
 
 
 def _untrusted_argv(cmd: list[str], folder: str, uid: int | None) -> list[str]:
-    argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--hostname", "sandbox", *_system_binds(),
-            *_toolkit_binds(), "--dev", "/dev", *_gpu_binds(), "--size", str(SHM_MB << 20), "--tmpfs",
-            "/dev/shm", "--proc", "/proc", "--size", str(TMP_MB << 20), "--tmpfs", "/tmp",
-            "--bind", folder, folder, "--chdir", folder,
-            # bwrap's own tmpfs at / and /dev, memory too: read-only once the mount points exist
-            "--remount-ro", "/dev", "--remount-ro", "/", "--", *cmd]
+    argv = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        *_system_binds(),
+        *_toolkit_binds(),
+        "--dev",
+        "/dev",
+        *_gpu_binds(),
+        "--size",
+        str(SHM_MB << 20),
+        "--tmpfs",
+        "/dev/shm",
+        "--proc",
+        "/proc",
+        "--size",
+        str(TMP_MB << 20),
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        folder,
+        folder,
+        "--chdir",
+        folder,
+        # bwrap's own tmpfs at / and /dev, memory too: read-only once the mount points exist
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--",
+        *cmd,
+    ]
     if uid is None:
         return argv
     # Drop to the job's uid before bwrap: its user namespace then maps only that uid.
-    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}",
-            "--clear-groups", "--no-new-privs", "--", *argv]
+    return [
+        shutil.which("setpriv") or "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+        *argv,
+    ]
 
 
 def _announced(cmd: list[str], marker: str) -> list[str]:
@@ -161,8 +199,22 @@ def _announced(cmd: list[str], marker: str) -> list[str]:
 
 def _trusted_argv(cmd: list[str], folder: str) -> list[str]:
     """Our uid and whole file system (the interpreter may be a venv anywhere); no network, own PIDs."""
-    return [shutil.which("bwrap") or "bwrap", "--dev-bind", "/", "/", "--unshare-net", "--unshare-pid",
-            "--proc", "/proc", "--die-with-parent", "--new-session", "--chdir", folder, "--", *cmd]
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--dev-bind",
+        "/",
+        "/",
+        "--unshare-net",
+        "--unshare-pid",
+        "--proc",
+        "/proc",
+        "--die-with-parent",
+        "--new-session",
+        "--chdir",
+        folder,
+        "--",
+        *cmd,
+    ]
 
 
 def _hand_over(folder: Path, uid: int) -> None:
@@ -254,8 +306,9 @@ def hold_uid(pool: range = SANDBOX_UIDS) -> Iterator[int]:
         finally:
             os.close(lock)
         return
-    raise SandboxBusy(f"no free sandbox uid: each of {pool[0]}-{pool[-1]} is held by a running job "
-                      "or has processes")
+    raise SandboxBusy(
+        f"no free sandbox uid: each of {pool[0]}-{pool[-1]} is held by a running job or has processes"
+    )
 
 
 def _clear(uid: int) -> None:
@@ -279,9 +332,10 @@ def _clear(uid: int) -> None:
 
 def _userns_disabled() -> str | None:
     """The sysctls that forbid user namespaces outright, as the reason to report."""
-    for path, off, fix in (("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces=10000"),
-                           ("/proc/sys/kernel/unprivileged_userns_clone", "0",
-                            "kernel.unprivileged_userns_clone=1")):
+    for path, off, fix in (
+        ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces=10000"),
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone=1"),
+    ):
         try:
             value = Path(path).read_text().strip()
         except OSError:
@@ -304,8 +358,9 @@ def probe_isolation() -> Isolation:
     """Runs `true` through exactly the untrusted construction, as the same uid; cached per process."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Isolation(False, "bwrap not found: apt-get install bubblewrap (or your distribution's "
-                                "package)")
+        return Isolation(
+            False, "bwrap not found: apt-get install bubblewrap (or your distribution's package)"
+        )
     if _is_root() and shutil.which("setpriv") is None:
         return Isolation(False, "setpriv not found: apt-get install util-linux")
     disabled = _userns_disabled()
@@ -350,6 +405,7 @@ def _limits(cpu_s: int, file_mb: int, nproc: int):
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
     return apply
 
 
@@ -380,7 +436,7 @@ class _Capture:
         self.total += len(chunk)
         room = self.keep - len(self.head)
         self.head += chunk[:room]
-        self.tail = (self.tail + chunk[room:])[-self.keep:] if self.keep else b""
+        self.tail = (self.tail + chunk[room:])[-self.keep :] if self.keep else b""
 
     def text(self) -> str:
         cut = self.total - len(self.head) - len(self.tail)
@@ -394,7 +450,7 @@ def _drain(stream, capture: _Capture, marker: bytes) -> None:
     while len(first) < len(marker) and (chunk := stream.read1(65536)):
         first += chunk
     capture.started = first.startswith(marker)
-    capture.feed(first[len(marker):] if capture.started else first)
+    capture.feed(first[len(marker) :] if capture.started else first)
     for chunk in iter(lambda: stream.read1(65536), b""):
         capture.feed(chunk)
 
@@ -407,7 +463,7 @@ def _live_processes() -> dict[int, int]:
             text = Path(path).read_text()
         except OSError:  # gone meanwhile
             continue
-        state, ppid = text[text.rindex(")") + 2:].split()[:2]
+        state, ppid = text[text.rindex(")") + 2 :].split()[:2]
         if state != "Z":
             parents[int(path.split("/")[2])] = int(ppid)
     return parents
@@ -463,10 +519,22 @@ def _exited(proc: subprocess.Popen, timeout: float) -> bool:
         os.close(pidfd)
 
 
-def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, untrusted: bool, isolate: bool = True,
-                  cpu_s: int = 120, file_mb: int = 512, nproc: int = 256, env: dict[str, str] | None = None,
-                  stdin: bytes | None = None, log_keep: int = 2000, uid: int | None = None,
-                  wait_s: float = 0.0) -> tuple[int | None, str]:
+def run_sandboxed(
+    cmd: list[str],
+    cwd: Path,
+    timeout: float,
+    *,
+    untrusted: bool,
+    isolate: bool = True,
+    cpu_s: int = 120,
+    file_mb: int = 512,
+    nproc: int = 256,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    log_keep: int = 2000,
+    uid: int | None = None,
+    wait_s: float = 0.0,
+) -> tuple[int | None, str]:
     """Run cmd in cwd; returns (exit status, or None on wall-clock timeout; the first and last
     `log_keep` bytes of its combined stdout and stderr).
 
@@ -480,14 +548,26 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, untrusted: bool,
     set up otherwise (either way the command never ran).
     """
     folder = cwd.resolve()
-    attempt = partial(_run, cmd, folder, timeout, untrusted=untrusted, isolate=isolate, cpu_s=cpu_s,
-                      file_mb=file_mb, nproc=nproc, env=env, stdin=stdin, log_keep=log_keep)
+    attempt = partial(
+        _run,
+        cmd,
+        folder,
+        timeout,
+        untrusted=untrusted,
+        isolate=isolate,
+        cpu_s=cpu_s,
+        file_mb=file_mb,
+        nproc=nproc,
+        env=env,
+        stdin=stdin,
+        log_keep=log_keep,
+    )
     give_up, pause = time.monotonic() + wait_s, 0.1
     while True:
         try:
             if not (untrusted and isolate and _is_root()):
                 return attempt(uid=None)
-            with (nullcontext(uid) if uid is not None else hold_uid()) as job_uid:
+            with nullcontext(uid) if uid is not None else hold_uid() as job_uid:
                 _hand_over(folder, job_uid)
                 try:
                     return attempt(uid=job_uid)
@@ -501,9 +581,21 @@ def run_sandboxed(cmd: list[str], cwd: Path, timeout: float, *, untrusted: bool,
             pause = min(2 * pause, 2.0)  # others' fork loops end at their timeouts: seconds, not ms
 
 
-def _run(cmd: list[str], folder: Path, timeout: float, *, untrusted: bool, isolate: bool, uid: int | None,
-         cpu_s: int, file_mb: int, nproc: int, env: dict[str, str] | None, stdin: bytes | None,
-         log_keep: int) -> tuple[int | None, str]:
+def _run(
+    cmd: list[str],
+    folder: Path,
+    timeout: float,
+    *,
+    untrusted: bool,
+    isolate: bool,
+    uid: int | None,
+    cpu_s: int,
+    file_mb: int,
+    nproc: int,
+    env: dict[str, str] | None,
+    stdin: bytes | None,
+    log_keep: int,
+) -> tuple[int | None, str]:
     """One attempt of run_sandboxed, as `uid` (None: as we are)."""
     marker = secrets.token_hex(16) if isolate else ""  # without a sandbox, nothing can fail to set up
     if not isolate:
@@ -514,9 +606,16 @@ def _run(cmd: list[str], folder: Path, timeout: float, *, untrusted: bool, isola
         argv = _trusted_argv(_announced(cmd, marker), str(folder))
     stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen(argv, cwd=folder, env=_scrubbed_env(str(folder)) | (env or {}),
-                                stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_limits(cpu_s, file_mb, nproc))
+        proc = subprocess.Popen(
+            argv,
+            cwd=folder,
+            env=_scrubbed_env(str(folder)) | (env or {}),
+            stdin=stdin_fd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_limits(cpu_s, file_mb, nproc),
+        )
     except BlockingIOError as e:  # we could not fork either: the machine (or this user) is out of processes
         raise SandboxBusy(f"cannot start {argv[0]}: {e}") from None
     finally:

@@ -17,6 +17,7 @@ and its decoding no faster (docs/performance.md), and its KV cache is sized to t
 rather than to a share of the machine's memory. The engine runs in processes of its own, started
 afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,13 +27,21 @@ import os
 import struct
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from cuset_common import UserError, end_of_turn_ids, load_tokenizer, pick_device
-from cuset_common.cli import resolve_precision
-from harness.generation import (default_threads, distinct_samples, generation_record, prompt_ids, prompt_seed,
-                                report_tokens, stop_rules)
+from cuset_common.cli import UserError, pick_device, resolve_precision
+from cuset_common.data import end_of_turn_ids
+from cuset_common.models import load_tokenizer
+from harness.generation import (
+    default_threads,
+    distinct_samples,
+    generation_record,
+    prompt_ids,
+    prompt_seed,
+    report_tokens,
+    stop_rules,
+)
 
 # auto takes vLLM for a model of at least this many parameters, so that the bundled tiny model (5.2M), the
 # model of the tests and the quick start, gives the same results whether vLLM is installed or not
@@ -52,8 +61,10 @@ def require_vllm() -> str:
     try:
         import vllm
     except ImportError as e:
-        raise UserError(f"--engine vllm: vllm does not import here ({str(e).splitlines()[0]}); install it "
-                        f"({INSTALL_HINT}) or use --engine hf") from None
+        raise UserError(
+            f"--engine vllm: vllm does not import here ({str(e).splitlines()[0]}); install it "
+            f"({INSTALL_HINT}) or use --engine hf"
+        ) from None
     return vllm.__version__
 
 
@@ -97,8 +108,15 @@ def tensor_sizes(path: Path) -> int:
     return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
 
 
-def generate_vllm(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress,
-                  on_batch, compiled: bool = False) -> dict:
+def generate_vllm(
+    args,
+    tasks_by_id: dict,
+    jobs: list[tuple],
+    complete: Callable[[str], bool],
+    progress,
+    on_batch,
+    compiled: bool = False,
+) -> dict:
     """generation.generate's contract through vLLM: replies for `jobs`, on_batch({job: reply}) as each
     prompt's samples are all done (a kill loses the prompts in flight), the generation record returned.
     compiled: vLLM's compiled graphs on a CPU too (bench/generate.py measures what they cost and give)."""
@@ -128,8 +146,9 @@ def generate_vllm(args, tasks_by_id: dict, jobs: list[tuple], complete: Callable
         finished = time.perf_counter()
     finally:
         llm.llm_engine.engine_core.shutdown()
-    return generation_record("vllm", f"vllm {version}", precision, where, loaded - started, written,
-                             finished - loaded)
+    return generation_record(
+        "vllm", f"vllm {version}", precision, where, loaded - started, written, finished - loaded
+    )
 
 
 def start_engine(args, precision: str, longest_prompt: int, prompts: int, compiled: bool = False):
@@ -148,9 +167,15 @@ def start_engine(args, precision: str, longest_prompt: int, prompts: int, compil
         cpu = current_platform.is_cpu()
         sequences = prompts * distinct_samples(args)
         kv_bytes = kv_cache_bytes(config, precision, context, sequences) if cpu else None
-        llm = LLM(model=args.model, seed=args.seed, max_model_len=int(context),
-                  dtype="bfloat16" if precision == "bf16" else "float32", generation_config="vllm",
-                  enforce_eager=cpu and not compiled, kv_cache_memory_bytes=kv_bytes)
+        llm = LLM(
+            model=args.model,
+            seed=args.seed,
+            max_model_len=int(context),
+            dtype="bfloat16" if precision == "bf16" else "float32",
+            generation_config="vllm",
+            enforce_eager=cpu and not compiled,
+            kv_cache_memory_bytes=kv_bytes,
+        )
     return llm, version, current_platform.device_type
 
 
@@ -192,8 +217,9 @@ def kv_cache_bytes(config, precision: str, context: int, sequences: int) -> int:
     return max(per_token * context, min(per_token * context * sequences, KV_CACHE_MAX_BYTES))
 
 
-def run_requests(llm, prompts: dict[tuple, list[int]], args, stops: list[Callable], eos: list[int], keep,
-                 report) -> int:
+def run_requests(
+    llm, prompts: dict[tuple, list[int]], args, stops: list[Callable], eos: list[int], keep, report
+) -> int:
     """Generate --num-samples replies per prompt (prompts: {key: token ids}) on the engine of `llm`, one
     request per prompt with n samples, stepping it until every sample has stopped; keep(key, sample, reply
     ids) as each does. Returns the tokens written."""
@@ -225,8 +251,9 @@ def run_requests(llm, prompts: dict[tuple, list[int]], args, stops: list[Callabl
     return sum(map(len, replies.values()))
 
 
-def extend_until_stop(reply: list[int], new: list[int], stops: list[Callable], eos: list[int],
-                      max_new: int) -> bool:
+def extend_until_stop(
+    reply: list[int], new: list[int], stops: list[Callable], eos: list[int], max_new: int
+) -> bool:
     """Append the tokens `new` to `reply` one at a time; after each, the own loop's test (decode() in
     harness/generation.py): an end-of-turn id, --max-new-tokens, or a rule of `stops` on the reply so far.
     True, with the reply ending on that token, when one holds."""
@@ -249,8 +276,14 @@ def sampling_params(args, key: tuple, eos: list[int]):
     from vllm.sampling_params import RequestOutputKind
 
     sampled = args.temperature > 0
-    return SamplingParams(n=distinct_samples(args), temperature=args.temperature,
-                          top_p=args.top_p if sampled else 1.0,
-                          seed=prompt_seed(args.seed, *key) if sampled else None,
-                          max_tokens=args.max_new_tokens, stop_token_ids=eos, ignore_eos=True,
-                          detokenize=False, output_kind=RequestOutputKind.DELTA)
+    return SamplingParams(
+        n=distinct_samples(args),
+        temperature=args.temperature,
+        top_p=args.top_p if sampled else 1.0,
+        seed=prompt_seed(args.seed, *key) if sampled else None,
+        max_tokens=args.max_new_tokens,
+        stop_token_ids=eos,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )

@@ -1,4 +1,5 @@
 """Shared test setup: the repo root on sys.path, and the `gpu` marker that skips without a GPU."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cuset_common import load_script  # noqa: E402,F401  (tests import it from here)
+from cuset_common.cli import load_script  # noqa: E402,F401  (tests import it from here)
 
 
 @lru_cache(maxsize=1)

@@ -10,6 +10,7 @@ work, refuses a loop of links, and names a damaged stage-04 summary.
 Each test runs a stage's real main() on real artifacts that the module fixture makes with the bundled tiny
 model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every file there
 afterwards."""
+
 from __future__ import annotations
 
 import errno
@@ -25,28 +26,87 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, gpu_present, load_script
-from cuset_common import (SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, append_jsonl, aside_dir,
-                          finishes_out, load_tasks, open_out, run_main)
+
+from cuset_common.artifacts import aside_dir, finishes_out, open_out
+from cuset_common.cli import UserError, run_main
+from cuset_common.files import append_jsonl
+from cuset_common.paths import SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
+from cuset_common.tasks import load_tasks
 from harness.run_folder import Run
 
-STAGE = {"01": load_script("01_profile.py"), "02": load_script("02_label_regions.py"),
-         "03": load_script("03_train_cuset.py"), "04": load_script("04_eval_kernels.py")}
+STAGE = {
+    "01": load_script("01_profile.py"),
+    "02": load_script("02_label_regions.py"),
+    "03": load_script("03_train_cuset.py"),
+    "04": load_script("04_eval_kernels.py"),
+}
 COMPARE = load_script("experiments/compare.py")
 
 # A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
 # 04-gen: stage 04 with the model answering instead of --solutions.
 ARGS = {
     "01": lambda w: ["--data", w["data"], "--max-length", "256", "--device", "cpu", "--out", w["new"]],
-    "02": lambda w: ["--data", w["data"], "--profile", w["profile"], "--permutations", "5",
-                     "--html-samples", "1", "--out", w["new"]],
-    "03": lambda w: ["--data", w["data"], "--objective", "sft", "--max-length", "256", "--max-steps", "1",
-                     "--batch-size", "4", "--micro-batch-size", "4", "--device", "cpu", "--out", w["new"]],
-    "04": lambda w: ["--tasks", w["tasks"], "--split", "all", "--levels", "1", "--solutions", w["sols"],
-                     "--backend", "emulate", "--no-task-check", "--out", w["new"]],
-    "04-gen": lambda w: ["--tasks", w["tasks"], "--split", "all", "--levels", "1", "--max-new-tokens", "8",
-                         "--backend", "emulate", "--no-task-check", "--out", w["new"]],
+    "02": lambda w: [
+        "--data",
+        w["data"],
+        "--profile",
+        w["profile"],
+        "--permutations",
+        "5",
+        "--html-samples",
+        "1",
+        "--out",
+        w["new"],
+    ],
+    "03": lambda w: [
+        "--data",
+        w["data"],
+        "--objective",
+        "sft",
+        "--max-length",
+        "256",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--out",
+        w["new"],
+    ],
+    "04": lambda w: [
+        "--tasks",
+        w["tasks"],
+        "--split",
+        "all",
+        "--levels",
+        "1",
+        "--solutions",
+        w["sols"],
+        "--backend",
+        "emulate",
+        "--no-task-check",
+        "--out",
+        w["new"],
+    ],
+    "04-gen": lambda w: [
+        "--tasks",
+        w["tasks"],
+        "--split",
+        "all",
+        "--levels",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--backend",
+        "emulate",
+        "--no-task-check",
+        "--out",
+        w["new"],
+    ],
 }
 # Where each stage's real artifact lies in the world, and another stage's artifact for it.
 MADE = {"01": "profile", "02": "regions", "03": "ckpt", "04": "run"}
@@ -57,9 +117,16 @@ OTHER = {"01": "regions", "02": "ckpt", "03": "profile", "04": "profile"}
 def world(tmp_path_factory) -> dict[str, Path]:
     """A folder with the user's files and one real artifact of each stage (made here, once)."""
     root = tmp_path_factory.mktemp("world")
-    w = {"root": root, "new": root / "new", "data": root / "d8.jsonl", "tasks": root / "tasks.jsonl",
-         "sols": root / "sols.jsonl", "mine": root / "mine", "afile": root / "notes.txt",
-         **{MADE[stage]: root / MADE[stage] for stage in MADE}}
+    w = {
+        "root": root,
+        "new": root / "new",
+        "data": root / "d8.jsonl",
+        "tasks": root / "tasks.jsonl",
+        "sols": root / "sols.jsonl",
+        "mine": root / "mine",
+        "afile": root / "notes.txt",
+        **{MADE[stage]: root / MADE[stage] for stage in MADE},
+    }
     w["data"].write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
     tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
     w["tasks"].write_text("".join(json.dumps(t) + "\n" for t in tasks))
@@ -76,8 +143,10 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 def snapshot(root: Path) -> dict[str, str]:
     """sha256 of every file under root (hidden ones too), and every folder, by relative path."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def refused(stage: str, argv: list, capsys) -> tuple[str, str]:
@@ -110,8 +179,9 @@ def refuses_and_keeps(w: dict, stage: str, extra: list, says: str, capsys) -> tu
 @pytest.mark.parametrize("force", [False, True], ids=["", "--force"])
 def test_a_folder_of_the_users_files_is_never_replaced(world, stage, force, capsys):
     extra = ["--force"] if force and stage != "01" else []  # stage 01 has no --force
-    refuses_and_keeps(world, stage, ["--out", world["mine"], *extra], "not an artifact of this project",
-                      capsys)
+    refuses_and_keeps(
+        world, stage, ["--out", world["mine"], *extra], "not an artifact of this project", capsys
+    )
 
 
 @pytest.mark.parametrize("stage", STAGE)
@@ -120,15 +190,26 @@ def test_a_file_as_out_is_refused_before_any_work(world, stage, capsys):
     refuses_and_keeps(world, stage, ["--out", world["afile"] / "sub"], "is a file", capsys)
 
 
-@pytest.mark.parametrize("stage, extra, says", [
-    ("01", lambda w: ["--data", w["mine"] / "precious.jsonl", "--out", w["mine"]], "holds --data"),
-    ("01", lambda w: ["--out", w["root"]], "holds --data"),
-    ("02", lambda w: ["--out", w["profile"]], "holds --profile"),
-    ("03", lambda w: ["--objective", "cuset", "--regions", w["regions"], "--out", w["regions"], "--force"],
-     "holds --regions"),
-    ("03", lambda w: ["--model", w["ckpt"], "--out", w["ckpt"], "--force"], "holds --model"),
-    ("04", lambda w: ["--tasks", w["mine"] / "tasks.jsonl", "--out", w["mine"], "--force"], "holds --tasks"),
-], ids=["01-data-folder", "01-ancestor", "02-profile", "03-regions", "03-model", "04-tasks-folder"])
+@pytest.mark.parametrize(
+    "stage, extra, says",
+    [
+        ("01", lambda w: ["--data", w["mine"] / "precious.jsonl", "--out", w["mine"]], "holds --data"),
+        ("01", lambda w: ["--out", w["root"]], "holds --data"),
+        ("02", lambda w: ["--out", w["profile"]], "holds --profile"),
+        (
+            "03",
+            lambda w: ["--objective", "cuset", "--regions", w["regions"], "--out", w["regions"], "--force"],
+            "holds --regions",
+        ),
+        ("03", lambda w: ["--model", w["ckpt"], "--out", w["ckpt"], "--force"], "holds --model"),
+        (
+            "04",
+            lambda w: ["--tasks", w["mine"] / "tasks.jsonl", "--out", w["mine"], "--force"],
+            "holds --tasks",
+        ),
+    ],
+    ids=["01-data-folder", "01-ancestor", "02-profile", "03-regions", "03-model", "04-tasks-folder"],
+)
 def test_out_holding_an_input_is_refused(world, stage, extra, says, capsys):
     refuses_and_keeps(world, stage, extra(world), says, capsys)
 
@@ -140,18 +221,24 @@ def test_another_stages_artifact_is_replaced_only_with_force(world, stage, capsy
 
 
 def test_stage_03_keeps_its_own_run_unless_told_resume_or_force(world, capsys):
-    refuses_and_keeps(world, "03", ["--out", world["ckpt"]], "pass --resume to continue that run, --force",
-                      capsys)
+    refuses_and_keeps(
+        world, "03", ["--out", world["ckpt"]], "pass --resume to continue that run, --force", capsys
+    )
 
 
-@pytest.mark.parametrize("stage, model, says", [
-    ("03", None, "--rho 2: must be a finite number in [0, 1]"),
-    ("03", "damaged", "cannot load the model"),
-    ("04-gen", "no-weights", "holds no model weights"),
-    ("04-gen", "damaged", "cannot load the model"),  # after the previous run was set aside
-], ids=["03-bad-number", "03-damaged-weights", "04-no-weights", "04-damaged-weights"])
-def test_force_keeps_the_previous_artifact_when_the_new_run_fails(world, stage, model, says, tmp_path,
-                                                                  capsys):
+@pytest.mark.parametrize(
+    "stage, model, says",
+    [
+        ("03", None, "--rho 2: must be a finite number in [0, 1]"),
+        ("03", "damaged", "cannot load the model"),
+        ("04-gen", "no-weights", "holds no model weights"),
+        ("04-gen", "damaged", "cannot load the model"),  # after the previous run was set aside
+    ],
+    ids=["03-bad-number", "03-damaged-weights", "04-no-weights", "04-damaged-weights"],
+)
+def test_force_keeps_the_previous_artifact_when_the_new_run_fails(
+    world, stage, model, says, tmp_path, capsys
+):
     """As in the issue: --force used to delete the previous result before the new run was even checked."""
     shutil.copytree(TINY_MODEL, tmp_path / "damaged")
     weights = (TINY_MODEL / "model.safetensors").read_bytes()
@@ -170,6 +257,7 @@ def names_in(folder: Path) -> list[str]:
 
 def stage_main(out: Path, start_over: bool, fails: bool):
     """A stage's main as 03 and 04 write theirs: open_out, write a new artifact in place, fail or not."""
+
     @finishes_out
     def main(argv):
         open_out(out, start_over)
@@ -177,6 +265,7 @@ def stage_main(out: Path, start_over: bool, fails: bool):
         if fails:
             raise UserError("the new run failed")
         return 0
+
     return main
 
 
@@ -214,20 +303,36 @@ def test_after_a_killed_start_over_the_previous_artifact_waits_aside_until_a_run
 # ---------------------------------------------------------------------------------------
 
 NUMBERS = [
-    ("01", "--max-length", "0", "an integer >= 1"), ("01", "--batch-tokens", "-1", "an integer >= 1"),
-    ("01", "--log-every", "nan", "a finite number >= 0"), ("01", "--save-every", "-1", ">= 0"),
-    ("01", "--max-length", "abc", "invalid int value"), ("02", "--rho", "1.5", "in [0, 1]"),
-    ("02", "--tau-max", "0", "in (0, 1]"), ("02", "--alpha", "inf", ">= 0"), ("02", "--w-max", "nan", ">= 1"),
-    ("02", "--gap", "-1", ">= 0"), ("02", "--seed", "-1", ">= 0"),
-    ("03", "--max-steps", "0", ">= 1, or unset"), ("03", "--max-steps", "-1", ">= 1, or unset"),
-    ("03", "--epochs", "0", "> 0"), ("03", "--epochs", "-1", "> 0"), ("03", "--lr", "-1", "> 0"),
-    ("03", "--lr", "nan", "a finite number > 0"), ("03", "--min-lr-ratio", "-1", "in [0, 1]"),
-    ("03", "--weight-decay", "-1", ">= 0"), ("03", "--rho", "2", "in [0, 1]"),
-    ("03", "--chunk-size", "0", ">= 1"), ("03", "--save-every", "0", ">= 1"),
-    ("03", "--stop-after", "0", ">= 1"), ("03", "--warmup-steps", "-1", ">= 0"),
-    ("03", "--tau-max", "1.5", "in (0, 1]"), ("03", "--grad-clip", "-1", ">= 0"),
-    ("04", "--num-samples", "0", ">= 1"), ("04", "--temperature", "nan", ">= 0"),
-    ("04", "--top-p", "0", "in (0, 1]"), ("04", "--run-timeout", "inf", "a finite number > 0"),
+    ("01", "--max-length", "0", "an integer >= 1"),
+    ("01", "--batch-tokens", "-1", "an integer >= 1"),
+    ("01", "--log-every", "nan", "a finite number >= 0"),
+    ("01", "--save-every", "-1", ">= 0"),
+    ("01", "--max-length", "abc", "invalid int value"),
+    ("02", "--rho", "1.5", "in [0, 1]"),
+    ("02", "--tau-max", "0", "in (0, 1]"),
+    ("02", "--alpha", "inf", ">= 0"),
+    ("02", "--w-max", "nan", ">= 1"),
+    ("02", "--gap", "-1", ">= 0"),
+    ("02", "--seed", "-1", ">= 0"),
+    ("03", "--max-steps", "0", ">= 1, or unset"),
+    ("03", "--max-steps", "-1", ">= 1, or unset"),
+    ("03", "--epochs", "0", "> 0"),
+    ("03", "--epochs", "-1", "> 0"),
+    ("03", "--lr", "-1", "> 0"),
+    ("03", "--lr", "nan", "a finite number > 0"),
+    ("03", "--min-lr-ratio", "-1", "in [0, 1]"),
+    ("03", "--weight-decay", "-1", ">= 0"),
+    ("03", "--rho", "2", "in [0, 1]"),
+    ("03", "--chunk-size", "0", ">= 1"),
+    ("03", "--save-every", "0", ">= 1"),
+    ("03", "--stop-after", "0", ">= 1"),
+    ("03", "--warmup-steps", "-1", ">= 0"),
+    ("03", "--tau-max", "1.5", "in (0, 1]"),
+    ("03", "--grad-clip", "-1", ">= 0"),
+    ("04", "--num-samples", "0", ">= 1"),
+    ("04", "--temperature", "nan", ">= 0"),
+    ("04", "--top-p", "0", "in (0, 1]"),
+    ("04", "--run-timeout", "inf", "a finite number > 0"),
     ("04", "--jobs", "0", ">= 1"),
 ]
 
@@ -241,8 +346,13 @@ def test_a_number_out_of_range_is_refused_with_the_range(world, stage, flag, val
 @pytest.mark.parametrize("stage, max_length", [("01", "1"), ("03", "2")])
 def test_data_without_a_response_token_is_refused_before_replacing_anything(world, stage, max_length, capsys):
     force = ["--force"] if stage == "03" else []
-    refuses_and_keeps(world, stage, ["--max-length", max_length, "--out", world[MADE[stage]], *force],
-                      "raise --max-length", capsys)
+    refuses_and_keeps(
+        world,
+        stage,
+        ["--max-length", max_length, "--out", world[MADE[stage]], *force],
+        "raise --max-length",
+        capsys,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,20 +362,32 @@ def test_data_without_a_response_token_is_refused_before_replacing_anything(worl
 EMPTY_ANSWER = {"messages": [{"role": "user", "content": "add"}, {"role": "assistant", "content": " "}]}
 BAD_FILES = {
     "binary": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256))), ":1: not UTF-8 text"),
-    "utf-16": (lambda p: p.write_text(SFT_KERNEL_FILE.read_text().splitlines()[0] + "\n", encoding="utf-16"),
-               ":1: not UTF-8 text"),
+    "utf-16": (
+        lambda p: p.write_text(SFT_KERNEL_FILE.read_text().splitlines()[0] + "\n", encoding="utf-16"),
+        ":1: not UTF-8 text",
+    ),
     "latin-1 on line 2": (lambda p: p.write_bytes(b'\n{"text": "caf\xe9"}\n'), ":2: not UTF-8 text"),
     "a folder": (lambda p: p.mkdir(), ": is a folder, not a file"),
-    "nested 100,000 deep": (lambda p: p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
-                            ":1: JSON nested too deeply to read"),
-    "half a surrogate pair": (lambda p: p.write_text('{"text": "a \\ud800 b"}\n'),
-                              ":1: a string holds half a UTF-16 surrogate pair (\\ud800"),
-    "empty answer": (lambda p: p.write_text(json.dumps(EMPTY_ANSWER) + "\n"),
-                     ":1: the response (the answer to learn) is empty"),
+    "nested 100,000 deep": (
+        lambda p: p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+        ":1: JSON nested too deeply to read",
+    ),
+    "half a surrogate pair": (
+        lambda p: p.write_text('{"text": "a \\ud800 b"}\n'),
+        ":1: a string holds half a UTF-16 surrogate pair (\\ud800",
+    ),
+    "empty answer": (
+        lambda p: p.write_text(json.dumps(EMPTY_ANSWER) + "\n"),
+        ":1: the response (the answer to learn) is empty",
+    ),
 }
 READERS = [("01", "--data"), ("03", "--data"), ("04", "--tasks"), ("04", "--solutions")]
-READ_CASES = [(stage, flag, kind) for stage, flag in READERS for kind in BAD_FILES
-              if kind != "empty answer" or stage != "04"]  # an empty answer is an SFT record's fault
+READ_CASES = [
+    (stage, flag, kind)
+    for stage, flag in READERS
+    for kind in BAD_FILES
+    if kind != "empty answer" or stage != "04"
+]  # an empty answer is an SFT record's fault
 
 
 @pytest.mark.parametrize("stage, flag, kind", READ_CASES, ids=[f"{s}{f}-{k}" for s, f, k in READ_CASES])
@@ -291,30 +413,53 @@ def test_duplicate_task_ids_are_refused_with_the_id(world, tmp_path, capsys):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(lines + lines[:1]))
     tid = json.loads(lines[0])["id"]
-    refuses_and_keeps(world, "04", ["--tasks", tasks, "--out", world["run"]],
-                      f"{tasks}:3: task id {tid!r} is already the id of line 1", capsys)
+    refuses_and_keeps(
+        world,
+        "04",
+        ["--tasks", tasks, "--out", world["run"]],
+        f"{tasks}:3: task id {tid!r} is already the id of line 1",
+        capsys,
+    )
 
 
-@pytest.mark.parametrize("row, says", [
-    ({"task_id": "no_such_task"}, ":2: task 'no_such_task' is not in --tasks"),
-    ({"level": 7}, ":2: level 7 sample 0: levels are 1, 2, 3"),
-    ({"sample": -1}, ":2: level 1 sample -1: levels are 1, 2, 3 and samples count from 0"),
-    (None, ": holds no answers"),
-    ({"level": 1.7}, ":2: level is 1.7; task_id must be a string or an integer, level and sample integers"),
-    ({"level": True}, ":2: level is true;"),
-    ({"level": "1"}, ':2: level is the string "1";'),
-    ({"level": float("inf")}, ":2: level is Infinity;"),
-    ({"sample": 0.5}, ":2: sample is 0.5;"),
-    ({"task_id": None}, ":2: task_id is null;"),
-], ids=["unknown task", "level 7", "sample -1", "no rows", "level 1.7", "level true", "level '1'",
-        "level 1e999", "sample 0.5", "task_id null"])
+@pytest.mark.parametrize(
+    "row, says",
+    [
+        ({"task_id": "no_such_task"}, ":2: task 'no_such_task' is not in --tasks"),
+        ({"level": 7}, ":2: level 7 sample 0: levels are 1, 2, 3"),
+        ({"sample": -1}, ":2: level 1 sample -1: levels are 1, 2, 3 and samples count from 0"),
+        (None, ": holds no answers"),
+        (
+            {"level": 1.7},
+            ":2: level is 1.7; task_id must be a string or an integer, level and sample integers",
+        ),
+        ({"level": True}, ":2: level is true;"),
+        ({"level": "1"}, ':2: level is the string "1";'),
+        ({"level": float("inf")}, ":2: level is Infinity;"),
+        ({"sample": 0.5}, ":2: sample is 0.5;"),
+        ({"task_id": None}, ":2: task_id is null;"),
+    ],
+    ids=[
+        "unknown task",
+        "level 7",
+        "sample -1",
+        "no rows",
+        "level 1.7",
+        "level true",
+        "level '1'",
+        "level 1e999",
+        "sample 0.5",
+        "task_id null",
+    ],
+)
 def test_a_solutions_row_naming_no_possible_job_is_refused_not_scored(world, row, says, tmp_path, capsys):
     """A level of 1.7 or true was once scored as level 1, and 1e999 (infinity) overflowed."""
     rows = [json.loads(line) for line in world["sols"].read_text().splitlines()]
     sols = tmp_path / "sols.jsonl"
     sols.write_text("" if row is None else "".join(json.dumps(r) + "\n" for r in [rows[0], rows[1] | row]))
-    refuses_and_keeps(world, "04", ["--solutions", sols, "--out", world["run"], "--force"], f"{sols}{says}",
-                      capsys)
+    refuses_and_keeps(
+        world, "04", ["--solutions", sols, "--out", world["run"], "--force"], f"{sols}{says}", capsys
+    )
 
 
 # A field of the first task set to a value, the arguments it needs, and what the refusal says after
@@ -324,13 +469,25 @@ TASK_EDITS = {
     "inputs as a string": (("inputs",), "x.bin", [], "inputs must be an array of {name, dtype, shape}"),
     "null gen.py": (("gen.py",), None, [], "gen.py must be a string, not null"),
     "a name with a slash": (("inputs", 0, "name"), "../x", [], "inputs[0]: name '../x' must name one file"),
-    "a shape no machine holds": (("outputs", 0, "shape"), "(4611686018427387904,)", [],
-                                 "outputs[0]: shape '(4611686018427387904,)' of 'float32' declares over"),
+    "a shape no machine holds": (
+        ("outputs", 0, "shape"),
+        "(4611686018427387904,)",
+        [],
+        "outputs[0]: shape '(4611686018427387904,)' of 'float32' declares over",
+    ),
     "null category": (("category",), None, [], "category must be a string, not null"),
-    "signatures as a string": (("kernel_mode", "signatures"), "__global__ void k()", ["--mode", "kernel"],
-                               'kernel_mode.signatures must be an array of strings, not the string "__'),
-    "a marker not in the harness": (("kernel_mode", "marker"), "// @NOT_THERE@", ["--mode", "kernel"],
-                                    "kernel_mode.marker must occur in kernel_mode.harness.cu"),
+    "signatures as a string": (
+        ("kernel_mode", "signatures"),
+        "__global__ void k()",
+        ["--mode", "kernel"],
+        'kernel_mode.signatures must be an array of strings, not the string "__',
+    ),
+    "a marker not in the harness": (
+        ("kernel_mode", "marker"),
+        "// @NOT_THERE@",
+        ["--mode", "kernel"],
+        "kernel_mode.marker must occur in kernel_mode.harness.cu",
+    ),
 }
 
 
@@ -349,8 +506,13 @@ def test_a_task_field_of_the_wrong_type_is_refused_before_out_is_touched(world, 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps(task) + "\n" + "".join(lines[1:]))
     force = ["--force"] if out == "run" else []
-    refuses_and_keeps(world, "04", ["--tasks", tasks, *extra, "--out", world[out], *force],
-                      f"{tasks}:1: task {task['id']!r}: {says}", capsys)
+    refuses_and_keeps(
+        world,
+        "04",
+        ["--tasks", tasks, *extra, "--out", world[out], *force],
+        f"{tasks}:1: task {task['id']!r}: {says}",
+        capsys,
+    )
 
 
 def test_a_task_id_that_is_not_an_integer_or_one_line_is_refused(world, tmp_path, capsys):
@@ -358,24 +520,35 @@ def test_a_task_id_that_is_not_an_integer_or_one_line_is_refused(world, tmp_path
     tasks = tmp_path / "tasks.jsonl"
     for tid, kind in ((1.5, "1.5"), (None, "null"), ("a\nb", 'the string "a\\nb"'), ([1], "an array")):
         tasks.write_text(json.dumps(json.loads(lines[0]) | {"id": tid}) + "\n" + "".join(lines[1:]))
-        refuses_and_keeps(world, "04", ["--tasks", tasks],
-                          f"{tasks}:1: id must be an integer or a one-line string, not {kind}", capsys)
+        refuses_and_keeps(
+            world,
+            "04",
+            ["--tasks", tasks],
+            f"{tasks}:1: id must be an integer or a one-line string, not {kind}",
+            capsys,
+        )
 
 
 def test_a_null_kernel_mode_is_no_harness_for_kernel_mode(world, tmp_path, capsys):
     lines = world["tasks"].read_text().splitlines(keepends=True)
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps(json.loads(lines[0]) | {"kernel_mode": None}) + "\n" + "".join(lines[1:]))
-    refuses_and_keeps(world, "04", ["--tasks", tasks, "--mode", "kernel"],
-                      "--mode kernel needs tasks with a kernel_mode harness; 1 have none", capsys)
+    refuses_and_keeps(
+        world,
+        "04",
+        ["--tasks", tasks, "--mode", "kernel"],
+        "--mode kernel needs tasks with a kernel_mode harness; 1 have none",
+        capsys,
+    )
 
 
 def test_a_damaged_row_of_a_run_being_resumed_is_one_line(world, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(world["run"], run)
     rows = (run / "results.jsonl").read_text().splitlines(keepends=True)
-    (run / "results.jsonl").write_text(json.dumps(json.loads(rows[0]) | {"outcome": None}) + "\n"
-                                       + "".join(rows[1:]))
+    (run / "results.jsonl").write_text(
+        json.dumps(json.loads(rows[0]) | {"outcome": None}) + "\n" + "".join(rows[1:])
+    )
     before = snapshot(run)
     line, _ = refused("04", [*ARGS["04"](world), "--out", run], capsys)
     assert f"{run / 'results.jsonl'}: row 1 lacks outcome or holds another type there" in line
@@ -404,12 +577,14 @@ def test_an_append_cut_short_by_a_full_disk_is_taken_back(tmp_path):
     path = tmp_path / "rows.jsonl"
     append_jsonl(path, [{"a": 1}])
     limit = path.stat().st_size + 10
-    script = ("import resource, signal, sys\n"
-              "from cuset_common import append_jsonl\n"
-              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit write() fails with EFBIG\n"
-              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
-              "try:\n    append_jsonl(sys.argv[1], [{'a': 'x' * 100}])\n"
-              "except OSError as e:\n    print(e.errno)\n")
+    script = (
+        "import resource, signal, sys\n"
+        "from cuset_common.files import append_jsonl\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit write() fails with EFBIG\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+        "try:\n    append_jsonl(sys.argv[1], [{'a': 'x' * 100}])\n"
+        "except OSError as e:\n    print(e.errno)\n"
+    )
     r = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, capture_output=True, text=True)
     assert r.stdout.strip() == str(errno.EFBIG), r.stdout + r.stderr
     assert path.read_text() == '{"a": 1}\n'
@@ -424,8 +599,9 @@ def test_an_append_cut_short_by_a_full_disk_is_taken_back(tmp_path):
 def test_a_mistyped_model_name_fails_fast_naming_folder_and_hub_id(world, stage, capsys):
     name = "tiny-cuda-lm-no-such-model"
     start = time.time()
-    line, _ = refuses_and_keeps(world, stage, ["--model", name], f"no local folder {name}, and hub id {name}",
-                                capsys)
+    line, _ = refuses_and_keeps(
+        world, stage, ["--model", name], f"no local folder {name}, and hub id {name}", capsys
+    )
     assert time.time() - start < 15, line  # not the 45 s of retries from_pretrained spends
 
 
@@ -437,7 +613,9 @@ def test_a_hub_id_in_the_local_cache_passes_offline(tmp_path):
     (tmp_path / "models--org--tiny" / "refs").mkdir()
     (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc")
     env = os.environ | {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    check = "from cuset_common import check_hub_id; check_hub_id('org/tiny'); check_hub_id('org/other')"
+    check = (
+        "from cuset_common.models import check_hub_id; check_hub_id('org/tiny'); check_hub_id('org/other')"
+    )
     r = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, capture_output=True, text=True)
     assert "UserError: --model org/other: no local folder org/other" in r.stderr, r.stderr  # not org/tiny
 
@@ -446,20 +624,32 @@ def in_namespace_with(mount: str, argv: list[str]) -> subprocess.CompletedProces
     """argv[1:] run with a file system mounted by `mount` at argv[0] (user + mount namespaces: no root)."""
     script = f'mkdir -p "$1" && {mount} "$1" && shift && exec "$@"'
     namespace = ["unshare", "--user", "--map-root-user", "--mount"]
-    return subprocess.run([*namespace, "sh", "-c", script, "sh", *argv], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [*namespace, "sh", "-c", script, "sh", *argv], capture_output=True, text=True, timeout=300
+    )
 
 
-@pytest.mark.parametrize("mount, says", [("mount -t tmpfs -o ro none", "Read-only file system"),
-                                         ("mount -t tmpfs -o size=4k none", "MB free")],
-                         ids=["read-only", "full"])
+@pytest.mark.parametrize(
+    "mount, says",
+    [("mount -t tmpfs -o ro none", "Read-only file system"), ("mount -t tmpfs -o size=4k none", "MB free")],
+    ids=["read-only", "full"],
+)
 def test_an_out_that_cannot_be_written_is_refused_before_the_work(world, mount, says, tmp_path):
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare (util-linux)")
     disk = tmp_path / "disk"
     before = snapshot(world["root"])
-    r = in_namespace_with(mount, [str(disk), sys.executable, str(ROOT / "02_label_regions.py"),
-                                  *map(str, ARGS["02"](world)), "--out", str(disk / "regions")])
+    r = in_namespace_with(
+        mount,
+        [
+            str(disk),
+            sys.executable,
+            str(ROOT / "02_label_regions.py"),
+            *map(str, ARGS["02"](world)),
+            "--out",
+            str(disk / "regions"),
+        ],
+    )
     if "Operation not permitted" in r.stderr and r.returncode != 2:
         pytest.skip(f"no user namespaces here: {r.stderr.strip()}")
     lines = r.stderr.strip().splitlines()
@@ -483,8 +673,13 @@ def linked_copy(world: dict, stage: str, parent: Path) -> tuple[Path, Path]:
 
 def still_linked(real: Path, link: Path) -> bool:
     """The link still points at the real folder, which is a folder, and nothing lies beside them."""
-    return (link.is_symlink() and os.readlink(link) == "real" and real.is_dir() and not real.is_symlink()
-            and names_in(real.parent) == ["link", "real"])
+    return (
+        link.is_symlink()
+        and os.readlink(link) == "real"
+        and real.is_dir()
+        and not real.is_symlink()
+        and names_in(real.parent) == ["link", "real"]
+    )
 
 
 def config_at_odds(tmp_path: Path, change: dict) -> Path:
@@ -508,8 +703,9 @@ def test_a_link_to_the_stages_own_artifact_as_out_is_followed(world, stage, tmp_
 
 
 @pytest.mark.parametrize("stage", ["03", "04"])
-def test_force_through_a_link_then_a_failed_force_on_the_real_folder_keeps_the_last_result(world, stage,
-                                                                                            tmp_path, capsys):
+def test_force_through_a_link_then_a_failed_force_on_the_real_folder_keeps_the_last_result(
+    world, stage, tmp_path, capsys
+):
     """As in the issue: the first --force moved the link aside, the second deleted the previous result.
     Stage 04's failure comes after its run folder was opened (the previous run set aside, then put back)."""
     real, link = linked_copy(world, stage, tmp_path / "out")
@@ -530,8 +726,18 @@ def test_a_killed_force_through_a_link_keeps_the_previous_checkpoint_beside_the_
     finishes deletes it only then."""
     real, link = linked_copy(world, "03", tmp_path / "out")
     before, aside = snapshot(real), aside_dir(real)
-    argv = [sys.executable, str(ROOT / "03_train_cuset.py"), *map(str, ARGS["03"](world)), "--max-steps",
-            "500", "--save-every", "1", "--force", "--out", str(link)]
+    argv = [
+        sys.executable,
+        str(ROOT / "03_train_cuset.py"),
+        *map(str, ARGS["03"](world)),
+        "--max-steps",
+        "500",
+        "--save-every",
+        "1",
+        "--force",
+        "--out",
+        str(link),
+    ]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (aside.exists() and (real / "resume" / "args.json").exists()):
@@ -586,9 +792,18 @@ def make_read_only(path: Path):
     return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
-@pytest.mark.parametrize("stage, what", [("01", "meta.json"), ("02", "meta.json"), ("02", "."),
-                                         ("03", "."), ("04", "."), ("04", "results.jsonl")],
-                         ids=["01-meta", "02-meta", "02-folder", "03-folder", "04-folder", "04-results"])
+@pytest.mark.parametrize(
+    "stage, what",
+    [
+        ("01", "meta.json"),
+        ("02", "meta.json"),
+        ("02", "."),
+        ("03", "."),
+        ("04", "."),
+        ("04", "results.jsonl"),
+    ],
+    ids=["01-meta", "02-meta", "02-folder", "03-folder", "04-folder", "04-results"],
+)
 def test_a_read_only_out_or_file_in_it_is_refused_before_the_work(world, stage, what, tmp_path, capsys):
     """As in the issue: a read-only artifact was replaced, then a PermissionError followed (02), and stage
     04 checked only the parent of --out."""
@@ -625,19 +840,39 @@ def test_an_artifact_gets_the_users_umask(world, stage, umask, tmp_path):
 # ---------------------------------------------------------------------------------------
 
 META_EDITS = {
-    "categories": ("02", "profile", lambda m: m | {"categories": {"api": "api"}},
-                   "'categories' is an object of 1 entries"),
+    "categories": (
+        "02",
+        "profile",
+        lambda m: m | {"categories": {"api": "api"}},
+        "'categories' is an object of 1 entries",
+    ),
     "data": ("02", "profile", lambda m: m | {"data": "d8.jsonl"}, "'data' is the string \"d8.jsonl\""),
     "counts": ("02", "profile", lambda m: m | {"counts": [8, 100]}, "'counts' is an array of 2 entries"),
-    "counts.samples": ("02", "profile", lambda m: m | {"counts": m["counts"] | {"samples": "8"}},
-                       "'counts.samples' is the string \"8\", must be an integer >= 0"),
-    "max_length": ("03", "regions", lambda m: m | {"max_length": "256"},
-                   "'max_length' is the string \"256\""),
-    "no max_length": ("03", "regions", lambda m: {k: v for k, v in m.items() if k != "max_length"},
-                      "'max_length' is missing"),
+    "counts.samples": (
+        "02",
+        "profile",
+        lambda m: m | {"counts": m["counts"] | {"samples": "8"}},
+        "'counts.samples' is the string \"8\", must be an integer >= 0",
+    ),
+    "max_length": (
+        "03",
+        "regions",
+        lambda m: m | {"max_length": "256"},
+        "'max_length' is the string \"256\"",
+    ),
+    "no max_length": (
+        "03",
+        "regions",
+        lambda m: {k: v for k, v in m.items() if k != "max_length"},
+        "'max_length' is missing",
+    ),
     "profile": ("03", "regions", lambda m: m | {"profile": "profile"}, "'profile' is the string \"profile\""),
-    "profile.path": ("03", "regions", lambda m: m | {"profile": m["profile"] | {"path": 7}},
-                     "'profile.path' is 7, must be a path"),
+    "profile.path": (
+        "03",
+        "regions",
+        lambda m: m | {"profile": m["profile"] | {"path": 7}},
+        "'profile.path' is 7, must be a path",
+    ),
 }
 
 
@@ -686,7 +921,7 @@ COMPARE_BAD = {
     "preset": (["--preset", "nope"], "argument --preset: invalid choice: 'nope'"),
     "seeds": (["--seeds", "abc"], "argument --seeds: invalid int value: 'abc'"),
     "lr": (["--train-args", "--lr -1"], "--train-args '--lr -1': python 03_train_cuset.py refuses"),
-    "quote": (["--train-args", "--lr '1"], "--train-args \"--lr '1\": No closing quotation"),
+    "quote": (["--train-args", "--lr '1"], '--train-args "--lr \'1": No closing quotation'),
     "stop-after": (["--stop-after", "-1"], "--stop-after -1: must be an integer >= 1"),
     "max-length": (["--max-length", "0"], "--max-length 0: must be an integer >= 1"),
     "profile": (["--profile-args", "--batch-tokens 0"], "--profile-args '--batch-tokens 0': python 01_"),
@@ -728,8 +963,13 @@ def test_compare_refuses_a_loop_of_links_before_any_work(option, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
     capsys.readouterr()
-    assert run_main(COMPARE.main, ["--preset", "cpu-quick", "--out", str(tmp_path / "out"),
-                                   option, str(tmp_path / "loop")]) == 2
+    assert (
+        run_main(
+            COMPARE.main,
+            ["--preset", "cpu-quick", "--out", str(tmp_path / "out"), option, str(tmp_path / "loop")],
+        )
+        == 2
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {option} {tmp_path / 'loop'}: its symbolic links")
     assert snapshot(tmp_path) == before
@@ -746,12 +986,17 @@ def test_compare_makes_a_damaged_stage_04_summary_again_and_names_it_in_a_report
     summary_path, results_path = run / "summary.json", run / "results.jsonl"
     summary, results = json.loads(summary_path.read_text()), results_path.read_text()
     assert COMPARE.finished(step) and COMPARE.kernel_metrics(run, "kernel")[3] == 1
-    for damaged, says in [("{", "absent, or not a JSON object"), ("[]", "absent, or not a JSON object"),
-                          (json.dumps(summary | {"num_samples": 1.5}), "num_samples must be an integer >= 1"),
-                          (json.dumps(summary | {"overall": "n/a"}), "overall must be an object"),
-                          (json.dumps(summary | {"num_samples": 4}), "overall.pass@4 must be a number"),
-                          (json.dumps(summary | {"overall": summary["overall"] | {"pass@1": None}}),
-                           "overall.pass@1 must be a number in [0, 1]")]:
+    for damaged, says in [
+        ("{", "absent, or not a JSON object"),
+        ("[]", "absent, or not a JSON object"),
+        (json.dumps(summary | {"num_samples": 1.5}), "num_samples must be an integer >= 1"),
+        (json.dumps(summary | {"overall": "n/a"}), "overall must be an object"),
+        (json.dumps(summary | {"num_samples": 4}), "overall.pass@4 must be a number"),
+        (
+            json.dumps(summary | {"overall": summary["overall"] | {"pass@1": None}}),
+            "overall.pass@1 must be a number in [0, 1]",
+        ),
+    ]:
         summary_path.write_text(damaged)
         assert not COMPARE.finished(step)
         with pytest.raises(UserError, match=f"^{re.escape(f'{summary_path}: {says}')}"):

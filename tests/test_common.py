@@ -1,4 +1,5 @@
 """The shared plumbing of cuset_common: turn closing, artifact validation, resume checks, model loading."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuset_common import (TINY_MODEL, UserError, append_jsonl, check_head_is_plain, check_resume_args,
-                          close_turn, encode_sample, end_of_turn_ids, load_causal_lm, load_tokenizer,
-                          read_appended_jsonl, read_artifact, signature_parts, write_artifact)
+from cuset_common.artifacts import check_resume_args, read_artifact, write_artifact
+from cuset_common.cli import UserError
+from cuset_common.data import close_turn, encode_sample, end_of_turn_ids
+from cuset_common.files import append_jsonl, read_appended_jsonl
+from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer
+from cuset_common.paths import TINY_MODEL
+from cuset_common.tasks import signature_parts
 
 
 @pytest.fixture(scope="module")
@@ -19,20 +24,26 @@ def tokenizer():
 
 class FakeSpecials(SimpleNamespace):
     """Just what close_turn reads of a tokenizer: its special tokens."""
+
     all_special_tokens: list
     added_tokens_decoder: dict = {}
 
 
-@pytest.mark.parametrize("specials, response, content, expected", [
-    (["<|im_end|>"], "int x;<|im_end|>\n", "int x;", "int x;<|im_end|>"),                 # ChatML
-    (["<|eot_id|>"], "int x;<|eot_id|>", "int x;",
-     "int x;<|eot_id|>"),                    # Llama 3: nothing after
-    (["<end_of_turn>", "<eos>"], "a<end_of_turn>\n<eos>", "a",
-     "a<end_of_turn>"),          # first special closes
-    ([], "int x;\n\n", "int x;",
-     "int x;"),                                                # no special: strip
-    (["<|im_end|>"], "<|im_end|> in text<|im_end|>\n", "<|im_end|> in text", "<|im_end|> in text<|im_end|>"),
-])
+@pytest.mark.parametrize(
+    "specials, response, content, expected",
+    [
+        (["<|im_end|>"], "int x;<|im_end|>\n", "int x;", "int x;<|im_end|>"),  # ChatML
+        (["<|eot_id|>"], "int x;<|eot_id|>", "int x;", "int x;<|eot_id|>"),  # Llama 3: nothing after
+        (["<end_of_turn>", "<eos>"], "a<end_of_turn>\n<eos>", "a", "a<end_of_turn>"),  # first special closes
+        ([], "int x;\n\n", "int x;", "int x;"),  # no special: strip
+        (
+            ["<|im_end|>"],
+            "<|im_end|> in text<|im_end|>\n",
+            "<|im_end|> in text",
+            "<|im_end|> in text<|im_end|>",
+        ),
+    ],
+)
 def test_close_turn_keeps_the_end_of_turn_token_and_nothing_after(specials, response, content, expected):
     tok = FakeSpecials(all_special_tokens=specials, added_tokens_decoder={})
     assert close_turn(tok, response, content) == expected
@@ -71,9 +82,11 @@ def test_appended_jsonl_drops_a_torn_last_line_and_appends_clean(tmp_path):
 
 
 def write_small_artifact(path):
-    tensors = {"confidence": np.array([0.5, 0.25, 1.0], np.float32),
-               "sample_offsets": np.array([0, 2, 3], np.int64),
-               "sample_weight": np.array([1.0, 2.0], np.float32)}
+    tensors = {
+        "confidence": np.array([0.5, 0.25, 1.0], np.float32),
+        "sample_offsets": np.array([0, 2, 3], np.int64),
+        "sample_weight": np.array([1.0, 2.0], np.float32),
+    }
     write_artifact(path, tensors, {"stage": "x", "counts": {"samples": 2, "response_tokens": 3}})
 
 
@@ -94,16 +107,25 @@ def test_a_truncated_tensor_file_is_a_user_error(tmp_path):
         read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda t, m: t.update(confidence=t["confidence"].astype(np.float64)),
-     "confidence missing or not 1-D float32"),
-    (lambda t, m: t.update(confidence=t["confidence"][:2]),
-     "confidence has 2 entries but sample_offsets cover 3"),
-    (lambda t, m: t.update(sample_weight=t["sample_weight"][:1]),
-     "sample_weight has 1 entries but there are 2"),
-    (lambda t, m: t.update(sample_offsets=np.array([0, 3, 2], np.int64)), "never decrease"),
-    (lambda t, m: m["counts"].update(samples=5), "meta.json counts"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda t, m: t.update(confidence=t["confidence"].astype(np.float64)),
+            "confidence missing or not 1-D float32",
+        ),
+        (
+            lambda t, m: t.update(confidence=t["confidence"][:2]),
+            "confidence has 2 entries but sample_offsets cover 3",
+        ),
+        (
+            lambda t, m: t.update(sample_weight=t["sample_weight"][:1]),
+            "sample_weight has 1 entries but there are 2",
+        ),
+        (lambda t, m: t.update(sample_offsets=np.array([0, 3, 2], np.int64)), "never decrease"),
+        (lambda t, m: m["counts"].update(samples=5), "meta.json counts"),
+    ],
+)
 def test_inconsistent_tensors_are_refused_with_what_is_wrong(tmp_path, damage, message):
     from safetensors.numpy import load_file, save_file
 
@@ -119,18 +141,25 @@ def test_inconsistent_tensors_are_refused_with_what_is_wrong(tmp_path, damage, m
 
 def test_resume_with_other_arguments_names_each_difference(tmp_path):
     saved = {"objective": "cuset", "lr": 1e-4, "resume": False, "stop_after": 3}
-    check_resume_args(saved, {**saved, "resume": True, "stop_after": None}, {"resume", "stop_after"},
-                      tmp_path)
-    with pytest.raises(UserError, match=r"--lr: the run has 0.0001, now 0.05; --objective: the run has "
-                                        r"'cuset', now 'sft'"):
+    check_resume_args(
+        saved, {**saved, "resume": True, "stop_after": None}, {"resume", "stop_after"}, tmp_path
+    )
+    with pytest.raises(
+        UserError,
+        match=r"--lr: the run has 0.0001, now 0.05; --objective: the run has "
+        r"'cuset', now 'sft'",
+    ):
         check_resume_args(saved, {**saved, "objective": "sft", "lr": 5e-2}, {"resume"}, tmp_path)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: None, "no such folder"),
-    (lambda p: p.mkdir(), "holds no tokenizer"),
-    (lambda p: p.write_text("x"), "is not a folder"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "no such folder"),
+        (lambda p: p.mkdir(), "holds no tokenizer"),
+        (lambda p: p.write_text("x"), "is not a folder"),
+    ],
+)
 def test_a_path_without_a_model_is_one_clear_line(tmp_path, make, message):
     make(tmp_path / "m")
     with pytest.raises(UserError, match=message):
@@ -144,14 +173,21 @@ def test_a_folder_with_a_tokenizer_but_no_model_names_config_json(tmp_path, toke
         load_causal_lm(str(tmp_path / "m"), None)
 
 
-@pytest.mark.parametrize("signature,parts", [
-    ("__global__ void k(const float* __restrict__ x, float *y,const int  n)",
-     ("k", ["const float* __restrict__", "float *", "const int"], ["x", "y", "n"])),
-    ("prose, then __global__  void\nscan_k(unsigned int* counts) and more",
-     ("scan_k", ["unsigned int*"], ["counts"])),
-    ("__global__ void k()", ("k", [], [])),
-    ("__global__ void k(int, float* a)", ("k", ["int", "float*"], ["", "a"])),
-])
+@pytest.mark.parametrize(
+    "signature,parts",
+    [
+        (
+            "__global__ void k(const float* __restrict__ x, float *y,const int  n)",
+            ("k", ["const float* __restrict__", "float *", "const int"], ["x", "y", "n"]),
+        ),
+        (
+            "prose, then __global__  void\nscan_k(unsigned int* counts) and more",
+            ("scan_k", ["unsigned int*"], ["counts"]),
+        ),
+        ("__global__ void k()", ("k", [], [])),
+        ("__global__ void k(int, float* a)", ("k", ["int", "float*"], ["", "a"])),
+    ],
+)
 def test_signature_parts_split_types_from_names(signature, parts):
     assert signature_parts(signature) == parts
 
@@ -226,7 +262,7 @@ def skewed_rows(seed: int):
 def test_sample_threshold_matches_the_per_row_loop(seed, monkeypatch):
     import torch
 
-    from cuset_common import sample_threshold
+    from cuset_common.method import sample_threshold
 
     p, valid = skewed_rows(seed)
     for dtype in (torch.float32, torch.float64):
@@ -244,9 +280,9 @@ def test_stages_02_and_03_threshold_with_sample_threshold(seed):
     both sample_threshold on the same probabilities: the regions are labelled with the threshold training
     masks with."""
     import torch
-
     from conftest import load_script
-    from cuset_common import RHO, TAU_MAX, sample_threshold
+
+    from cuset_common.method import RHO, TAU_MAX, sample_threshold
 
     stage02, stage03 = load_script("02_label_regions.py"), load_script("03_train_cuset.py")
     p, valid = skewed_rows(seed)
@@ -270,15 +306,16 @@ def test_stages_01_and_03_take_the_gold_log_prob_from_one_function():
     callers."""
     import torch
 
-    from cuset_common import gold_logprob_entropy, gold_logprobs, head_logits
+    from cuset_common.method import gold_logprob_entropy, gold_logprobs, head_logits
 
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(37, 16, generator=g), torch.randn(50, 16, generator=g) * 3
     gold = torch.randint(0, 50, (37,), generator=g)
     want = torch.log_softmax(hidden @ weight.t(), -1).gather(1, gold[:, None])[:, 0]  # [37]
     for chunk in (1, 8, 37, 64):
-        profiled, _, _ = gold_logprob_entropy(lambda h: head_logits(h, weight, None), hidden, gold, chunk,
-                                              False)
+        profiled, _, _ = gold_logprob_entropy(
+            lambda h: head_logits(h, weight, None), hidden, gold, chunk, False
+        )
         trained = gold_logprobs(hidden.requires_grad_(), weight, gold, chunk)
         assert torch.equal(profiled, trained.detach()), chunk
         torch.testing.assert_close(trained.detach(), want)

@@ -6,6 +6,7 @@ re-aggregates); the table checked against numbers recomputed here from the profi
 how an interrupted stage is continued; refusals of misaligned profiles and bad options; a preset with a
 greedy and a sampled evaluation; variants of stage 02 and stage 03; the paired bootstrap over seeds and
 units and its power statement on matrices whose answer is known; the committed cpu-real record's table."""
+
 from __future__ import annotations
 
 import json
@@ -21,25 +22,43 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
+from conftest import ROOT, load_script
 from safetensors.numpy import load_file
 
-from conftest import ROOT, load_script
-from cuset_common import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE, UserError, run_main
+from cuset_common.cli import UserError, run_main
+from cuset_common.paths import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE
 
 compare = load_script("experiments/compare.py")
 OBJECTIVES, SEEDS = ("sft", "cuset"), 2
 RUNS = [f"{o}-seed{s}" for s in range(SEEDS) for o in OBJECTIVES]  # seed by seed
 SECOND = RUNS[1]  # cuset-seed0: the run killed during its training
-MICRO = ["--preset", "cpu-quick", "--objectives", ",".join(OBJECTIVES), "--seeds", str(SEEDS),
-         "--max-length", "512", "--standalone-args", "", "--regions-args",
-         "--permutations 10 --html-samples 1", "--train-args",
-         "--max-steps 2 --batch-size 4 --micro-batch-size 4 --save-every 1", "--eval-args",
-         "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2"]
+MICRO = [
+    "--preset",
+    "cpu-quick",
+    "--objectives",
+    ",".join(OBJECTIVES),
+    "--seeds",
+    str(SEEDS),
+    "--max-length",
+    "512",
+    "--standalone-args",
+    "",
+    "--regions-args",
+    "--permutations 10 --html-samples 1",
+    "--train-args",
+    "--max-steps 2 --batch-size 4 --micro-batch-size 4 --save-every 1",
+    "--eval-args",
+    "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 2",
+]
 
 
 def artifact_mtimes(out: Path, runs: list[str]) -> dict[str, float]:
-    return {str(p.relative_to(out)): p.stat().st_mtime_ns for r in runs for p in (out / r).rglob("*")
-            if p.is_file() and p.name not in ("log.txt", "timings.json")}
+    return {
+        str(p.relative_to(out)): p.stat().st_mtime_ns
+        for r in runs
+        for p in (out / r).rglob("*")
+        if p.is_file() and p.name not in ("log.txt", "timings.json")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +70,17 @@ def micro(tmp_path_factory):
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
     held.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:3]))
     out = tmp / "out"
-    argv = [sys.executable, str(ROOT / "experiments" / "compare.py"), *MICRO, "--data", str(train),
-            "--eval-data", str(held), "--out", str(out)]
+    argv = [
+        sys.executable,
+        str(ROOT / "experiments" / "compare.py"),
+        *MICRO,
+        "--data",
+        str(train),
+        "--eval-data",
+        str(held),
+        "--out",
+        str(out),
+    ]
 
     def call(*extra: str) -> str:
         r = subprocess.run([*argv, *extra], cwd=ROOT, capture_output=True, text=True)
@@ -66,7 +94,8 @@ def micro(tmp_path_factory):
     deadline = time.time() + 300
     while not resume.exists():
         assert proc.poll() is None and time.time() < deadline, (
-            f"stage 03 of {SECOND} wrote no resume checkpoint")
+            f"stage 03 of {SECOND} wrote no resume checkpoint"
+        )
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -76,12 +105,18 @@ def micro(tmp_path_factory):
     after_second = artifact_mtimes(out, ["base", *RUNS])
     md_mtime = (out / "comparison.md").stat().st_mtime_ns
     third = call()
-    return {"out": out, "train": train, "held": held, "logs": (first, second, third),
-            "mtimes": (after_first, after_second, artifact_mtimes(out, ["base", *RUNS])),
-            "md_mtime": md_mtime, "md_after_first": md_after_first,
-            "killed_mid_training": killed_mid_training,
-            "json": json.loads((out / "comparison.json").read_text()),
-            "md": (out / "comparison.md").read_text()}
+    return {
+        "out": out,
+        "train": train,
+        "held": held,
+        "logs": (first, second, third),
+        "mtimes": (after_first, after_second, artifact_mtimes(out, ["base", *RUNS])),
+        "md_mtime": md_mtime,
+        "md_after_first": md_after_first,
+        "killed_mid_training": killed_mid_training,
+        "json": json.loads((out / "comparison.json").read_text()),
+        "md": (out / "comparison.md").read_text(),
+    }
 
 
 def stage_calls(log: str) -> list[str]:
@@ -103,8 +138,9 @@ def test_an_interrupted_comparison_continues_and_skips_what_is_finished(micro):
     assert len(calls) == 20 - 8 and "03_train_cuset.py" in calls[0] and " --resume " in calls[0]
     assert "resumed at step 1" in (micro["out"] / SECOND / "log.txt").read_text()
     assert json.loads((micro["out"] / SECOND / "ckpt" / "meta.json").read_text())["final_step"] == 2
-    assert "ETA" in second and all(after[k] == v
-                                   for k, v in before.items()), "a finished artifact was rewritten"
+    assert "ETA" in second and all(after[k] == v for k, v in before.items()), (
+        "a finished artifact was rewritten"
+    )
 
 
 def test_a_call_with_everything_finished_only_reaggregates(micro):
@@ -133,7 +169,7 @@ def test_a_record_without_weights_gives_the_same_table_and_runs_runs_only_its_ru
     assert (record / "base" / "eval-kernel").is_dir() and not list(record.rglob("*.tmp"))
     assert not (record / SECOND / "profile-heldout" / "stale.txt").exists()
     for i, p in enumerate(sorted(record.rglob("*"))):  # a folder's files older than the folders before them
-        os.utime(p, ns=(10 ** 18 - i * 10 ** 9,) * 2)
+        os.utime(p, ns=(10**18 - i * 10**9,) * 2)
     assert run_main(compare.main, [*argv, "--out", str(record), "--report-only"]) == 0
     res = json.loads((record / "comparison.json").read_text())
     assert res["table"] == micro["json"]["table"] and res["paired"] == micro["json"]["paired"]
@@ -162,8 +198,13 @@ def test_the_table_matches_numbers_recomputed_from_the_profiles(micro):
     off = base["sample_offsets"]
     sample = np.repeat(np.arange(len(off) - 1), np.diff(off))
     hard = base["confidence"] < tau[sample]
-    groups = {"all": np.ones(len(sample), bool), "sensitive": base["sensitive"] > 0, "base_hard": hard,
-              "base_region": region, "cat.indexing": base["sensitive"] == 2}
+    groups = {
+        "all": np.ones(len(sample), bool),
+        "sensitive": base["sensitive"] > 0,
+        "base_hard": hard,
+        "base_region": region,
+        "cat.indexing": base["sensitive"] == 2,
+    }
     assert 0 < hard.sum() < len(hard) and region.any() and (base["sensitive"] > 0).any()
     values, per_sample = {}, {}
     for o in OBJECTIVES:
@@ -199,12 +240,16 @@ def test_kernel_verdicts_match_stage_04_rows(micro):
         for mode in ("kernel", "standalone"):
             compiled, passed = [], []
             for s in range(SEEDS):
-                rows = [json.loads(x)
-                        for x in (out / f"{o}-seed{s}" / f"eval-{mode}" / "results.jsonl").read_text()
-                        .splitlines()]
+                rows = [
+                    json.loads(x)
+                    for x in (out / f"{o}-seed{s}" / f"eval-{mode}" / "results.jsonl")
+                    .read_text()
+                    .splitlines()
+                ]
                 assert len(rows) == 1 and rows[0]["backend"] == "emulated"
-                compiled.append(np.mean([r["outcome"] not in ("missing", "no_code", "compile_error")
-                                         for r in rows]))
+                compiled.append(
+                    np.mean([r["outcome"] not in ("missing", "no_code", "compile_error") for r in rows])
+                )
                 passed.append(np.mean([r["outcome"] == "pass" for r in rows]))
             assert math.isclose(res["table"][o][f"{mode}.compile_rate"]["mean"], np.mean(compiled))
             assert math.isclose(res["table"][o][f"{mode}.pass@1"]["mean"], np.mean(passed))
@@ -231,13 +276,36 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
     train, held, out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "out"
     train.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:6]))
     held.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:2]))
-    argv = ["--preset", "cpu-power", "--model", str(ROOT / "data" / "models" / "tiny-cuda-lm"), "--seeds",
-            "1", "--objectives", "sft,cuset.no-snap", "--data", str(train), "--eval-data", str(held),
-            "--out", str(out), "--max-length", "512", "--regions-args", "--permutations 10 --html-samples 1",
-            "--train-args", "--max-steps 1 --batch-size 2 --micro-batch-size 2", "--eval-args",
-            "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 1"]
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "compare.py"), *argv], cwd=ROOT,
-                       capture_output=True, text=True)
+    argv = [
+        "--preset",
+        "cpu-power",
+        "--model",
+        str(ROOT / "data" / "models" / "tiny-cuda-lm"),
+        "--seeds",
+        "1",
+        "--objectives",
+        "sft,cuset.no-snap",
+        "--data",
+        str(train),
+        "--eval-data",
+        str(held),
+        "--out",
+        str(out),
+        "--max-length",
+        "512",
+        "--regions-args",
+        "--permutations 10 --html-samples 1",
+        "--train-args",
+        "--max-steps 1 --batch-size 2 --micro-batch-size 2",
+        "--eval-args",
+        "--levels 1 --limit 1 --max-new-tokens 8 --backend emulate --jobs 1",
+    ]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "compare.py"), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res, base = json.loads((out / "comparison.json").read_text()), out / "base"
     md = (out / "comparison.md").read_text()
@@ -261,25 +329,32 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
         assert not (out / group / "eval-standalone").exists()  # the preset's evaluations: kernel mode only
     assert res["k"] == {"kernel": [1], "kernel-sampled": [4]}
     kernel_table = md.split("## Kernel verdicts")[1].split("\n## ")[0]
-    assert ("| objective | kernel.compile_rate | kernel.pass@1 | kernel-sampled.compile_rate | "
-            "kernel-sampled.pass@1 | kernel-sampled.pass@4 |") in kernel_table
-    assert "`kernel-sampled` (--num-samples 4 --temperature 0.8 --top-p 0.95 --seed 0; 4 replies" \
-        in kernel_table
+    assert (
+        "| objective | kernel.compile_rate | kernel.pass@1 | kernel-sampled.compile_rate | "
+        "kernel-sampled.pass@1 | kernel-sampled.pass@4 |"
+    ) in kernel_table
+    assert (
+        "`kernel-sampled` (--num-samples 4 --temperature 0.8 --top-p 0.95 --seed 0; 4 replies" in kernel_table
+    )
     assert set(res["paired"]) == {"cuset.no-snap", "base"}
     for o in res["paired"]:
         for name in ("kernel", "kernel-sampled"):
             p = res["paired"][o][f"{name}.pass@1"]
             assert p["units"] == 1 and p["seeds"] == [1, 1]
             assert f"- {o}: resolves differences of " in md and f"in pass@1 ({name})" in md
-    assert "## Paired differences to sft (95% bootstrap interval; resampled: units; one seed, so no seed " \
-           "draw)" in md and "the seed draw is a no-op" in md
+    assert (
+        "## Paired differences to sft (95% bootstrap interval; resampled: units; one seed, so no seed draw)"
+        in md
+        and "the seed draw is a no-op" in md
+    )
 
 
 def test_a_training_variant_adds_its_stage_03_arguments_to_its_objective_only(tmp_path):
     """profit.t01 trains profit with --profit-threshold 0.01 (as stage 03 parses it) on the default
     regions; no regions of its own are made; a variant is refused for an objective it does not apply to."""
-    args = compare.parse_args([*MICRO, "--objectives", "sft,profit,profit.t01", "--seeds", "1", "--out",
-                               str(tmp_path)])
+    args = compare.parse_args(
+        [*MICRO, "--objectives", "sft,profit,profit.t01", "--seeds", "1", "--out", str(tmp_path)]
+    )
     base_steps, runs = compare.plan(args)
     assert [s["out"].name for s in base_steps if s["stage"] == "02"] == ["regions", "regions-heldout"]
     train = {r["objective"]: compare.stage_module("03").parse_args(r["steps"][0]["argv"]) for r in runs}
@@ -292,19 +367,25 @@ def test_a_training_variant_adds_its_stage_03_arguments_to_its_objective_only(tm
             compare.parse_args([*MICRO, "--objectives", f"sft,{label}", "--out", str(tmp_path)])
 
 
-@pytest.mark.parametrize("argv,msg", [(["--objectives", "sft,bogus"], "unknown objective"),
-                                      (["--objectives", "sft.no-snap"], "unknown objective"),
-                                      (["--objectives", "sft,cuset.t01"], "unknown objective cuset.t01"),
-                                      (["--modes", "kernel", "--evaluation", "kernel"], "not both"),
-                                      (["--evaluation", "greedy"], "a name begins with its mode"),
-                                      (["--evaluation", "kernel", "--evaluation", "kernel"],
-                                       "each name once"),
-                                      (["--evaluation", "kernel-x=--mode standalone"], "leave --mode out"),
-                                      (["--evaluation", "kernel-x=--top-p 2"],
-                                       "--evaluation kernel-x ('--top-p 2'): python 04_eval_kernels.py"),
-                                      (["--objectives", "cuset"], "must include sft"),
-                                      (["--data", "nowhere.jsonl"], "pass --eval-data"),
-                                      (["--runs", "sft-seed0,sft-seed9"], "no run sft-seed9")])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--objectives", "sft,bogus"], "unknown objective"),
+        (["--objectives", "sft.no-snap"], "unknown objective"),
+        (["--objectives", "sft,cuset.t01"], "unknown objective cuset.t01"),
+        (["--modes", "kernel", "--evaluation", "kernel"], "not both"),
+        (["--evaluation", "greedy"], "a name begins with its mode"),
+        (["--evaluation", "kernel", "--evaluation", "kernel"], "each name once"),
+        (["--evaluation", "kernel-x=--mode standalone"], "leave --mode out"),
+        (
+            ["--evaluation", "kernel-x=--top-p 2"],
+            "--evaluation kernel-x ('--top-p 2'): python 04_eval_kernels.py",
+        ),
+        (["--objectives", "cuset"], "must include sft"),
+        (["--data", "nowhere.jsonl"], "pass --eval-data"),
+        (["--runs", "sft-seed0,sft-seed9"], "no run sft-seed9"),
+    ],
+)
 def test_bad_options_exit_2_with_one_line(argv, msg, capsys):
     assert run_main(compare.main, argv) == 2
     err = capsys.readouterr().err
@@ -317,13 +398,14 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     partial folder is removed), stage 03 --resume when <ckpt>/resume/ holds the same run (--force when it
     holds
     another one), stage 04 --force when its folder holds another run (the same run resumes by itself)."""
-    from cuset_common import args_to_json
+    from cuset_common.artifacts import args_to_json
 
     args = compare.parse_args([*MICRO, "--out", str(tmp_path)])
     base_steps, runs = compare.plan(args)
     train, held, ev = runs[0]["steps"][0], runs[0]["steps"][1], runs[0]["steps"][2]
-    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04",
-                                                      "04"] and compare.continuation(train, print) == ()
+    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04", "04"] and compare.continuation(
+        train, print
+    ) == ()
 
     def saved(step: dict, **change) -> dict:
         return args_to_json(compare.stage_module(step["stage"]).parse_args(step["argv"])) | change
@@ -338,8 +420,9 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     state.write_text(json.dumps({"args": saved(held)}))
     (train["out"] / "meta.json").parent.mkdir(parents=True)
     (train["out"] / "meta.json").write_text("{}")
-    os.utime(train["out"] / "meta.json",
-             (state.stat().st_mtime + 10,) * 2)  # the checkpoint was trained again
+    os.utime(
+        train["out"] / "meta.json", (state.stat().st_mtime + 10,) * 2
+    )  # the checkpoint was trained again
     assert compare.continuation(held, print) == () and not state.parent.exists()
     (train["out"] / "meta.json").unlink()
 
@@ -460,8 +543,20 @@ def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
     are each run's stage-04 summary averaged over seeds."""
     record = tmp_path / "cpu-real"
     shutil.copytree(ROOT / "docs" / "records" / "cpu-real", record)
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "compare.py"), "--preset", "cpu-real",
-                        "--report-only", "--out", str(record)], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "compare.py"),
+            "--preset",
+            "cpu-real",
+            "--report-only",
+            "--out",
+            str(record),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((record / "comparison.json").read_text())
     committed = json.loads((ROOT / "docs" / "records" / "cpu-real" / "comparison.json").read_text())
@@ -473,8 +568,12 @@ def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
             assert new["ci95"][0] <= new["diff"] <= new["ci95"][1]
             assert new["seeds"] == [1 if o == "base" else 2, 2] and new["resolves"] > 0
     for o in ("sft", "profit", "cuset", "cuset.no-snap"):
-        passes = [json.loads((record / f"{o}-seed{s}" / "eval-kernel" / "summary.json").read_text())
-                  ["overall"]["pass@1"] for s in range(2)]
+        passes = [
+            json.loads((record / f"{o}-seed{s}" / "eval-kernel" / "summary.json").read_text())["overall"][
+                "pass@1"
+            ]
+            for s in range(2)
+        ]
         assert math.isclose(res["table"][o]["kernel.pass@1"]["mean"], np.mean(passes), abs_tol=EXACT)
     md = (record / "comparison.md").read_text()
     assert "| objective | kernel.compile_rate | kernel.pass@1 |" in md

@@ -5,6 +5,7 @@ signatures, teacher-forced probabilities against a naive one-prefix-at-a-time lo
 model, and the random-repeat measurement against an ideal copier (a model that predicts the token
 that followed the current token's last earlier occurrence) and the same copier shifted by one.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,19 +13,31 @@ import re
 
 import pytest
 import torch
-
 from conftest import ROOT, load_script
-from cuset_common import EVAL_SFT_KERNEL_FILE, TINY_MODEL, encode_sample, load_sft
+
+from cuset_common.data import encode_sample, load_sft
+from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
 
 probe = load_script("experiments/copy_probe.py")
 
 
 def test_prompt_names_are_the_kernels_and_their_parameters():
-    prompt = ("Write only the CUDA kernel(s) with exactly these signatures:\n"
-              "  __global__ void scale_rows(const float* __restrict__ src, float* dst, int rows, int cols)\n"
-              "  __global__ void finish_k(unsigned int *counts,const int n)\n"
-              "The host code is fixed: scale_rows is launched once.")
-    assert probe.prompt_names(prompt) == {"scale_rows", "src", "dst", "rows", "cols", "finish_k", "counts", "n"}
+    prompt = (
+        "Write only the CUDA kernel(s) with exactly these signatures:\n"
+        "  __global__ void scale_rows(const float* __restrict__ src, float* dst, int rows, int cols)\n"
+        "  __global__ void finish_k(unsigned int *counts,const int n)\n"
+        "The host code is fixed: scale_rows is launched once."
+    )
+    assert probe.prompt_names(prompt) == {
+        "scale_rows",
+        "src",
+        "dst",
+        "rows",
+        "cols",
+        "finish_k",
+        "counts",
+        "n",
+    }
     assert probe.prompt_names("Write a complete CUDA program with a main function.") == set()
 
 
@@ -92,13 +105,19 @@ def test_the_bundled_base_model_does_not_copy_random_tokens(tmp_path):
     assert json.loads(out.read_text())["random_repeat_accuracy"] < 0.05
 
 
-@pytest.mark.parametrize("make_data, msg", [
-    (lambda d: d / "missing.jsonl", "no such file"),
-    (lambda d: ROOT / "data" / "sft" / "eval.jsonl", "no record's prompt gives"),
-])
+@pytest.mark.parametrize(
+    "make_data, msg",
+    [
+        (lambda d: d / "missing.jsonl", "no such file"),
+        (lambda d: ROOT / "data" / "sft" / "eval.jsonl", "no record's prompt gives"),
+    ],
+)
 def test_bad_data_exits_2_with_one_line(tmp_path, capsys, make_data, msg):
     out = tmp_path / "probe.json"
-    assert probe.run_main(probe.main, ["--data", str(make_data(tmp_path)), "--limit", "2", "--out", str(out)]) == 2
+    assert (
+        probe.run_main(probe.main, ["--data", str(make_data(tmp_path)), "--limit", "2", "--out", str(out)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: --data") and msg in err and err.count("\n") == 1
     assert not out.exists()

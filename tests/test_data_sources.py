@@ -8,6 +8,7 @@ filter's comparison rules, JSON arrays and JSON lines, parquet and `save_to_disk
 offline in one line, and a plain JSONL file read and pinned exactly as before, without pyarrow or datasets.
 Every fixture is written here from the bundled SFT records; no dataset is downloaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,17 +19,23 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, load_script
-from cuset_common import TINY_MODEL, UserError, load_sft, run_main, sha256_file
+
+from cuset_common.cli import UserError, run_main
+from cuset_common.data import load_sft
 from cuset_common.data_sources import data_checks, load_data
+from cuset_common.files import sha256_file
+from cuset_common.paths import TINY_MODEL
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 SFT_SMALL = ROOT / "tests" / "fixtures" / "sft_small.jsonl"
-STAGE = {"01": load_script("01_profile.py"), "02": load_script("02_label_regions.py"),
-         "03": load_script("03_train_cuset.py")}
+STAGE = {
+    "01": load_script("01_profile.py"),
+    "02": load_script("02_label_regions.py"),
+    "03": load_script("03_train_cuset.py"),
+}
 # Column names no code knows in advance: spaces, punctuation, mixed case.
 FIELDS = "prompt=Port this module to CUDA:\\n{Torch Module},response=kernel.cu,system=Sys Prompt"
 KEEP = "Passed?=true"
@@ -41,14 +48,19 @@ def table_rows() -> list[dict]:
     for i, rec in enumerate(load_sft(SFT_SMALL)):
         user = rec["prompt_messages"][-1]["content"]
         base = {"Torch Module": user, "Sys Prompt": "You write CUDA.", "Level #": 1 + i % 3}
-        rows += [base | {"kernel.cu": rec["response"], "Passed?": True},
-                 base | {"kernel.cu": f"// attempt {i} failed\n", "Passed?": False}]
+        rows += [
+            base | {"kernel.cu": rec["response"], "Passed?": True},
+            base | {"kernel.cu": f"// attempt {i} failed\n", "Passed?": False},
+        ]
     return rows
 
 
 def data_args(data: Path, fields: str | None = FIELDS, where: tuple[str, ...] = (KEEP,)) -> list[str]:
-    return (["--data", str(data)] + (["--data-fields", fields] if fields else [])
-            + [x for w in where for x in ("--data-where", w)])
+    return (
+        ["--data", str(data)]
+        + (["--data-fields", fields] if fields else [])
+        + [x for w in where for x in ("--data-where", w)]
+    )
 
 
 def namespace(data: Path, fields: str | None = None, where: tuple[str, ...] = ()) -> argparse.Namespace:
@@ -87,10 +99,41 @@ def pipeline(parquet_file, tmp_path_factory) -> dict[str, Path]:
     common = [*data_args(parquet_file), "--model", str(TINY_MODEL)]
     cpu = ["--device", "cpu"]
     assert STAGE["01"].main([*common, *cpu, "--max-length", "256", "--out", str(out["profile"])]) == 0
-    assert STAGE["02"].main([*common, "--profile", str(out["profile"]), "--permutations", "5",
-                             "--html-samples", "1", "--out", str(out["regions"])]) == 0
-    assert STAGE["03"].main([*common, *cpu, "--regions", str(out["regions"]), "--max-steps", "1",
-                             "--batch-size", "2", "--micro-batch-size", "2", "--out", str(out["ckpt"])]) == 0
+    assert (
+        STAGE["02"].main(
+            [
+                *common,
+                "--profile",
+                str(out["profile"]),
+                "--permutations",
+                "5",
+                "--html-samples",
+                "1",
+                "--out",
+                str(out["regions"]),
+            ]
+        )
+        == 0
+    )
+    assert (
+        STAGE["03"].main(
+            [
+                *common,
+                *cpu,
+                "--regions",
+                str(out["regions"]),
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--micro-batch-size",
+                "2",
+                "--out",
+                str(out["ckpt"]),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -104,11 +147,19 @@ def test_stage_01_profiles_exactly_the_kept_rows_and_its_meta_names_the_data(par
     samples = [json.loads(line) for line in (pipeline["profile"] / "samples.jsonl").read_text().splitlines()]
     rows = table_rows()
     kept = [i for i, row in enumerate(rows) if row["Passed?"]]
-    fields = {"prompt": "Port this module to CUDA:\\n{Torch Module}", "response": "kernel.cu",
-              "system": "Sys Prompt"}  # as typed: the template's \n is two characters here
-    assert meta["data"] == {"path": str(parquet_file), "sha256": sha256_file(parquet_file),
-                            "format": "parquet", "fields": fields, "where": [KEEP],
-                            "rows": {"read": len(rows), "kept": len(kept)}}
+    fields = {
+        "prompt": "Port this module to CUDA:\\n{Torch Module}",
+        "response": "kernel.cu",
+        "system": "Sys Prompt",
+    }  # as typed: the template's \n is two characters here
+    assert meta["data"] == {
+        "path": str(parquet_file),
+        "sha256": sha256_file(parquet_file),
+        "format": "parquet",
+        "fields": fields,
+        "where": [KEEP],
+        "rows": {"read": len(rows), "kept": len(kept)},
+    }
     assert meta["counts"]["samples"] == len(kept) == len(samples)
     assert [s["line"] for s in samples] == kept
     for s, i in zip(samples, kept):
@@ -127,22 +178,35 @@ def test_the_mapping_builds_chat_records_from_the_template(parquet_file):
     records, _ = load_data(namespace(parquet_file, FIELDS, (KEEP,)))
     for rec, original in zip(records, load_sft(SFT_SMALL)):
         user = original["prompt_messages"][-1]["content"]
-        assert rec["prompt_messages"] == [{"role": "system", "content": "You write CUDA."},
-                                          {"role": "user", "content": f"Port this module to CUDA:\n{user}"}]
+        assert rec["prompt_messages"] == [
+            {"role": "system", "content": "You write CUDA."},
+            {"role": "user", "content": f"Port this module to CUDA:\n{user}"},
+        ]
         assert rec["response"] == original["response"]
 
 
-@pytest.mark.parametrize("stage, changed, says", [
-    ("02", data_args(Path("{file}"), where=("Passed?=false",)),
-     "data_where: artifact has ['Passed?=true'], now ['Passed?=false']"),
-    ("02", data_args(Path("{file}"), where=(KEEP, "Level #=1")), "data_where:"),
-    ("03", data_args(Path("{file}"), fields=FIELDS.replace(",system=Sys Prompt", "")), "data_fields:"),
-], ids=["02-other filter", "02-one more filter", "03-other mapping"])
-def test_another_mapping_or_filter_of_the_same_file_is_refused(stage, changed, says, parquet_file, pipeline,
-                                                               tmp_path, capsys):
+@pytest.mark.parametrize(
+    "stage, changed, says",
+    [
+        (
+            "02",
+            data_args(Path("{file}"), where=("Passed?=false",)),
+            "data_where: artifact has ['Passed?=true'], now ['Passed?=false']",
+        ),
+        ("02", data_args(Path("{file}"), where=(KEEP, "Level #=1")), "data_where:"),
+        ("03", data_args(Path("{file}"), fields=FIELDS.replace(",system=Sys Prompt", "")), "data_fields:"),
+    ],
+    ids=["02-other filter", "02-one more filter", "03-other mapping"],
+)
+def test_another_mapping_or_filter_of_the_same_file_is_refused(
+    stage, changed, says, parquet_file, pipeline, tmp_path, capsys
+):
     argv = [a.replace("{file}", str(parquet_file)) for a in changed] + ["--model", str(TINY_MODEL)]
-    argv += (["--profile", str(pipeline["profile"])] if stage == "02"
-             else ["--regions", str(pipeline["regions"]), "--max-steps", "1", "--device", "cpu"])
+    argv += (
+        ["--profile", str(pipeline["profile"])]
+        if stage == "02"
+        else ["--regions", str(pipeline["regions"]), "--max-steps", "1", "--device", "cpu"]
+    )
     line = refused(stage, [*argv, "--out", str(tmp_path / "new")], capsys)
     assert "was made from different inputs" in line and says in line, line
     assert not (tmp_path / "new").exists()
@@ -152,29 +216,66 @@ def test_another_mapping_or_filter_of_the_same_file_is_refused(stage, changed, s
 # Bad mappings: one line, exit 2, naming the columns
 # ---------------------------------------------------------------------------------------
 
-COLUMNS = "its columns: Torch Module (string), Sys Prompt (string), Level # (int64), kernel.cu (string), " \
-          "Passed? (bool)"
+COLUMNS = (
+    "its columns: Torch Module (string), Sys Prompt (string), Level # (int64), kernel.cu (string), "
+    "Passed? (bool)"
+)
 
 
-@pytest.mark.parametrize("fields, where, says", [
-    (FIELDS.replace("kernel.cu", "kernel.cpp"), (KEEP,),
-     "--data-fields response=kernel.cpp: {file} has no column 'kernel.cpp'; " + COLUMNS),
-    (FIELDS.replace("{Torch Module}", "{Torch_Module}"), (KEEP,), "has no column 'Torch_Module'; " + COLUMNS),
-    (FIELDS, ("Passed=true",), "--data-where Passed=true: {file} has no column 'Passed'; " + COLUMNS),
-    (FIELDS, ("Passed?=yes",),
-     ("--data-where keeps none of the 10 rows of {file} (Passed?=yes alone keeps 0 (Passed? is bool)); a "
-      "boolean column takes true or false")),
-    (FIELDS.replace("kernel.cu", "Level #"), (),
-     "{file} row 0: column 'Level #' holds a number (1), not text"),
-    ("prompt=Torch Module", (), "--data-fields prompt=Torch Module: maps no response"),
-    ("answer=kernel.cu,prompt=Torch Module", (),
-     "--data-fields 'answer=kernel.cu': expected ROLE=COLUMN with ROLE one of prompt, response, system"),
-    ("prompt=Port {Torch Module,response=kernel.cu", (), "not a template of {COLUMN} names"),
-    (None, (KEEP,), "{file}: its rows are in none of the SFT record forms (messages, prompt+completion, "
-                    "instruction+output, text); map its columns with --data-fields prompt=COLUMN,response="
-                    "COLUMN; " + COLUMNS),
-], ids=["unknown field", "unknown template column", "unknown filter column", "filter keeps nothing",
-        "number mapped as text", "no response", "unknown role", "unclosed brace", "no mapping"])
+@pytest.mark.parametrize(
+    "fields, where, says",
+    [
+        (
+            FIELDS.replace("kernel.cu", "kernel.cpp"),
+            (KEEP,),
+            "--data-fields response=kernel.cpp: {file} has no column 'kernel.cpp'; " + COLUMNS,
+        ),
+        (
+            FIELDS.replace("{Torch Module}", "{Torch_Module}"),
+            (KEEP,),
+            "has no column 'Torch_Module'; " + COLUMNS,
+        ),
+        (FIELDS, ("Passed=true",), "--data-where Passed=true: {file} has no column 'Passed'; " + COLUMNS),
+        (
+            FIELDS,
+            ("Passed?=yes",),
+            (
+                "--data-where keeps none of the 10 rows of {file} (Passed?=yes alone keeps 0 (Passed? is bool)); a "
+                "boolean column takes true or false"
+            ),
+        ),
+        (
+            FIELDS.replace("kernel.cu", "Level #"),
+            (),
+            "{file} row 0: column 'Level #' holds a number (1), not text",
+        ),
+        ("prompt=Torch Module", (), "--data-fields prompt=Torch Module: maps no response"),
+        (
+            "answer=kernel.cu,prompt=Torch Module",
+            (),
+            "--data-fields 'answer=kernel.cu': expected ROLE=COLUMN with ROLE one of prompt, response, system",
+        ),
+        ("prompt=Port {Torch Module,response=kernel.cu", (), "not a template of {COLUMN} names"),
+        (
+            None,
+            (KEEP,),
+            "{file}: its rows are in none of the SFT record forms (messages, prompt+completion, "
+            "instruction+output, text); map its columns with --data-fields prompt=COLUMN,response="
+            "COLUMN; " + COLUMNS,
+        ),
+    ],
+    ids=[
+        "unknown field",
+        "unknown template column",
+        "unknown filter column",
+        "filter keeps nothing",
+        "number mapped as text",
+        "no response",
+        "unknown role",
+        "unclosed brace",
+        "no mapping",
+    ],
+)
 def test_a_bad_mapping_is_one_line_naming_what_exists(fields, where, says, parquet_file, tmp_path, capsys):
     out = tmp_path / "profile"
     line = refused("01", [*data_args(parquet_file, fields, where), "--out", str(out)], capsys)
@@ -184,8 +285,9 @@ def test_a_bad_mapping_is_one_line_naming_what_exists(fields, where, says, parqu
 
 def test_a_wrong_field_name_on_the_command_line_is_one_line_without_traceback(parquet_file, tmp_path):
     argv = [*data_args(parquet_file, "prompt=Torch Module,response=cu"), "--out", str(tmp_path / "p")]
-    r = subprocess.run([sys.executable, "01_profile.py", *argv], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "01_profile.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr == f"error: --data-fields response=cu: {parquet_file} has no column 'cu'; {COLUMNS}\n"
 
@@ -195,9 +297,12 @@ def test_a_null_in_a_mapped_column_names_file_and_line(tmp_path):
     rows[1]["kernel.cu"] = None
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(UserError, match=rf"^{path}:2: column 'kernel.cu' holds no value \(null or missing\), "
-                                        r"not text; map text columns with --data-fields \(its columns: Torch "
-                                        r"Module \(string\)"):
+    with pytest.raises(
+        UserError,
+        match=rf"^{path}:2: column 'kernel.cu' holds no value \(null or missing\), "
+        r"not text; map text columns with --data-fields \(its columns: Torch "
+        r"Module \(string\)",
+    ):
         load_data(namespace(path, FIELDS))
 
 
@@ -206,17 +311,32 @@ def test_a_null_in_a_mapped_column_names_file_and_line(tmp_path):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where, kept", [
-    (("flag=true",), [0, 2]), (("flag=TRUE",), [0, 2]), (("flag=false",), [1]), (("flag=1",), []),
-    (("level=1",), [0, 1]), (("level=1.0",), [0, 1]), (("level=2.5",), [2]), (("level=one",), []),
-    (("name=Relu",), [0]), (("name=relu",), []), (("name=",), [1]), (("flag=true", "level=1"), [0]),
-    (("note=x",), [2]),
-], ids=lambda v: " ".join(v) if isinstance(v, tuple) else None)
+@pytest.mark.parametrize(
+    "where, kept",
+    [
+        (("flag=true",), [0, 2]),
+        (("flag=TRUE",), [0, 2]),
+        (("flag=false",), [1]),
+        (("flag=1",), []),
+        (("level=1",), [0, 1]),
+        (("level=1.0",), [0, 1]),
+        (("level=2.5",), [2]),
+        (("level=one",), []),
+        (("name=Relu",), [0]),
+        (("name=relu",), []),
+        (("name=",), [1]),
+        (("flag=true", "level=1"), [0]),
+        (("note=x",), [2]),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,
+)
 def test_where_compares_booleans_numbers_and_text_by_their_kind(where, kept, tmp_path):
     """Booleans: true/false in any case; numbers by value; text exactly; null (row 1's note) never matches."""
-    rows = [{"q": "a", "a": "x", "flag": True, "level": 1, "name": "Relu", "note": "y"},
-            {"q": "b", "a": "y", "flag": False, "level": 1.0, "name": "", "note": None},
-            {"q": "c", "a": "z", "flag": True, "level": 2.5, "name": "Gelu", "note": "x"}]
+    rows = [
+        {"q": "a", "a": "x", "flag": True, "level": 1, "name": "Relu", "note": "y"},
+        {"q": "b", "a": "y", "flag": False, "level": 1.0, "name": "", "note": None},
+        {"q": "c", "a": "z", "flag": True, "level": 2.5, "name": "Gelu", "note": "x"},
+    ]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
     ns = namespace(path, "prompt=q,response=a", where)
@@ -247,13 +367,18 @@ def test_json_array_json_lines_and_parquet_give_the_same_records(parquet_file, t
     array.write_text(json.dumps(rows, indent=1))
     lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
     read = {p.suffix: load_data(namespace(p, FIELDS, (KEEP,))) for p in (array, lines, parquet_file)}
-    strip = [[{k: v for k, v in r.items() if k not in ("id", "line")} for r in records]
-             for records, _ in read.values()]
+    strip = [
+        [{k: v for k, v in r.items() if k not in ("id", "line")} for r in records]
+        for records, _ in read.values()
+    ]
     assert strip[0] == strip[1] == strip[2] and len(strip[0]) == 5
     assert [r["line"] for r in read[".json"][0]] == [0, 2, 4, 6, 8]  # rows from 0
     assert [r["line"] for r in read[".jsonl"][0]] == [1, 3, 5, 7, 9]  # lines from 1, as in every JSONL
     assert {p: identity["format"] for p, (_, identity) in read.items()} == {
-        ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
+        ".json": "json",
+        ".jsonl": "jsonl",
+        ".parquet": "parquet",
+    }
 
 
 def test_rows_in_a_record_form_need_no_mapping(tmp_path):
@@ -264,7 +389,8 @@ def test_rows_in_a_record_form_need_no_mapping(tmp_path):
     got, identity = load_data(namespace(path, where=("keep=true",)))
     want = [r for i, r in enumerate(load_sft(SFT_SMALL)) if i != 1]
     assert [(g["id"], g["prompt_messages"], g["response"]) for g in got] == [
-        (w["id"], w["prompt_messages"], w["response"]) for w in want]
+        (w["id"], w["prompt_messages"], w["response"]) for w in want
+    ]
     assert identity["fields"] is None and identity["rows"] == {"read": 5, "kept": 4}
 
 
@@ -276,7 +402,8 @@ def test_a_folder_of_parquet_files_reads_them_in_order_and_names_each(tmp_path):
     (tmp_path / "data" / "README.md").write_text("not data\n")
     records, identity = load_data(namespace(tmp_path / "data", FIELDS, (KEEP,)))
     assert [r["id"] for r in records] == [f"{tmp_path}/data/a-00000.parquet row {i}" for i in (0, 2)] + [
-        f"{tmp_path}/data/b/a-00001.parquet row {i}" for i in (0, 2, 4)]
+        f"{tmp_path}/data/b/a-00001.parquet row {i}" for i in (0, 2, 4)
+    ]
     assert identity["format"] == "parquet-folder" and identity["rows"] == {"read": 10, "kept": 5}
     before = identity["sha256"]
     (tmp_path / "data" / "README.md").write_text("still not data\n")  # not a parquet file: same data
@@ -292,7 +419,8 @@ def test_a_save_to_disk_folder_reads_like_the_parquet_file(parquet_file, tmp_pat
     got, identity = load_data(namespace(tmp_path / "saved", FIELDS, (KEEP,)))
     want, _ = load_data(namespace(parquet_file, FIELDS, (KEEP,)))
     assert [(g["prompt_messages"], g["response"], g["line"]) for g in got] == [
-        (w["prompt_messages"], w["response"], w["line"]) for w in want]
+        (w["prompt_messages"], w["response"], w["line"]) for w in want
+    ]
     assert identity["format"] == "datasets-folder" and len(identity["sha256"]) == 64
     datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dict"))
     with pytest.raises(UserError, match=r"holds the splits train, test; name one split's folder, e\.g\."):
@@ -300,8 +428,11 @@ def test_a_save_to_disk_folder_reads_like_the_parquet_file(parquet_file, tmp_pat
 
 
 def test_a_folder_without_a_dataset_is_named(tmp_path, capsys):
-    line = refused("01", ["--data", str(tmp_path), "--data-fields", "prompt=q,response=a", "--out",
-                          str(tmp_path / "p")], capsys)
+    line = refused(
+        "01",
+        ["--data", str(tmp_path), "--data-fields", "prompt=q,response=a", "--out", str(tmp_path / "p")],
+        capsys,
+    )
     assert line.startswith(f"error: {tmp_path}: is a folder, not a file, and holds no dataset"), line
 
 
@@ -318,7 +449,7 @@ def test_a_malformed_hub_id_is_refused_in_one_line(data):
 
 HUB_CHILD = """
 import json, sys
-from cuset_common import UserError
+from cuset_common.cli import UserError
 from cuset_common.data_sources import hub_split, table_records
 
 repo, keep = sys.argv[1:]
@@ -343,31 +474,54 @@ def test_the_hub_loader_builds_a_split_and_pins_revision_and_fingerprint(tmp_pat
     (tmp_path / "repo" / "data").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(table_rows()), tmp_path / "repo" / "data" / "train-00000.parquet")
     env = os.environ | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-c", HUB_CHILD, str(tmp_path / "repo"), KEEP], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", HUB_CHILD, str(tmp_path / "repo"), KEEP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
-    (whole, lines, rows), = out["train"]
+    ((whole, lines, rows),) = out["train"]
     assert lines == [0, 2, 4, 6, 8] and rows == {"read": 10, "kept": 5}
     assert whole["format"] == "hub" and whole["sha256"] is None and whole["split"] == "train"
     assert len(whole["revision"]) >= 8 and len(whole["fingerprint"]) >= 8
     first, again = out["train[:4]"]
     assert first == again and first[1] == [0, 2] and first[0]["revision"] == whole["revision"]
     assert first[0]["fingerprint"] != whole["fingerprint"]  # another split expression is other data
-    assert out["error"] == ("--data hf:local/repo: ValueError: Unknown split \"level_9\". Should be one of "
-                            "['train'].")
+    assert out["error"] == (
+        "--data hf:local/repo: ValueError: Unknown split \"level_9\". Should be one of ['train']."
+    )
 
 
 def test_a_hub_dataset_out_of_reach_is_one_line_in_seconds(tmp_path):
     """No network here; HF_HUB_OFFLINE makes the same refusal certain where there is one."""
     pytest.importorskip("datasets")
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    r = subprocess.run([sys.executable, "01_profile.py", "--data", "hf:cuset-tests/no-such-archive:level_1",
-                        "--data-fields", "prompt=a,response=b", "--out", str(tmp_path / "p")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "01_profile.py",
+            "--data",
+            "hf:cuset-tests/no-such-archive:level_1",
+            "--data-fields",
+            "prompt=a,response=b",
+            "--out",
+            str(tmp_path / "p"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("error: --data hf:cuset-tests/no-such-archive:level_1: not in the local cache "
-                               "and the hub cannot be reached"), r.stderr
+    assert r.stderr.startswith(
+        "error: --data hf:cuset-tests/no-such-archive:level_1: not in the local cache "
+        "and the hub cannot be reached"
+    ), r.stderr
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,10 +530,12 @@ def test_a_hub_dataset_out_of_reach_is_one_line_in_seconds(tmp_path):
 
 
 def test_a_plain_jsonl_file_is_read_and_pinned_as_before_without_pyarrow_or_datasets():
-    code = ("import sys; from argparse import Namespace; from pathlib import Path; "
-            "from cuset_common.data_sources import load_data; "
-            f"records, identity = load_data(Namespace(data=Path({str(SFT_SMALL)!r}))); "
-            "print(len(records), identity, 'pyarrow' in sys.modules, 'datasets' in sys.modules)")
+    code = (
+        "import sys; from argparse import Namespace; from pathlib import Path; "
+        "from cuset_common.data_sources import load_data; "
+        f"records, identity = load_data(Namespace(data=Path({str(SFT_SMALL)!r}))); "
+        "print(len(records), identity, 'pyarrow' in sys.modules, 'datasets' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     identity = {"path": str(SFT_SMALL), "sha256": sha256_file(SFT_SMALL)}

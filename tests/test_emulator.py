@@ -3,6 +3,7 @@ launch syntax, templates, shared memory, macros, comments and strings; the runti
 (harness/emu/cuda_runtime.h) on barriers, warp intrinsics, atomics, events, launch limits,
 poisoned memory, the race-revealing schedule and texture reads (harness/emu/textures.h). Every
 program is really built with g++ and run; the texture program also with nvcc on a GPU, where one is."""
+
 from __future__ import annotations
 
 import re
@@ -16,10 +17,16 @@ from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, mask, transla
 PRELUDE = "#include <cuda_runtime.h>\n#include <cstdio>\n"
 
 
-def run(tmp_path: Path, source: str, checks: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(
+    tmp_path: Path, source: str, checks: bool = False, env: dict | None = None
+) -> subprocess.CompletedProcess:
     (tmp_path / "prog_emu.cpp").write_text(translate(PRELUDE + source))
-    build = subprocess.run(gxx_command("prog_emu.cpp", "prog", str(EMU_INCLUDE), checks), cwd=tmp_path,
-                           capture_output=True, text=True)
+    build = subprocess.run(
+        gxx_command("prog_emu.cpp", "prog", str(EMU_INCLUDE), checks),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     return subprocess.run(["./prog"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
 
@@ -36,7 +43,7 @@ def output(tmp_path: Path, source: str, env: dict | None = None) -> str:
 
 
 def test_mask_blanks_comments_and_strings_but_keeps_length_and_lines():
-    src = 'a<<<1,1>>>(); // k<<<2,2>>>()\n/* x<<<3,3>>>() */ puts("<<<"); char c = \'<\'; int n = 1\'000;\n'
+    src = "a<<<1,1>>>(); // k<<<2,2>>>()\n/* x<<<3,3>>>() */ puts(\"<<<\"); char c = '<'; int n = 1'000;\n"
     m = mask(src)
     assert len(m) == len(src) and m.count("\n") == src.count("\n")
     assert m.count("<<<") == 1 and "1'000" in m
@@ -84,10 +91,15 @@ def test_launch_syntax_variants_templates_macros_and_pointers(tmp_path):
 
 
 def test_translation_keeps_line_numbers():
-    src = "__global__ void k(int* p) {}\nint main() {\n  k<<<1,\n    1>>>(\n nullptr);\n  return __LINE__;\n}\n"
+    src = (
+        "__global__ void k(int* p) {}\nint main() {\n  k<<<1,\n    1>>>(\n nullptr);\n  return __LINE__;\n}\n"
+    )
     out = translate(src)
     lines = out.splitlines()
-    assert lines[:2] == ["#include <cuda_runtime.h>", '#line 1 "prog.cu"'] and lines[2:][5].strip() == "return __LINE__;"
+    assert (
+        lines[:2] == ["#include <cuda_runtime.h>", '#line 1 "prog.cu"']
+        and lines[2:][5].strip() == "return __LINE__;"
+    )
 
 
 SHARED = r"""
@@ -133,14 +145,20 @@ def test_static_dynamic_and_file_scope_shared_memory(tmp_path):
     assert output(tmp_path, SHARED).strip() == "bad=0"
 
 
-@pytest.mark.parametrize("snippet,reason", [
-    ("#include <thrust/device_vector.h>\n", "C++ library thrust"),
-    ('#include "cuda_fp16.h"\n', "half precision"),
-    ("__device__ void f() { asm volatile(\"trap;\"); }\n", "inline PTX"),
-    ("#include <mma.h>\nusing namespace nvcuda;\n", "tensor cores"),
-    ("__global__ void k(cudaSurfaceObject_t s) {}\n", "textures beyond 1D and 2D texture objects"),
-    ("__global__ void k(cudaTextureObject_t t, float* y) { y[0] = tex3D<float>(t, 0, 0, 0); }\n", "tex3D"),
-])
+@pytest.mark.parametrize(
+    "snippet,reason",
+    [
+        ("#include <thrust/device_vector.h>\n", "C++ library thrust"),
+        ('#include "cuda_fp16.h"\n', "half precision"),
+        ('__device__ void f() { asm volatile("trap;"); }\n', "inline PTX"),
+        ("#include <mma.h>\nusing namespace nvcuda;\n", "tensor cores"),
+        ("__global__ void k(cudaSurfaceObject_t s) {}\n", "textures beyond 1D and 2D texture objects"),
+        (
+            "__global__ void k(cudaTextureObject_t t, float* y) { y[0] = tex3D<float>(t, 0, 0, 0); }\n",
+            "tex3D",
+        ),
+    ],
+)
 def test_unsupported_features_are_refused_with_a_reason(snippet, reason):
     with pytest.raises(Unsupported, match=re.escape(reason)):
         translate(snippet + "int main() { return 0; }\n")
@@ -276,8 +294,21 @@ int main() {
 
 def test_atomics_from_4096_threads_on_several_os_threads(tmp_path):
     # inc wraps at 999 (4096 = 4 * 1000 + 96), dec cycles 0 -> 9 -> 8 ... (4096 % 10 = 6 steps: 9 8 7 6 5 4)
-    assert output(tmp_path, ATOMICS).split() == ["8386560", "-4096", "-7", "4095", "8192", "-2147483648",
-                                                 "2147483647", "0", "96", "4", "4096", "2048", "1024"]
+    assert output(tmp_path, ATOMICS).split() == [
+        "8386560",
+        "-4096",
+        "-7",
+        "4095",
+        "8192",
+        "-2147483648",
+        "2147483647",
+        "0",
+        "96",
+        "4",
+        "4096",
+        "2048",
+        "1024",
+    ]
 
 
 LIMITS = r"""
@@ -312,8 +343,17 @@ int main() {
 
 def test_launch_limits_poison_copies_properties_and_events(tmp_path):
     assert output(tmp_path, LIMITS).splitlines() == [
-        "invalid configuration argument", "cudaErrorInvalidConfiguration", "cudaErrorInvalidValue", "cudaSuccess",
-        "nan", "cudaErrorInvalidValue", "32 1024 1", "1", "cudaErrorInvalidDevice", "256 3 3"]
+        "invalid configuration argument",
+        "cudaErrorInvalidConfiguration",
+        "cudaErrorInvalidValue",
+        "cudaSuccess",
+        "nan",
+        "cudaErrorInvalidValue",
+        "32 1024 1",
+        "1",
+        "cudaErrorInvalidDevice",
+        "256 3 3",
+    ]
 
 
 OUT_OF_BOUNDS = r"""
@@ -375,7 +415,10 @@ int main() {
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_blocks_run_on_as_many_os_threads_as_stage_04_allows(tmp_path, threads):
-    assert output(tmp_path, THREADS, env={"CUSET_EMU_THREADS": str(threads)}).split() == ["2048", str(threads)]
+    assert output(tmp_path, THREADS, env={"CUSET_EMU_THREADS": str(threads)}).split() == [
+        "2048",
+        str(threads),
+    ]
 
 
 # Each line: what the CUDA programming guide's texture fetching appendix gives for these reads.

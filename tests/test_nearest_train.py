@@ -4,31 +4,41 @@ Its answers must carry the eval task's exact signatures (else its compile rate s
 copying), and stage 04 must score them for real: every answer compiles in its eval harness, and none
 passes, since a train answer that computed a held-out op would mean the op leaked into training.
 """
+
 from __future__ import annotations
 
 import json
 from collections import Counter
 
 import pytest
-
 from conftest import load_script
-from cuset_common import KERNEL_SIGNATURE, TASKS_FILE, load_tasks, signature_parts
+
+from cuset_common.paths import TASKS_FILE
+from cuset_common.tasks import KERNEL_SIGNATURE, load_tasks, signature_parts
 
 nt = load_script("experiments/nearest_train.py")
 ev = load_script("04_eval_kernels.py")
 
 
 def test_renaming_touches_names_not_members_or_other_words():
-    source = {"kernel_mode": {
-        "signatures": ["__global__ void neg_kernel(const float* x, float* y, int n)"],
-        "reference_kernels": "__global__ void neg_kernel(const float* x, float* y, int n) {\n"
-                             "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-                             "    if (i < n) y[i] = -x[i];  // n_x stays\n}\n"}}
-    task = {"kernel_mode": {"signatures": ["__global__ void flip_kernel(const float* src, float* dst, int count)"]}}
+    source = {
+        "kernel_mode": {
+            "signatures": ["__global__ void neg_kernel(const float* x, float* y, int n)"],
+            "reference_kernels": "__global__ void neg_kernel(const float* x, float* y, int n) {\n"
+            "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "    if (i < n) y[i] = -x[i];  // n_x stays\n}\n",
+        }
+    }
+    task = {
+        "kernel_mode": {
+            "signatures": ["__global__ void flip_kernel(const float* src, float* dst, int count)"]
+        }
+    }
     assert nt.renamed_kernels(source, task) == (
         "__global__ void flip_kernel(const float* src, float* dst, int count) {\n"
         "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-        "    if (i < count) dst[i] = -src[i];  // n_x stays\n}\n")
+        "    if (i < count) dst[i] = -src[i];  // n_x stays\n}\n"
+    )
 
 
 def test_answers_carry_the_eval_signatures_compile_and_none_passes(tmp_path):
@@ -45,8 +55,26 @@ def test_answers_carry_the_eval_signatures_compile_and_none_passes(tmp_path):
         assert got == want, r["task_id"]
 
     # no task check: tests/test_tasks.py shows every bundled kernel-mode reference passing
-    assert ev.main(["--solutions", str(sols), "--mode", "kernel", "--levels", "1", "--split", "eval",
-                    "--backend", "emulate", "--no-task-check", "--out", str(out)]) == 0
+    assert (
+        ev.main(
+            [
+                "--solutions",
+                str(sols),
+                "--mode",
+                "kernel",
+                "--levels",
+                "1",
+                "--split",
+                "eval",
+                "--backend",
+                "emulate",
+                "--no-task-check",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     by_outcome = Counter(r["outcome"] for r in results)
     eval_tasks = sum(t["split"] == "eval" for t in tasks.values())

@@ -9,6 +9,7 @@ each example takes milliseconds; a task the reader takes then goes through every
 short of compiling. The artifacts are made once, by stages 01, 02 and 04 with the bundled tiny model.
 Examples are derived from each test's name (derandomize): a run in CI tries the same inputs as the run
 before it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,28 +19,38 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import load_script
-from cuset_common import (LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL, UserError, append_jsonl,
-                          load_tasks, load_tokenizer, read_jsonl, tokenizer_fingerprint)
-from cuset_common.artifacts import META_SCHEMAS, check_schema
+from cuset_common.artifacts import META_SCHEMAS, check_schema, tokenizer_fingerprint
+from cuset_common.cli import UserError
 from cuset_common.data_sources import load_data
+from cuset_common.files import append_jsonl, read_jsonl
+from cuset_common.models import load_tokenizer
+from cuset_common.paths import LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
+from cuset_common.tasks import load_tasks
 from harness.generation import prompt_ids
 from harness.programs import MIN_OUTPUT_MB
 from harness.run_folder import load_solutions, select_tasks
 
-STAGE01, STAGE02, STAGE03, STAGE04 = (load_script(f) for f in ("01_profile.py", "02_label_regions.py",
-                                                               "03_train_cuset.py", "04_eval_kernels.py"))
+STAGE01, STAGE02, STAGE03, STAGE04 = (
+    load_script(f)
+    for f in ("01_profile.py", "02_label_regions.py", "03_train_cuset.py", "04_eval_kernels.py")
+)
 COMPARE = load_script("experiments/compare.py")
 
 
 def properties(examples: int):
     """hypothesis settings for these tests: no deadline (a busy core must not fail a test), the same
     examples on every run, and no example database written into the repository."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
 
 
 def one_line_or_success(call):
@@ -60,9 +71,11 @@ def one_line_or_success(call):
 # JSON values of any kind: scalars (floats with NaN and infinities, which Python's json writes and reads),
 # arrays and objects nested a few levels.
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-JSON = st.recursive(SCALARS, lambda inner: (st.lists(inner, max_size=4)
-                                           | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                    max_leaves=10)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -77,7 +90,7 @@ def read_all(path: Path) -> list[tuple[int, dict]]:
 def assert_names_the_line(path: Path, error: str, lines: int) -> None:
     """A refusal names the file and a line number within it."""
     assert error.startswith(f"{path}:"), error
-    assert 1 <= int(error[len(f"{path}:"):].split(":")[0]) <= max(lines, 1), error
+    assert 1 <= int(error[len(f"{path}:") :].split(":")[0]) <= max(lines, 1), error
 
 
 @properties(150)
@@ -173,20 +186,62 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("metas")
     data, profile, regions = root / "d4.jsonl", root / "profile", root / "regions"
     data.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:4]))
-    assert STAGE01.main(["--data", str(data), "--max-length", "256", "--device", "cpu",
-                         "--out", str(profile)]) == 0
-    assert STAGE02.main(["--data", str(data), "--profile", str(profile), "--permutations", "5",
-                         "--html-samples", "1", "--out", str(regions)]) == 0
+    assert (
+        STAGE01.main(["--data", str(data), "--max-length", "256", "--device", "cpu", "--out", str(profile)])
+        == 0
+    )
+    assert (
+        STAGE02.main(
+            [
+                "--data",
+                str(data),
+                "--profile",
+                str(profile),
+                "--permutations",
+                "5",
+                "--html-samples",
+                "1",
+                "--out",
+                str(regions),
+            ]
+        )
+        == 0
+    )
     return {"data": data, "profile": profile, "regions": regions}
 
 
 # (artifact, field path): the fields of the metas that the readers use, and two they do not check
 # (their value must not matter).
-FIELDS = [("profile", f) for f in ("model", "tokenizer_fingerprint", "data", "max_length", "counts",
-                                   "counts.samples", "counts.response_tokens", "categories", "categories.1",
-                                   "stage", "schema_version", "chat_template")] + \
-         [("regions", f) for f in ("tokenizer_fingerprint", "data", "max_length", "counts", "counts.samples",
-                                   "profile", "profile.path", "profile.meta_sha256", "finding")]
+FIELDS = [
+    ("profile", f)
+    for f in (
+        "model",
+        "tokenizer_fingerprint",
+        "data",
+        "max_length",
+        "counts",
+        "counts.samples",
+        "counts.response_tokens",
+        "categories",
+        "categories.1",
+        "stage",
+        "schema_version",
+        "chat_template",
+    )
+] + [
+    ("regions", f)
+    for f in (
+        "tokenizer_fingerprint",
+        "data",
+        "max_length",
+        "counts",
+        "counts.samples",
+        "profile",
+        "profile.path",
+        "profile.meta_sha256",
+        "finding",
+    )
+]
 DELETE = object()  # the field is removed
 
 
@@ -224,14 +279,32 @@ def readers(artifacts) -> dict[str, list]:
     through the regions meta's profile.path; --force: past the sha256 check) for both."""
     data, profile, regions = (str(artifacts[k]) for k in ("data", "profile", "regions"))
     args02 = STAGE02.parse_args(["--data", data, "--profile", profile, "--model", str(TINY_MODEL)])
-    args03 = STAGE03.parse_args(["--data", data, "--objective", "cuset", "--regions", regions,
-                                 "--mask-source", "profile", "--force",
-                                 "--out", str(artifacts["data"].parent / "unused")])
+    args03 = STAGE03.parse_args(
+        [
+            "--data",
+            data,
+            "--objective",
+            "cuset",
+            "--regions",
+            regions,
+            "--mask-source",
+            "profile",
+            "--force",
+            "--out",
+            str(artifacts["data"].parent / "unused"),
+        ]
+    )
     tok_fp = tokenizer_fingerprint(load_tokenizer(str(TINY_MODEL)))
     data_id = load_data(args03)[1]
     train = [lambda: STAGE03.load_regions(args03, tok_fp, data_id)]
-    return {"regions": train, "profile": [lambda: STAGE02.load_profile(args02),
-                                          lambda: COMPARE.read_profile(Path(profile)), *train]}
+    return {
+        "regions": train,
+        "profile": [
+            lambda: STAGE02.load_profile(args02),
+            lambda: COMPARE.read_profile(Path(profile)),
+            *train,
+        ],
+    }
 
 
 def test_the_readers_read_the_artifacts_as_made(readers):
@@ -271,26 +344,72 @@ def test_a_refused_meta_names_the_file_and_the_key(artifacts, field, value):
 # Two eval tasks of ours with a kernel-mode harness, and a row as the real CUDABench set writes one (an
 # integer id, a `gpu` field, a scalar shape "()"; no split, category or kernel_mode).
 KERNEL_TASKS = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval" and t.get("kernel_mode")][:2]
-REAL_SET_ROW = {"id": 0, "task_name": "Post_Process_GL", "task_description": "Compute the kernel.",
-                "inputs": [{"name": "input_img", "dtype": "uint8", "shape": "(128, 128, 4)"},
-                           {"name": "scale", "dtype": "float32", "shape": "()"}],
-                "outputs": [{"name": "output_img", "dtype": "uint32", "shape": "(16384,)"}], "gpu": "unknown",
-                "bench.cu": "__global__ void k() {}\nint main() { return 0; }\n", "gen.py": "print(1)\n",
-                "compare.py": "print('T')\n", "level1_prompt": "Write k.", "level2_prompt": "Write k.",
-                "level3_prompt": "Write k."}
+REAL_SET_ROW = {
+    "id": 0,
+    "task_name": "Post_Process_GL",
+    "task_description": "Compute the kernel.",
+    "inputs": [
+        {"name": "input_img", "dtype": "uint8", "shape": "(128, 128, 4)"},
+        {"name": "scale", "dtype": "float32", "shape": "()"},
+    ],
+    "outputs": [{"name": "output_img", "dtype": "uint32", "shape": "(16384,)"}],
+    "gpu": "unknown",
+    "bench.cu": "__global__ void k() {}\nint main() { return 0; }\n",
+    "gen.py": "print(1)\n",
+    "compare.py": "print('T')\n",
+    "level1_prompt": "Write k.",
+    "level2_prompt": "Write k.",
+    "level3_prompt": "Write k.",
+}
 # Paths to the fields (a number indexes an array): ("inputs", 0, "name") is the first input's name.
-TASK_FIELDS = [(k,) for k in ("id", "task_name", "task_description", *(f"level{lv}_prompt" for lv in LEVELS),
-                              "bench.cu", "gen.py", "compare.py", "split", "category", "kernel_mode")] + \
-              [("kernel_mode", k) for k in ("harness.cu", "marker", "launch", "reference_kernels")] + \
-              [("kernel_mode", "signatures"), ("kernel_mode", "signatures", 0)] + \
-              [(side, *part) for side in ("inputs", "outputs")
-               for part in ((), (0,), (0, "name"), (0, "dtype"), (0, "shape"))]
+TASK_FIELDS = (
+    [
+        (k,)
+        for k in (
+            "id",
+            "task_name",
+            "task_description",
+            *(f"level{lv}_prompt" for lv in LEVELS),
+            "bench.cu",
+            "gen.py",
+            "compare.py",
+            "split",
+            "category",
+            "kernel_mode",
+        )
+    ]
+    + [("kernel_mode", k) for k in ("harness.cu", "marker", "launch", "reference_kernels")]
+    + [("kernel_mode", "signatures"), ("kernel_mode", "signatures", 0)]
+    + [
+        (side, *part)
+        for side in ("inputs", "outputs")
+        for part in ((), (0,), (0, "name"), (0, "dtype"), (0, "shape"))
+    ]
+)
 # Strings that mean something to a reader: file names, shapes too large for any machine, dtypes numpy
 # parses as source, the kernel-mode marker.
-TRICKY_TEXT = st.sampled_from(["", "a/b", "..", "x" * 300, "(99999999999999999999,)", "()", "(1, 2)",
-                               "(2305843009213693952, 3)", "(4611686018427387904,)", "float64", "S999999999",
-                               "(2,)i4", "i4, i4", "1)", "bfloat16", "two\nlines", "\x00",
-                               KERNEL_TASKS[0]["kernel_mode"]["marker"]])
+TRICKY_TEXT = st.sampled_from(
+    [
+        "",
+        "a/b",
+        "..",
+        "x" * 300,
+        "(99999999999999999999,)",
+        "()",
+        "(1, 2)",
+        "(2305843009213693952, 3)",
+        "(4611686018427387904,)",
+        "float64",
+        "S999999999",
+        "(2,)i4",
+        "i4, i4",
+        "1)",
+        "bfloat16",
+        "two\nlines",
+        "\x00",
+        KERNEL_TASKS[0]["kernel_mode"]["marker"],
+    ]
+)
 FIELD_VALUES = JSON | TRICKY_TEXT | TEXT_WITH_SURROGATES | st.just(DELETE)
 
 
@@ -312,8 +431,19 @@ def stage04_uses(tasks_path: Path, mode: str, tok, work: Path) -> None:
     """What stage 04 does with its tasks, but compile and run: select_tasks, each level's prompt as token
     ids, the reference as a completion and as the program built from it, the output-size limit, the buffers'
     and scripts' files, a row per task (appended as the run appends it) and the summary of the rows."""
-    args = STAGE04.parse_args(["--tasks", str(tasks_path), "--split", "all", "--mode", mode, "--reference",
-                               "--out", str(work / "out")])
+    args = STAGE04.parse_args(
+        [
+            "--tasks",
+            str(tasks_path),
+            "--split",
+            "all",
+            "--mode",
+            mode,
+            "--reference",
+            "--out",
+            str(work / "out"),
+        ]
+    )
     tasks, _ = select_tasks(args)
     runner, rows = STAGE04.Runner(True, "emulated"), []
     for i, task in enumerate(tasks):
@@ -351,8 +481,9 @@ def tiny_tokenizer():
 @example(("outputs", 0, "shape"), "(4611686018427387904,)", "standalone")
 @example(("outputs", 0, "shape"), "(" + "9" * 5000 + ",)", "standalone")
 @example(("kernel_mode", "marker"), "// not in the harness", "kernel")
-def test_any_value_in_any_task_field_is_used_or_refused_in_one_line_before_out(tmp_path, tiny_tokenizer,
-                                                                                field, value, mode):
+def test_any_value_in_any_task_field_is_used_or_refused_in_one_line_before_out(
+    tmp_path, tiny_tokenizer, field, value, mode
+):
     """A task file whose second line has any value in a field stage 04 uses: select_tasks refuses it with
     file:line (or the one line of an option it does not fit), before --out exists, or stage 04 can use
     every task it returns."""
@@ -384,8 +515,10 @@ NUMBERS = st.sampled_from([1, 2, 3, 0, -1, 10**30, 1.0, 1.7, True, False, "1", f
 
 
 @properties(150)
-@given(st.sampled_from([("task_id",), ("level",), ("sample",), ("completion",)]),
-       JSON | NUMBERS | st.just(DELETE))
+@given(
+    st.sampled_from([("task_id",), ("level",), ("sample",), ("completion",)]),
+    JSON | NUMBERS | st.just(DELETE),
+)
 @example(("level",), 1.7)
 @example(("level",), True)
 @example(("sample",), float("inf"))
@@ -419,16 +552,40 @@ def eval_run(tmp_path_factory) -> Path:
     (root / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in KERNEL_TASKS))
     answers = [SOLUTION | {"task_id": t["id"], "level": 1, "sample": 0} for t in KERNEL_TASKS]
     (root / "sols.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
-    assert STAGE04.main(["--tasks", str(root / "tasks.jsonl"), "--split", "all", "--levels", "1",
-                         "--solutions", str(root / "sols.jsonl"), "--backend", "emulate", "--no-task-check",
-                         "--out", str(root / "run")]) == 0
+    assert (
+        STAGE04.main(
+            [
+                "--tasks",
+                str(root / "tasks.jsonl"),
+                "--split",
+                "all",
+                "--levels",
+                "1",
+                "--solutions",
+                str(root / "sols.jsonl"),
+                "--backend",
+                "emulate",
+                "--no-task-check",
+                "--out",
+                str(root / "run"),
+            ]
+        )
+        == 0
+    )
     return root / "run"
 
 
-SUMMARY_FIELDS = [("summary.json", f) for f in (("num_samples",), ("backend",), ("overall",),
-                                                ("overall", "compile_rate"), ("overall", "pass@1"),
-                                                ("overall", "pass@3"))] + \
-                 [("results.jsonl", (f,)) for f in ("task_id", "level", "outcome")]
+SUMMARY_FIELDS = [
+    ("summary.json", f)
+    for f in (
+        ("num_samples",),
+        ("backend",),
+        ("overall",),
+        ("overall", "compile_rate"),
+        ("overall", "pass@1"),
+        ("overall", "pass@3"),
+    )
+] + [("results.jsonl", (f,)) for f in ("task_id", "level", "outcome")]
 
 
 @properties(100)
@@ -459,10 +616,41 @@ def test_compare_reads_any_stage_04_summary_or_names_the_file(eval_run, field, v
 # ---------------------------------------------------------------------------------------
 
 # Words a user might put in a forwarded string: flags of the stages, numbers in and out of range, quotes.
-WORDS = st.sampled_from(["--lr", "--max-steps", "--stop-after", "--epochs", "--batch-size", "--rho",
-                         "--tau-max", "--levels", "--num-samples", "--top-p", "--max-length", "--objective",
-                         "--backend", "--help", "--", "-1", "0", "1", "2.5", "nan", "inf", "1e999", "abc",
-                         "'", '"', "\\", "=", "1,2,3", "emulate", "cuset", ""])
+WORDS = st.sampled_from(
+    [
+        "--lr",
+        "--max-steps",
+        "--stop-after",
+        "--epochs",
+        "--batch-size",
+        "--rho",
+        "--tau-max",
+        "--levels",
+        "--num-samples",
+        "--top-p",
+        "--max-length",
+        "--objective",
+        "--backend",
+        "--help",
+        "--",
+        "-1",
+        "0",
+        "1",
+        "2.5",
+        "nan",
+        "inf",
+        "1e999",
+        "abc",
+        "'",
+        '"',
+        "\\",
+        "=",
+        "1,2,3",
+        "emulate",
+        "cuset",
+        "",
+    ]
+)
 ARG_STRINGS = st.lists(WORDS, max_size=6).map(" ".join) | st.text(max_size=30)
 
 
@@ -470,18 +658,35 @@ ARG_STRINGS = st.lists(WORDS, max_size=6).map(" ".join) | st.text(max_size=30)
 @given(st.sampled_from(["profile", "regions", "train", "eval", "standalone"]), ARG_STRINGS)
 def test_compare_takes_or_refuses_any_forwarded_string_in_one_line(tmp_path, stage, given_args):
     out = tmp_path / "out"
-    one_line_or_success(lambda: COMPARE.parse_args(["--preset", "cpu-quick", "--out", str(out),
-                                                    f"--{stage}-args={given_args}"]))
+    one_line_or_success(
+        lambda: COMPARE.parse_args(
+            ["--preset", "cpu-quick", "--out", str(out), f"--{stage}-args={given_args}"]
+        )
+    )
     assert not out.exists()
 
 
 @properties(60)
-@given(st.sampled_from(["--seeds", "--max-length", "--bootstrap", "--stop-after", "--preset", "--objectives",
-                        "--modes", "--runs"]), st.text(max_size=12))
+@given(
+    st.sampled_from(
+        [
+            "--seeds",
+            "--max-length",
+            "--bootstrap",
+            "--stop-after",
+            "--preset",
+            "--objectives",
+            "--modes",
+            "--runs",
+        ]
+    ),
+    st.text(max_size=12),
+)
 def test_compare_takes_or_refuses_any_option_value_in_one_line(tmp_path, option, value):
     out = tmp_path / "out"
-    one_line_or_success(lambda: COMPARE.parse_args(["--preset", "cpu-quick", "--out", str(out),
-                                                    f"{option}={value}"]))
+    one_line_or_success(
+        lambda: COMPARE.parse_args(["--preset", "cpu-quick", "--out", str(out), f"{option}={value}"])
+    )
     assert not out.exists()
 
 

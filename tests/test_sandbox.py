@@ -5,6 +5,7 @@ the probe says why isolation is unavailable where it is. As root, one uid per jo
 jobs differ, a held uid is not taken, a killed holder frees it, nothing of a job's uid survives
 it; not root, the user's own processes leave a job its allowance; a sandbox that cannot start
 for want of processes is a timeout of that call, not an abort."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from harness.programs import Runner
 from harness.sandbox import SANDBOX_UIDS, SandboxBusy, SandboxError, hold_uid, probe_isolation, run_sandboxed
 
@@ -149,8 +150,12 @@ def base():
 
 
 def as_nobody(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 class Sandbox:
@@ -238,29 +243,46 @@ def survivors(token: str) -> list[str]:
 
 def test_it_cannot_read_the_project_the_task_file_or_home_folders(sandbox):
     cwd = sandbox.folder()
-    results = sandbox.attack(f"read:{ROOT / 'README.md'}", f"read:{ROOT / 'cuset_common' / '__init__.py'}",
-                             "read:../task/secret.txt", f"read:{cwd.parent / 'task' / 'secret.txt'}", f"list:{ROOT}",
-                             "list:/root", "list:/home", "read:/etc/shadow", "read:/etc/passwd", "list:/run", cwd=cwd)
+    results = sandbox.attack(
+        f"read:{ROOT / 'README.md'}",
+        f"read:{ROOT / 'cuset_common' / '__init__.py'}",
+        "read:../task/secret.txt",
+        f"read:{cwd.parent / 'task' / 'secret.txt'}",
+        f"list:{ROOT}",
+        "list:/root",
+        "list:/home",
+        "read:/etc/shadow",
+        "read:/etc/passwd",
+        "list:/run",
+        cwd=cwd,
+    )
     assert results == dict.fromkeys(results, "No such file or directory")
 
 
 def test_it_cannot_see_host_processes(sandbox):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        results = sandbox.attack("pids", f"signal:{sleeper.pid}", f"signal:{os.getpid()}",
-                                 f"read:/proc/{sleeper.pid}/cmdline")
+        results = sandbox.attack(
+            "pids", f"signal:{sleeper.pid}", f"signal:{os.getpid()}", f"read:/proc/{sleeper.pid}/cmdline"
+        )
     finally:
         sleeper.kill()
         sleeper.wait()
     pids = {int(p) for p in results.pop("pids").split()}
-    assert len(pids) <= 3 and sleeper.pid not in pids and os.getpid() not in pids, pids  # bwrap's init and the program
-    assert all(result == "No such process" or result == "No such file or directory" for result in results.values())
+    assert len(pids) <= 3 and sleeper.pid not in pids and os.getpid() not in pids, (
+        pids
+    )  # bwrap's init and the program
+    assert all(
+        result == "No such process" or result == "No such file or directory" for result in results.values()
+    )
 
 
 def test_nothing_it_writes_outside_its_folder_reaches_the_host(sandbox):
     cwd, token = sandbox.folder(), uuid.uuid4().hex[:8]
-    targets = [Path(d) / f"cuset-escape-{token}" for d in ("/tmp", "/var/tmp", "/dev/shm", "/run", "/run/lock",
-                                                          ROOT, cwd.parent, cwd.parent.parent)]
+    targets = [
+        Path(d) / f"cuset-escape-{token}"
+        for d in ("/tmp", "/var/tmp", "/dev/shm", "/run", "/run/lock", ROOT, cwd.parent, cwd.parent.parent)
+    ]
     sandbox.attack(*(f"write:{t}" for t in targets), "write:../escape-relative", cwd=cwd)
     written = [t for t in [*targets, cwd.parent / "escape-relative"] if t.exists()]
     for t in written:
@@ -275,8 +297,9 @@ def test_its_in_memory_file_systems_are_read_only_or_bounded(sandbox):
 
 
 def test_it_cannot_connect_to_host_sockets(sandbox, listeners):
-    results = sandbox.attack(f"unix:{listeners['unix']}", f"abstract:{listeners['abstract']}",
-                             f"tcp:{listeners['tcp']}")
+    results = sandbox.attack(
+        f"unix:{listeners['unix']}", f"abstract:{listeners['abstract']}", f"tcp:{listeners['tcp']}"
+    )
     assert all(result != "ok" for result in results.values()), results
 
 
@@ -332,7 +355,9 @@ def spew(n: int) -> str:
     return "".join(chr(ord("a") + (i * 7 + i // 26) % 26) for i in range(n))
 
 
-@pytest.mark.parametrize("size,keep", [(3_000_000, 1000), (2500, 1000), (1500, 1000), (2000, 1000), (999, 1000)])
+@pytest.mark.parametrize(
+    "size,keep", [(3_000_000, 1000), (2500, 1000), (1500, 1000), (2000, 1000), (999, 1000)]
+)
 def test_output_keeps_head_and_tail_and_counts_the_cut_exactly(sandbox, size, keep):
     code, log = sandbox.run(["./hostile", f"spew:{size}"], log_keep=keep)
     text, cut = spew(size), max(0, size - 2 * keep)
@@ -368,8 +393,13 @@ with hold_uid({pool}) as uid:
 @contextmanager
 def another_process_holding(pool: str):
     """(the process, the uid it holds) for the block; it is killed at the end if still alive."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(pool=pool)], cwd=ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(pool=pool)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield proc, int(proc.stdout.readline())
     finally:
@@ -436,21 +466,26 @@ def test_a_killed_holder_frees_its_uid():
 
 
 @root_only
-@pytest.mark.parametrize("cmd,timeout,code", [(["./hostile", "bomb"], 1, None),
-                                              (["sh", "-c", "./hostile daemon & sleep 0.2"], 30, 0)],
-                         ids=["fork-loop-till-its-timeout", "exits-leaving-a-daemon"])
+@pytest.mark.parametrize(
+    "cmd,timeout,code",
+    [(["./hostile", "bomb"], 1, None), (["sh", "-c", "./hostile daemon & sleep 0.2"], 30, 0)],
+    ids=["fork-loop-till-its-timeout", "exits-leaving-a-daemon"],
+)
 def test_nothing_of_a_jobs_uid_survives_it(base, cmd, timeout, code):
     with hold_uid() as uid:  # held past the job: nothing else can run as this uid before we look
-        assert run_sandboxed(cmd, Sandbox(base, "self").folder(), timeout, untrusted=True, nproc=64,
-                             uid=uid)[0] == code
+        assert (
+            run_sandboxed(cmd, Sandbox(base, "self").folder(), timeout, untrusted=True, nproc=64, uid=uid)[0]
+            == code
+        )
         assert live_processes_of(uid) == []
 
 
 @root_only
 def test_a_process_of_the_jobs_uid_outside_its_sandbox_is_killed_after_the_job(base):
     with hold_uid() as uid:
-        stray = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep",
-                                  "60"])
+        stray = subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"]
+        )
         assert run_sandboxed(["true"], Sandbox(base, "self").folder(), 30, untrusted=True, uid=uid)[0] == 0
         assert stray.wait(timeout=15) == -signal.SIGKILL
         assert live_processes_of(uid) == []
@@ -463,8 +498,9 @@ def test_a_users_own_processes_leave_a_job_its_allowance(base):
     as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "120"]
     sleepers = [subprocess.Popen(as_nobody) for _ in range(40)]
     try:
-        code, log = Sandbox(base, "nobody").run(["sh", "-c", "for i in 1 2 3 4 5; do sleep 0.1 & done; wait; "
-                                                 "echo ok"], nproc=16)
+        code, log = Sandbox(base, "nobody").run(
+            ["sh", "-c", "for i in 1 2 3 4 5; do sleep 0.1 & done; wait; echo ok"], nproc=16
+        )
     finally:
         for s in sleepers:
             s.kill()
@@ -486,10 +522,16 @@ def test_a_sandbox_that_cannot_start_for_want_of_processes_is_a_timeout_of_that_
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("compiler,source", [
-    (["nvcc", "-O2", "-gencode", "arch=compute_80,code=sm_80"], "__global__ void k(float* y) { *y = 1; }\n"),
-    (["g++", "-O2", "-x", "c++"], ""),
-])
+@pytest.mark.parametrize(
+    "compiler,source",
+    [
+        (
+            ["nvcc", "-O2", "-gencode", "arch=compute_80,code=sm_80"],
+            "__global__ void k(float* y) { *y = 1; }\n",
+        ),
+        (["g++", "-O2", "-x", "c++"], ""),
+    ],
+)
 def test_the_compilers_work_in_the_whitelist(sandbox, compiler, source):
     cwd = sandbox.folder()
     (cwd / "prog.cu").write_text(source + '#include <cstdio>\nint main() { printf("built\\n"); }\n')
@@ -515,25 +557,47 @@ def test_trusted_scripts_see_our_files_but_no_network_and_no_host_processes(sand
 
 
 def test_the_probe_names_what_it_uses(sandbox, base):
-    how = probe_isolation().how if sandbox.who == "self" else json.loads(as_nobody(
-        "/usr/bin/python3", str(base / "driver.py"), "probe").stdout)["how"]
+    how = (
+        probe_isolation().how
+        if sandbox.who == "self"
+        else json.loads(as_nobody("/usr/bin/python3", str(base / "driver.py"), "probe").stdout)["how"]
+    )
     assert how.startswith("bubblewrap") and how.endswith(f"namespaces; {sandbox.runs_as}")
 
 
 @root_only
 def test_the_probe_says_why_when_user_namespaces_are_disabled(base):
     disable = "echo 0 > /proc/sys/user/max_user_namespaces"  # per user namespace: this one and those below
-    r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", f"{disable} && exec /usr/bin/python3 "
-                        "driver.py probe"], cwd=base, capture_output=True, text=True)
-    assert json.loads(r.stdout) == {"available": False, "how": "user namespaces are disabled (/proc/sys/user/"
-                                    "max_user_namespaces = 0): sysctl -w user.max_user_namespaces=10000"}
+    r = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            f"{disable} && exec /usr/bin/python3 driver.py probe",
+        ],
+        cwd=base,
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(r.stdout) == {
+        "available": False,
+        "how": "user namespaces are disabled (/proc/sys/user/"
+        "max_user_namespaces = 0): sysctl -w user.max_user_namespaces=10000",
+    }
 
 
 @root_only
 def test_the_probe_says_why_without_bwrap(base, tmp_path):
     for tool in ("python3", "true", "setpriv"):
         (tmp_path / tool).symlink_to(shutil.which(tool, path="/usr/bin:/bin"))
-    r = subprocess.run(["python3", "driver.py", "probe"], cwd=base, capture_output=True, text=True,
-                       env={"PATH": str(tmp_path)})
+    r = subprocess.run(
+        ["python3", "driver.py", "probe"],
+        cwd=base,
+        capture_output=True,
+        text=True,
+        env={"PATH": str(tmp_path)},
+    )
     report = json.loads(r.stdout)
     assert not report["available"] and report["how"].startswith("bwrap not found: apt-get install bubblewrap")

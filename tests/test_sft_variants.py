@@ -4,6 +4,7 @@ A copy is only useful if it is a correct task of its own (its reference kernels 
 own renamed harness, its gen.py writes the renamed files) whose names agree across prompt,
 signatures and answer, and it must never carry a held-out op into training data, renamed or not.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
-from cuset_common import NVCC_FLAGS, SFT_KERNEL_FILE, TASKS_FILE, build_prompt, fence, load_tasks, read_jsonl
+
+from cuset_common.files import read_jsonl
+from cuset_common.paths import NVCC_FLAGS, SFT_KERNEL_FILE, TASKS_FILE
+from cuset_common.tasks import build_prompt, fence, load_tasks
 
 sys.path.insert(0, str(ROOT / "data"))  # the taskgen package lives in data/
 from taskgen import FAMILIES  # noqa: E402
@@ -67,8 +70,13 @@ def code_words(text: str) -> set[str]:
 def nvcc_compile(source: str, workdir: Path) -> subprocess.CompletedProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prog.cu").write_text(source)
-    return subprocess.run(["nvcc", *NVCC_FLAGS, *ARCH, "prog.cu", "-o", "prog.o"], cwd=workdir,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["nvcc", *NVCC_FLAGS, *ARCH, "prog.cu", "-o", "prog.o"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def with_kernels(task: dict, kernels: str) -> str:
@@ -109,6 +117,7 @@ def test_copy_names_agree_in_prompt_signatures_and_answer(spec):
 def test_copies_compile_in_their_own_harness_and_not_in_the_original(tmp_path):
     """The copy's reference kernels compile in the copy's harness; the original kernels do not (the
     harness really calls the new names); gen.py writes the renamed input and reference files."""
+
     def check(spec) -> str | None:
         j = 1 + SAMPLE.index(spec) % 3  # different copies across families
         task = render_task(variant(spec, j, FORBIDDEN))
@@ -127,7 +136,9 @@ def test_copies_compile_in_their_own_harness_and_not_in_the_original(tmp_path):
         r = subprocess.run([sys.executable, "gen.py"], cwd=gen, capture_output=True, text=True, timeout=300)
         if r.returncode:
             return f"{task['id']}: gen.py failed: {r.stderr[-800:]}"
-        want = {f"{b['name']}.bin" for b in task["inputs"]} | {f"{b['name']}_ref.bin" for b in task["outputs"]}
+        want = {f"{b['name']}.bin" for b in task["inputs"]} | {
+            f"{b['name']}_ref.bin" for b in task["outputs"]
+        }
         got = {p.name for p in (gen / "data").iterdir()}
         return None if got == want else f"{task['id']}: gen.py wrote {sorted(got)}, expected {sorted(want)}"
 
@@ -185,14 +196,23 @@ def test_no_held_out_op_leaks_into_training_data(kernel_records):
     tasks = load_tasks(TASKS_FILE)
     held_out = [t for t in tasks if t["split"] != "train"]
     train_names = {t["task_name"] for t in tasks if t["split"] == "train"}
-    held_out_kernels = {m for t in held_out for s in t["kernel_mode"]["signatures"]
-                        for m in re.findall(r"__global__ void (\w+)", s)}
-    answers = {skeleton(r["messages"][2]["content"].removeprefix("```cpp\n").removesuffix("\n```"))
-               for r in kernel_records}
+    held_out_kernels = {
+        m
+        for t in held_out
+        for s in t["kernel_mode"]["signatures"]
+        for m in re.findall(r"__global__ void (\w+)", s)
+    }
+    answers = {
+        skeleton(r["messages"][2]["content"].removeprefix("```cpp\n").removesuffix("\n```"))
+        for r in kernel_records
+    }
     for r in kernel_records:
         user, answer = r["messages"][1]["content"], r["messages"][2]["content"]
         assert user.splitlines()[0].removeprefix("Task: ") in train_names, r["id"]
-        assert not (held_out_kernels & (words(user) | words(answer))), (r["id"], held_out_kernels & words(answer))
+        assert not (held_out_kernels & (words(user) | words(answer))), (
+            r["id"],
+            held_out_kernels & words(answer),
+        )
         assert not any(f"_{op}_" in f"_{w.lower()}_" for w in code_words(answer) for op in FORBIDDEN), r["id"]
     # No held-out op's kernels, under any renaming, are a training answer.
     for t in held_out:
@@ -202,8 +222,9 @@ def test_no_held_out_op_leaks_into_training_data(kernel_records):
 def test_skeleton_sees_through_renaming():
     # The leak check above is only as good as skeleton(): a renamed copy must match its original.
     spec = SAMPLE[2]
-    assert skeleton(render_task(variant(spec, 1, FORBIDDEN))["kernel_mode"]["reference_kernels"]) == \
-        skeleton(render_task(spec)["kernel_mode"]["reference_kernels"])
+    assert skeleton(render_task(variant(spec, 1, FORBIDDEN))["kernel_mode"]["reference_kernels"]) == skeleton(
+        render_task(spec)["kernel_mode"]["reference_kernels"]
+    )
 
 
 def test_variant_refuses_a_held_out_spec():

@@ -2,6 +2,7 @@
 gen.py/compare.py behaviour, and every reference program and harness passing its own check:
 everywhere, each compiled by nvcc, and run under CPU emulation through stage 04 (every standalone
 program, the eval split's harnesses); on the GPU where one is present, every one of both run."""
+
 from __future__ import annotations
 
 import ast
@@ -16,11 +17,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, load_script
-from cuset_common import (EVAL_SFT_FILE, EVAL_SFT_KERNEL_FILE, LEVELS, NVCC_DEFAULT_ARCH, NVCC_FLAGS,
-                          NVCC_NATIVE_ARCH, SFT_FILE, SFT_KERNEL_FILE, TASKS_FILE, build_prompt, fence, load_tasks,
-                          read_jsonl)
+
+from cuset_common.files import read_jsonl
+from cuset_common.paths import (
+    EVAL_SFT_FILE,
+    EVAL_SFT_KERNEL_FILE,
+    LEVELS,
+    NVCC_DEFAULT_ARCH,
+    NVCC_FLAGS,
+    NVCC_NATIVE_ARCH,
+    SFT_FILE,
+    SFT_KERNEL_FILE,
+    TASKS_FILE,
+)
+from cuset_common.tasks import build_prompt, fence, load_tasks
 
 DTYPES = {"float32", "float64", "int32", "uint32", "int64", "uint8"}
 SPLITS = {"train", "eval", "pretrain"}
@@ -50,15 +61,29 @@ def count_of(buf: dict) -> int:
 def test_every_task_matches_the_schema(tasks):
     for t in tasks:
         where = f"task {t['id']}"
-        for key in ("id", "task_name", "task_description", "bench.cu", "gen.py", "compare.py",
-                    "level1_prompt", "level2_prompt", "level3_prompt", "split", "category", "op"):
+        for key in (
+            "id",
+            "task_name",
+            "task_description",
+            "bench.cu",
+            "gen.py",
+            "compare.py",
+            "level1_prompt",
+            "level2_prompt",
+            "level3_prompt",
+            "split",
+            "category",
+            "op",
+        ):
             assert isinstance(t[key], str) and t[key].strip(), f"{where}: {key} empty or not a string"
         assert t["split"] in SPLITS, where
         for buf in t["inputs"] + t["outputs"]:
             assert set(buf) == {"name", "dtype", "shape"}, where
             assert buf["dtype"] in DTYPES, where
             shape_of(buf)
-            assert f'"data/{buf["name"]}.bin"' in t["bench.cu"], f"{where}: bench.cu never touches {buf['name']}"
+            assert f'"data/{buf["name"]}.bin"' in t["bench.cu"], (
+                f"{where}: bench.cu never touches {buf['name']}"
+            )
         assert t["outputs"], where
         km = t["kernel_mode"]
         assert km["harness.cu"].count(km["marker"]) == 1, f"{where}: marker must appear once"
@@ -66,7 +91,9 @@ def test_every_task_matches_the_schema(tasks):
         flat_kernels = " ".join(km["reference_kernels"].split())  # a signature may wrap over lines
         for sig in km["signatures"]:
             assert sig.startswith("__global__ void "), f"{where}: {sig}"
-            assert " ".join(sig.split()) in flat_kernels, f"{where}: signature not in reference kernels: {sig}"
+            assert " ".join(sig.split()) in flat_kernels, (
+                f"{where}: signature not in reference kernels: {sig}"
+            )
 
 
 def test_ids_are_unique(tasks):
@@ -97,7 +124,9 @@ def test_splits_are_disjoint_by_operation(tasks):
 
 @pytest.mark.parametrize("script", ["build_tasks.py", "build_sft.py"])
 def test_builders_reproduce_committed_files_byte_for_byte(script):
-    r = subprocess.run([sys.executable, str(ROOT / "data" / script), "--check"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "data" / script), "--check"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -139,7 +168,9 @@ def test_held_out_sft_data_holds_eval_split_tasks_only(tasks, path, mode):
     by_id = {t["id"]: t for t in tasks}
     records = [r for _, r in read_jsonl(path)]
     eval_ids = {t["id"] for t in tasks if t["split"] == "eval"}
-    assert {r["task_id"] for r in records} == eval_ids and all(by_id[r["task_id"]]["split"] == "eval" for r in records)
+    assert {r["task_id"] for r in records} == eval_ids and all(
+        by_id[r["task_id"]]["split"] == "eval" for r in records
+    )
     want = {(i, lv) for i in eval_ids for lv in LEVELS} if mode == "standalone" else None
     assert want is None or {(r["task_id"], r["level"]) for r in records} == want
     assert {r["level"] for r in records} == set(LEVELS) and len({r["id"] for r in records}) == len(records)
@@ -166,8 +197,9 @@ def nvcc(source: str, workdir: Path, arch: list[str]) -> tuple[Path, subprocess.
     workdir.mkdir(parents=True, exist_ok=True)
     src, exe = workdir / "prog.cu", workdir / "prog"
     src.write_text(source)
-    r = subprocess.run(["nvcc", *NVCC_FLAGS, *arch, str(src), "-o", str(exe)], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        ["nvcc", *NVCC_FLAGS, *arch, str(src), "-o", str(exe)], capture_output=True, text=True, timeout=600
+    )
     return exe, r
 
 
@@ -178,8 +210,26 @@ def test_nvcc_is_available():
 def reference_rows_under_emulation(out: Path, mode: str, split: str) -> list[dict]:
     """Stage 04 on the references of `split` in `mode`: its nvcc flags, the CPU emulator, gen.py, compare.py."""
     ev = load_script("04_eval_kernels.py")
-    assert ev.main(["--reference", "--split", split, "--levels", "1", "--mode", mode, "--backend", "emulate",
-                    "--jobs", str(JOBS), "--out", str(out)]) == 0
+    assert (
+        ev.main(
+            [
+                "--reference",
+                "--split",
+                split,
+                "--levels",
+                "1",
+                "--mode",
+                mode,
+                "--backend",
+                "emulate",
+                "--jobs",
+                str(JOBS),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
 
 
@@ -216,8 +266,10 @@ def test_every_kernel_mode_reference_compiles_and_the_eval_split_passes_under_em
 
     with ThreadPoolExecutor(JOBS) as pool:
         failures += [f for f in pool.map(compiles, [t for t in tasks if t["split"] != "eval"]) if f]
-    print(f"kernel: {len(tasks) - len(failures)}/{len(tasks)} harnesses pass (nvcc for all, emulation for the "
-          f"{len(rows)} of the eval split)")
+    print(
+        f"kernel: {len(tasks) - len(failures)}/{len(tasks)} harnesses pass (nvcc for all, emulation for the "
+        f"{len(rows)} of the eval split)"
+    )
     assert not failures, f"{len(failures)} of {len(tasks)} fail:\n" + "\n".join(failures[:5])
 
 
@@ -313,7 +365,9 @@ def run_reference_on_gpu(task: dict, exe: Path, workdir: Path) -> tuple[str, str
     for buf in task["inputs"]:
         shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
     # stdin carries the timing nonce that kernel-mode harnesses print back (stage 04 does the same)
-    r = subprocess.run([str(exe)], cwd=run_dir, input="test-nonce\n", capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(exe)], cwd=run_dir, input="test-nonce\n", capture_output=True, text=True, timeout=120
+    )
     if r.returncode:
         return "runtime_error", r.stderr[-800:]
     for buf in task["outputs"]:
@@ -329,8 +383,11 @@ def run_reference_on_gpu(task: dict, exe: Path, workdir: Path) -> tuple[str, str
 def test_every_reference_passes_on_gpu(tasks, tmp_path, mode):
     def check(task):
         d = tmp_path / task["id"]
-        source = task["bench.cu"] if mode == "standalone" else kernel_mode_source(
-            task, task["kernel_mode"]["reference_kernels"])
+        source = (
+            task["bench.cu"]
+            if mode == "standalone"
+            else kernel_mode_source(task, task["kernel_mode"]["reference_kernels"])
+        )
         exe, r = nvcc(source, d / "build", NVCC_NATIVE_ARCH)
         if r.returncode:
             return f"{task['id']}: compile error {r.stderr[-800:]}"

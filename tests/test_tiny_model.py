@@ -4,6 +4,7 @@ a ChatML chat template, an end-of-turn eos, and weights that are trained, not ra
 builder's corpus rules: only headers whose own banner states a permissive licence, banners kept
 out of the training text but recorded, every source listed with its licence, file count and
 bytes, a clear refusal when the sources are missing, train/eval reference code never trained on."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers (and huggingface_hub) 
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from conftest import load_script
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "data" / "models" / "tiny-cuda-lm"
@@ -58,9 +58,11 @@ int main() {
 }
 """
 
-MESSAGES = [{"role": "system", "content": "You are an expert CUDA programmer."},
-            {"role": "user", "content": "Write a kernel that adds two vectors."},
-            {"role": "assistant", "content": "```cpp\n__global__ void add() {}\n```"}]
+MESSAGES = [
+    {"role": "system", "content": "You are an expert CUDA programmer."},
+    {"role": "user", "content": "Write a kernel that adds two vectors."},
+    {"role": "assistant", "content": "```cpp\n__global__ void add() {}\n```"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +77,15 @@ def model():
 
 def test_folder_is_complete_and_small():
     names = {p.name for p in MODEL_DIR.iterdir()}
-    for required in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                     "tokenizer_config.json", "README.md", "build_report.json"):
+    for required in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "build_report.json",
+    ):
         assert required in names, f"{required} missing from {MODEL_DIR}; run python data/build_tiny_model.py"
     assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) <= 25_000_000
     config = json.loads((MODEL_DIR / "config.json").read_text())
@@ -137,35 +146,51 @@ def builder():
     return load_script("data/build_tiny_model.py")
 
 
-BSD_BANNER = ("/*\n * Copyright (c) 2011, NVIDIA CORPORATION.  All rights reserved.\n *\n"
-              " * Redistribution and use in source and binary forms, with or without\n"
-              " * modification, are permitted provided that the following conditions are met:\n"
-              " *     * Neither the name of the NVIDIA CORPORATION nor the\n */\n")
-LLVM_BANNER = ("//===----------------------------------------------------------------------===//\n"
-               "// Part of libcu++, under the Apache License v2.0 with LLVM Exceptions.\n"
-               "// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception\n"
-               "//===----------------------------------------------------------------------===//\n\n")
+BSD_BANNER = (
+    "/*\n * Copyright (c) 2011, NVIDIA CORPORATION.  All rights reserved.\n *\n"
+    " * Redistribution and use in source and binary forms, with or without\n"
+    " * modification, are permitted provided that the following conditions are met:\n"
+    " *     * Neither the name of the NVIDIA CORPORATION nor the\n */\n"
+)
+LLVM_BANNER = (
+    "//===----------------------------------------------------------------------===//\n"
+    "// Part of libcu++, under the Apache License v2.0 with LLVM Exceptions.\n"
+    "// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception\n"
+    "//===----------------------------------------------------------------------===//\n\n"
+)
 NVIDIA_BANNER = "/*\n * SPDX-FileCopyrightText: Copyright (c) 2021 NVIDIA CORPORATION.\n *\n * NVIDIA SOFTWARE LICENSE\n */\n"
 CODE = "// Warp-level sum.\n#pragma once\n__device__ float warp_sum(float v);\n"
 
 
 def test_split_license_keeps_code_and_ordinary_comments(builder):
-    banner = "/*\n * Copyright (c) 2020 NVIDIA CORPORATION.\n */\n// SPDX-License-Identifier: BSD-3-Clause\n\n"
+    banner = (
+        "/*\n * Copyright (c) 2020 NVIDIA CORPORATION.\n */\n// SPDX-License-Identifier: BSD-3-Clause\n\n"
+    )
     stated, code = builder.split_license(banner + CODE)
-    assert code == CODE and "Copyright (c) 2020" in stated and "SPDX-License-Identifier: BSD-3-Clause" in stated
+    assert (
+        code == CODE and "Copyright (c) 2020" in stated and "SPDX-License-Identifier: BSD-3-Clause" in stated
+    )
     assert builder.split_license(CODE) == ("", CODE)
 
 
-@pytest.mark.parametrize("banner, license", [
-    (BSD_BANNER, "BSD-3-Clause"),
-    (LLVM_BANNER, "Apache-2.0 WITH LLVM-exception"),
-    ("/*\n * Copyright 2008-2013 NVIDIA Corporation\n *\n *  Licensed under the Apache License, Version 2.0 (the \"License\");\n */\n",
-     "Apache-2.0"),
-    ("// Copyright (c) 2018 NVIDIA Corporation\n// Distributed under the Boost Software License v1.0\n", "BSL-1.0"),
-    (NVIDIA_BANNER, None),                                                    # another licence
-    ("// Copyright (c) 2024 NVIDIA CORPORATION.\n// SPDX-License-Identifier: GPL-2.0-only\n", None),
-    ("// Copyright (c) 2024 NVIDIA CORPORATION. All rights reserved.\n", None),  # no licence stated
-])
+@pytest.mark.parametrize(
+    "banner, license",
+    [
+        (BSD_BANNER, "BSD-3-Clause"),
+        (LLVM_BANNER, "Apache-2.0 WITH LLVM-exception"),
+        (
+            '/*\n * Copyright 2008-2013 NVIDIA Corporation\n *\n *  Licensed under the Apache License, Version 2.0 (the "License");\n */\n',
+            "Apache-2.0",
+        ),
+        (
+            "// Copyright (c) 2018 NVIDIA Corporation\n// Distributed under the Boost Software License v1.0\n",
+            "BSL-1.0",
+        ),
+        (NVIDIA_BANNER, None),  # another licence
+        ("// Copyright (c) 2024 NVIDIA CORPORATION.\n// SPDX-License-Identifier: GPL-2.0-only\n", None),
+        ("// Copyright (c) 2024 NVIDIA CORPORATION. All rights reserved.\n", None),  # no licence stated
+    ],
+)
 def test_banner_license_accepts_only_stated_permissive_licences(builder, banner, license):
     stated, evidence = builder.banner_license(builder.split_license(banner + CODE)[0])
     assert stated == license and evidence
@@ -179,15 +204,26 @@ def fake_include(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_headers_are_used_only_under_a_stated_permissive_licence_and_without_banners(builder, tmp_path):
-    include = fake_include(tmp_path, {
-        "cub/block/block_sum.cuh": BSD_BANNER + CODE, "thrust/fill.h": LLVM_BANNER + CODE,
-        "cuda/std/atomic": LLVM_BANNER + CODE, "nv/target": LLVM_BANNER + CODE,
-        "cuda/pipeline": NVIDIA_BANNER + CODE, "cuda/__ptx/generated.h": "// Generated. Do not edit.\n" + CODE})
+    include = fake_include(
+        tmp_path,
+        {
+            "cub/block/block_sum.cuh": BSD_BANNER + CODE,
+            "thrust/fill.h": LLVM_BANNER + CODE,
+            "cuda/std/atomic": LLVM_BANNER + CODE,
+            "nv/target": LLVM_BANNER + CODE,
+            "cuda/pipeline": NVIDIA_BANNER + CODE,
+            "cuda/__ptx/generated.h": "// Generated. Do not edit.\n" + CODE,
+        },
+    )
     headers = {h.path: h for h in builder.select_headers(include, 10_000, 0)}
     assert {p: h.license for p, h in headers.items()} == {
-        "cccl/cub/block/block_sum.cuh": "BSD-3-Clause", "cccl/thrust/fill.h": "Apache-2.0 WITH LLVM-exception",
-        "cccl/cuda/std/atomic": "Apache-2.0 WITH LLVM-exception", "cccl/nv/target": "Apache-2.0 WITH LLVM-exception",
-        "cccl/cuda/pipeline": None, "cccl/cuda/__ptx/generated.h": None}
+        "cccl/cub/block/block_sum.cuh": "BSD-3-Clause",
+        "cccl/thrust/fill.h": "Apache-2.0 WITH LLVM-exception",
+        "cccl/cuda/std/atomic": "Apache-2.0 WITH LLVM-exception",
+        "cccl/nv/target": "Apache-2.0 WITH LLVM-exception",
+        "cccl/cuda/pipeline": None,
+        "cccl/cuda/__ptx/generated.h": None,
+    }
     assert {p for p, h in headers.items() if h.use == "train"} == {p for p, h in headers.items() if h.license}
     assert all(h.text == CODE for h in headers.values() if h.use == "train")  # banners stay out
     assert headers["cccl/cuda/pipeline"].evidence == "other license: NVIDIA SOFTWARE LICENSE"
@@ -200,8 +236,12 @@ def test_builder_uses_bf16_autocast_only_where_the_cpu_has_it_unless_told(builde
 
 
 def run_builder(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "data" / "build_tiny_model.py"), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "data" / "build_tiny_model.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_builder_refuses_clearly_without_the_cccl_headers(tmp_path):
@@ -214,8 +254,15 @@ def test_builder_refuses_clearly_without_the_cccl_headers(tmp_path):
 
 
 def test_builder_refuses_a_library_with_no_permissive_header(tmp_path):
-    include = fake_include(tmp_path, {"cub/a.cuh": BSD_BANNER + CODE, "thrust/b.h": LLVM_BANNER + CODE,
-                                      "cuda/pipeline": NVIDIA_BANNER + CODE, "nv/target": LLVM_BANNER + CODE})
+    include = fake_include(
+        tmp_path,
+        {
+            "cub/a.cuh": BSD_BANNER + CODE,
+            "thrust/b.h": LLVM_BANNER + CODE,
+            "cuda/pipeline": NVIDIA_BANNER + CODE,
+            "nv/target": LLVM_BANNER + CODE,
+        },
+    )
     r = run_builder("--cuda-include", str(include), "--out", str(tmp_path / "model"))
     assert r.returncode == 2 and "cccl/cuda" in r.stderr and "libc" in r.stderr, r.stderr
 
@@ -246,7 +293,9 @@ def test_pool_uses_only_pretrain_tasks_and_the_stage_prompt_format(builder):
     code, chats = builder.pool_material(splits["pretrain"])
     texts = code + [m["content"] for chat in chats for m in chat]
     builder.check_no_leak(texts, splits["train"] + splits["eval"])
-    assert all(chat[-1]["content"].startswith("```cpp\n") and chat[-1]["content"].endswith("\n```") for chat in chats)
+    assert all(
+        chat[-1]["content"].startswith("```cpp\n") and chat[-1]["content"].endswith("\n```") for chat in chats
+    )
     assert len(chats) == 6 * len(splits["pretrain"])  # levels 1-3, standalone and kernel
     held_out = splits["eval"][0]
     with pytest.raises(builder.UserError):

@@ -9,6 +9,7 @@ one global atomic per element, shared-memory privatization (count in a per-block
 merge once per bin), one atomic per warp after a shuffle reduction or a ballot, a
 compare-and-swap loop for an operation the hardware lacks, and a packed 64-bit atomicMax.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec
@@ -20,7 +21,9 @@ N = 1 << 20  # size of the single-size tasks
 
 def _spec(level1: str, level2: str, **fields) -> OpSpec:
     # Prompts are written as indented paragraphs here; the task holds them as one line each.
-    return OpSpec(category=CATEGORY, level1=" ".join(level1.split()), level2=" ".join(level2.split()), **fields)
+    return OpSpec(
+        category=CATEGORY, level1=" ".join(level1.split()), level2=" ".join(level2.split()), **fields
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -55,14 +58,16 @@ def byte_histogram_global(tag: str) -> OpSpec:
                 if (i < n) atomicAdd(&hist[data[i]], 1);
             }
             """,
-        signatures=["__global__ void byte_histogram_global_kernel(const unsigned char* __restrict__ data, "
-                    "int* __restrict__ hist, int n)"],
+        signatures=[
+            "__global__ void byte_histogram_global_kernel(const unsigned char* __restrict__ data, "
+            "int* __restrict__ hist, int n)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_hist, 0, 256 * sizeof(int)));
             {k}byte_histogram_global_kernel<<<(n + 255) / 256, 256>>>(d_data, d_hist, n);
             """,
         launch_note="The host zeroes hist with cudaMemset, then launches byte_histogram_global_kernel once with "
-                    "(n + 255) / 256 blocks of 256 threads, one thread per byte; the last block is partly used.",
+        "(n + 255) / 256 blocks of 256 threads, one thread per byte; the last block is partly used.",
         gen=f"""
             n = {n}
             # A clipped normal: a skewed histogram with hot bins (heavy atomic contention), like image data.
@@ -85,7 +90,7 @@ def byte_histogram_shared() -> OpSpec:
         name="Byte_Histogram_Shared_Privatized",
         split="train",
         description=f"Count how often each byte value 0..255 occurs in a uint8 array of {n} elements, "
-                    "using per-block shared-memory histograms.",
+        "using per-block shared-memory histograms.",
         level1=f"""
             Write a CUDA kernel that computes the 256-bin histogram of a uint8 array `data` of n = {n}
             elements (hist[b] = number of i with data[i] == b, int32). Privatize the histogram: each block
@@ -115,15 +120,17 @@ def byte_histogram_shared() -> OpSpec:
                     if (local[b] != 0) atomicAdd(&hist[b], local[b]);
             }
             """,
-        signatures=["__global__ void byte_histogram_shared_kernel(const unsigned char* __restrict__ data, "
-                    "int* __restrict__ hist, int n)"],
+        signatures=[
+            "__global__ void byte_histogram_shared_kernel(const unsigned char* __restrict__ data, "
+            "int* __restrict__ hist, int n)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_hist, 0, 256 * sizeof(int)));
             {k}byte_histogram_shared_kernel<<<240, 256>>>(d_data, d_hist, n);
             """,
         launch_note="The host zeroes hist with cudaMemset, then launches byte_histogram_shared_kernel once with "
-                    "a fixed grid of 240 blocks of 256 threads (far fewer threads than elements), so each "
-                    "thread must loop over the input with a grid stride.",
+        "a fixed grid of 240 blocks of 256 threads (far fewer threads than elements), so each "
+        "thread must loop over the input with a grid stride.",
         gen=f"""
             n = {n}
             # Two overlapping bumps of byte values: uneven bins, some of them empty.
@@ -156,7 +163,7 @@ def label_bincount() -> OpSpec:
             Launch a fixed grid of 256 blocks of 256 threads; counts is zeroed with cudaMemset first.
             """,
         level2=f"Count the occurrences of each label value 0..{classes - 1} (bincount, int32) in an array of "
-               f"{n} int32 labels.",
+        f"{n} int32 labels.",
         inputs=[Buffer("labels", "int32", (n,))],
         outputs=[Buffer("counts", "int32", (classes,))],
         constants=f"const int n = {n};\nconst int num_classes = {classes};",
@@ -176,15 +183,17 @@ def label_bincount() -> OpSpec:
                     if (local[c] != 0) atomicAdd(&counts[c], local[c]);
             }}
             """,
-        signatures=["__global__ void label_bincount_kernel(const int* __restrict__ labels, "
-                    "int* __restrict__ counts, int n, int num_classes)"],
+        signatures=[
+            "__global__ void label_bincount_kernel(const int* __restrict__ labels, "
+            "int* __restrict__ counts, int n, int num_classes)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_counts, 0, num_classes * sizeof(int)));
             {k}label_bincount_kernel<<<256, 256>>>(d_labels, d_counts, n, num_classes);
             """,
         launch_note=f"The host zeroes counts with cudaMemset, then launches label_bincount_kernel once with a "
-                    f"fixed grid of 256 blocks of 256 threads (grid-stride over the labels); num_classes = "
-                    f"{classes}.",
+        f"fixed grid of 256 blocks of 256 threads (grid-stride over the labels); num_classes = "
+        f"{classes}.",
         gen=f"""
             n, num_classes = {n}, {classes}
             # Power-law class frequencies (low labels are common), every class present.
@@ -245,15 +254,17 @@ def float_max_atomic() -> OpSpec:
                 if ((threadIdx.x & 31) == 0) atomic_max_float(max_val, m);
             }
             """,
-        signatures=["__global__ void float_max_atomic_kernel(const float* __restrict__ x, "
-                    "float* __restrict__ max_val, int n)"],
+        signatures=[
+            "__global__ void float_max_atomic_kernel(const float* __restrict__ x, "
+            "float* __restrict__ max_val, int n)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_max_val, 0xFF, sizeof(float)));  // 0xFFFFFFFF: the "empty" start value
             {k}float_max_atomic_kernel<<<256, 256>>>(d_x, d_max_val, n);
             """,
         launch_note="The host first fills max_val with the byte 0xFF (bit pattern 0xFFFFFFFF, a NaN, meaning "
-                    "'no value yet'), then launches float_max_atomic_kernel once with a fixed grid of 256 "
-                    "blocks of 256 threads (grid-stride over x).",
+        "'no value yet'), then launches float_max_atomic_kernel once with a fixed grid of 256 "
+        "blocks of 256 threads (grid-stride over x).",
         gen=f"""
             n = {n}
             # All negative: an atomicMax on the raw bits as int would pick the smallest value instead.
@@ -285,7 +296,7 @@ def segment_max_cas() -> OpSpec:
             with the value atomicCAS returned. Launch both with 256 threads per block.
             """,
         level2=f"Compute the maximum value per segment (scatter-max) of {n} float32 values with int32 segment "
-               f"ids in [0, {segs}).",
+        f"ids in [0, {segs}).",
         inputs=[Buffer("values", "float32", (n,)), Buffer("segment_ids", "int32", (n,))],
         outputs=[Buffer("seg_max", "float32", (segs,))],
         constants=f"const int n = {n};\nconst int num_segments = {segs};",
@@ -323,8 +334,8 @@ def segment_max_cas() -> OpSpec:
             {k}segment_max_kernel<<<(n + 255) / 256, 256>>>(d_values, d_segment_ids, d_seg_max, n);
             """,
         launch_note="segment_max_init_kernel runs first with (num_segments + 255) / 256 blocks of 256 threads "
-                    "(one thread per segment, it must reset every entry), then segment_max_kernel with "
-                    "(n + 255) / 256 blocks of 256 threads, one thread per value.",
+        "(one thread per segment, it must reset every entry), then segment_max_kernel with "
+        "(n + 255) / 256 blocks of 256 threads, one thread per value.",
         gen=f"""
             n, num_segments = {n}, {segs}
             values = (rng.standard_normal(n) * 5.0).astype(np.float32)
@@ -369,14 +380,16 @@ def scatter_add_buckets() -> OpSpec:
                 if (i < n) atomicAdd(&sums[bucket[i]], values[i]);
             }
             """,
-        signatures=["__global__ void scatter_add_buckets_kernel(const float* __restrict__ values, "
-                    "const int* __restrict__ bucket, float* __restrict__ sums, int n)"],
+        signatures=[
+            "__global__ void scatter_add_buckets_kernel(const float* __restrict__ values, "
+            "const int* __restrict__ bucket, float* __restrict__ sums, int n)"
+        ],
         launch=f"""
             CUDA_CHECK(cudaMemset(d_sums, 0, {buckets} * sizeof(float)));
             {{k}}scatter_add_buckets_kernel<<<(n + 255) / 256, 256>>>(d_values, d_bucket, d_sums, n);
             """,
         launch_note="The host zeroes sums with cudaMemset, then launches scatter_add_buckets_kernel once with "
-                    "(n + 255) / 256 blocks of 256 threads, one thread per value.",
+        "(n + 255) / 256 blocks of 256 threads, one thread per value.",
         gen=f"""
             n, buckets = {n}, {buckets}
             values = rng.uniform(-1.0, 1.0, n).astype(np.float32)
@@ -432,14 +445,16 @@ def count_above_threshold(tag: str) -> OpSpec:
                 if (lane == 0 && total > 0) atomicAdd(count, total);
             }
             """,
-        signatures=["__global__ void count_above_threshold_kernel(const float* __restrict__ x, "
-                    "int* __restrict__ count, int n, float threshold)"],
+        signatures=[
+            "__global__ void count_above_threshold_kernel(const float* __restrict__ x, "
+            "int* __restrict__ count, int n, float threshold)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_count, 0, sizeof(int)));
             {k}count_above_threshold_kernel<<<1024, 256>>>(d_x, d_count, n, threshold);
             """,
         launch_note="The host zeroes count with cudaMemset, then launches count_above_threshold_kernel once "
-                    "with a fixed grid of 1024 blocks of 256 threads (grid-stride over x); threshold = 0.75f.",
+        "with a fixed grid of 1024 blocks of 256 threads (grid-stride over x); threshold = 0.75f.",
         gen=f"""
             n = {n}
             x = rng.standard_normal(n).astype(np.float32)
@@ -488,15 +503,17 @@ def row_nonzero_count() -> OpSpec:
                 if (threadIdx.x == 0 && block_count > 0) atomicAdd(&counts[row], block_count);
             }
             """,
-        signatures=["__global__ void row_nonzero_count_kernel(const float* __restrict__ a, "
-                    "int* __restrict__ counts, int rows, int cols)"],
+        signatures=[
+            "__global__ void row_nonzero_count_kernel(const float* __restrict__ a, "
+            "int* __restrict__ counts, int rows, int cols)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_counts, 0, rows * sizeof(int)));
             {k}row_nonzero_count_kernel<<<dim3((cols + 255) / 256, rows), 256>>>(d_a, d_counts, rows, cols);
             """,
         launch_note="The host zeroes counts with cudaMemset, then launches row_nonzero_count_kernel once with "
-                    "grid dim3((cols + 255) / 256, rows) and 256 threads per block: blockIdx.y is the row, "
-                    "blockIdx.x a chunk of 256 columns (the last chunk is partly used).",
+        "grid dim3((cols + 255) / 256, rows) and 256 threads per block: blockIdx.y is the row, "
+        "blockIdx.x a chunk of 256 columns (the last chunk is partly used).",
         gen=f"""
             rows, cols = {rows}, {cols}
             # Sparse rows with a different density per row; the zeros are exact (some are -0.0).
@@ -525,7 +542,7 @@ def float_range_histogram() -> OpSpec:
         name="Float_Range_Histogram",
         split="eval",
         description=f"Histogram {n} float32 values into {bins} equal-width bins over [-4, 4), ignoring values "
-                    "outside the range.",
+        "outside the range.",
         level1=f"""
             Write a CUDA kernel that histograms a float32 array x of n = {n} values into {bins} equal-width
             bins over [lo, hi) = [-4, 4): a value v with lo <= v < hi goes to bin floor((v - lo) * {bins} /
@@ -535,7 +552,7 @@ def float_range_histogram() -> OpSpec:
             with cudaMemset first. Launch 256 blocks of 256 threads.
             """,
         level2=f"Histogram {n} float32 values into {bins} equal-width bins over [-4, 4) (int32 counts; values "
-               "outside the range are ignored).",
+        "outside the range are ignored).",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("hist", "int32", (bins,))],
         constants=f"const int n = {n};\nconst float lo = -4.0f;\nconst float hi = 4.0f;",
@@ -558,14 +575,16 @@ def float_range_histogram() -> OpSpec:
                     if (local[b] != 0) atomicAdd(&hist[b], local[b]);
             }}
             """,
-        signatures=["__global__ void float_range_histogram_kernel(const float* __restrict__ x, "
-                    "int* __restrict__ hist, int n, float lo, float hi)"],
+        signatures=[
+            "__global__ void float_range_histogram_kernel(const float* __restrict__ x, "
+            "int* __restrict__ hist, int n, float lo, float hi)"
+        ],
         launch=f"""
             CUDA_CHECK(cudaMemset(d_hist, 0, {bins} * sizeof(int)));
             {{k}}float_range_histogram_kernel<<<256, 256>>>(d_x, d_hist, n, lo, hi);
             """,
         launch_note="The host zeroes hist with cudaMemset, then launches float_range_histogram_kernel once "
-                    "with a fixed grid of 256 blocks of 256 threads (grid-stride over x); lo = -4.0f, hi = 4.0f.",
+        "with a fixed grid of 256 blocks of 256 threads (grid-stride over x); lo = -4.0f, hi = 4.0f.",
         gen=f"""
             n, bins, lo, hi = {n}, {bins}, -4.0, 4.0
             # Multiples of 1/1024: (x - lo) * 8 is exact in float32, so the bin of every value (including
@@ -591,7 +610,7 @@ def argmax_packed() -> OpSpec:
         name="Argmax_Packed_Atomic_Max",
         split="eval",
         description=f"Find the index of the largest element of a float32 array of {n} elements (first index on "
-                    "ties).",
+        "ties).",
         level1=f"""
             Find index[0] = the index of the maximum of a float32 array x of n = {n} elements (the smallest
             such index on ties) with a single 64-bit atomicMax. Map each float to an unsigned key that orders
@@ -643,8 +662,8 @@ def argmax_packed() -> OpSpec:
             {k}argmax_unpack_kernel<<<1, 1>>>(d_packed, d_index);
             """,
         launch_note="The host zeroes the 64-bit scratch word packed with cudaMemset, launches "
-                    "argmax_packed_kernel with a fixed grid of 256 blocks of 256 threads (grid-stride over x), "
-                    "then argmax_unpack_kernel with 1 block of 1 thread, which writes index[0] from packed.",
+        "argmax_packed_kernel with a fixed grid of 256 blocks of 256 threads (grid-stride over x), "
+        "then argmax_unpack_kernel with 1 block of 1 thread, which writes index[0] from packed.",
         gen=f"""
             n = {n}
             x = (rng.standard_normal(n) * 10.0).astype(np.float32)
@@ -667,7 +686,7 @@ def per_class_mean() -> OpSpec:
         name="Per_Class_Mean",
         split="eval",
         description=f"Compute the mean of the float32 values of each of {classes} classes, given {n} values "
-                    "with an int32 class label each.",
+        "with an int32 class label each.",
         level1=f"""
             Compute means[c] = (sum of values[i] with labels[i] == c) / (number of such i) for {classes}
             classes and n = {n} values (every class occurs). First kernel: each block accumulates per-class
@@ -730,9 +749,9 @@ def per_class_mean() -> OpSpec:
                                                                      num_classes);
             """,
         launch_note=f"The host zeroes the scratch arrays class_sums (float, {classes}) and class_counts (int, "
-                    f"{classes}) with cudaMemset, launches class_sum_count_kernel with a fixed grid of 256 blocks "
-                    "of 256 threads (grid-stride over the values), then class_mean_kernel with "
-                    "(num_classes + 255) / 256 blocks of 256 threads, one thread per class.",
+        f"{classes}) with cudaMemset, launches class_sum_count_kernel with a fixed grid of 256 blocks "
+        "of 256 threads (grid-stride over the values), then class_mean_kernel with "
+        "(num_classes + 255) / 256 blocks of 256 threads, one thread per class.",
         gen=f"""
             n, num_classes = {n}, {classes}
             labels = rng.integers(0, num_classes, n).astype(np.int32)
@@ -787,14 +806,16 @@ def int_min_atomic() -> OpSpec:
                 if ((threadIdx.x & 31) == 0) atomicMin(min_val, m);  // lane 0 holds the warp minimum
             }
             """,
-        signatures=["__global__ void int_min_atomic_kernel(const int* __restrict__ x, int* __restrict__ min_val, "
-                    "int n)"],
+        signatures=[
+            "__global__ void int_min_atomic_kernel(const int* __restrict__ x, int* __restrict__ min_val, "
+            "int n)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_min_val, 0x7F, sizeof(int)));  // 0x7F7F7F7F, above every input
             {k}int_min_atomic_kernel<<<256, 256>>>(d_x, d_min_val, n);
             """,
         launch_note="The host fills min_val with the byte 0x7F (0x7F7F7F7F, above every input), then launches "
-                    "int_min_atomic_kernel once with a fixed grid of 256 blocks of 256 threads (grid-stride).",
+        "int_min_atomic_kernel once with a fixed grid of 256 blocks of 256 threads (grid-stride).",
         gen=f"""
             n = {n}
             x = rng.integers(-1_000_000_000, 1_000_000_000, n).astype(np.int32)
@@ -837,14 +858,16 @@ def even_odd_count() -> OpSpec:
                 if (threadIdx.x < 2) atomicAdd(&counts[threadIdx.x], local[threadIdx.x]);
             }
             """,
-        signatures=["__global__ void even_odd_count_kernel(const int* __restrict__ x, int* __restrict__ counts, "
-                    "int n)"],
+        signatures=[
+            "__global__ void even_odd_count_kernel(const int* __restrict__ x, int* __restrict__ counts, "
+            "int n)"
+        ],
         launch="""
             CUDA_CHECK(cudaMemset(d_counts, 0, 2 * sizeof(int)));
             {k}even_odd_count_kernel<<<(n + 255) / 256, 256>>>(d_x, d_counts, n);
             """,
         launch_note="The host zeroes counts with cudaMemset, then launches even_odd_count_kernel once with "
-                    "(n + 255) / 256 blocks of 256 threads, one thread per element.",
+        "(n + 255) / 256 blocks of 256 threads, one thread per element.",
         gen=f"""
             n = {n}
             x = rng.integers(-1_000_000, 1_000_000, n).astype(np.int32)
@@ -863,8 +886,17 @@ def even_odd_count() -> OpSpec:
 
 def specs() -> list[OpSpec]:
     sized = [byte_histogram_global(t) for t in SIZES] + [count_above_threshold(t) for t in SIZES]
-    single = [byte_histogram_shared(), label_bincount(), float_max_atomic(), segment_max_cas(),
-              scatter_add_buckets(), row_nonzero_count(),
-              float_range_histogram(), argmax_packed(), per_class_mean(),
-              int_min_atomic(), even_odd_count()]
+    single = [
+        byte_histogram_shared(),
+        label_bincount(),
+        float_max_atomic(),
+        segment_max_cas(),
+        scatter_add_buckets(),
+        row_nonzero_count(),
+        float_range_histogram(),
+        argmax_packed(),
+        per_class_mean(),
+        int_min_atomic(),
+        even_odd_count(),
+    ]
     return sized + single

@@ -19,6 +19,7 @@ Rules for the CUDA a family writes (they keep the kernel-mode harness sound):
 - Every launch must fully define the outputs from the inputs alone (memset what it
   accumulates into), because the harness runs it many times for timing.
 """
+
 from __future__ import annotations
 
 import json
@@ -131,15 +132,22 @@ def kernel_signatures(kernels: str) -> list[str]:
 
 def matrix_io(rows: int, cols: int) -> tuple[list[Buffer], list[Buffer], str]:
     """Input x and output y of shape (rows, cols), and their host constants."""
-    return ([Buffer("x", "float32", (rows, cols))], [Buffer("y", "float32", (rows, cols))],
-            f"const int rows = {rows};\nconst int cols = {cols};")
+    return (
+        [Buffer("x", "float32", (rows, cols))],
+        [Buffer("y", "float32", (rows, cols))],
+        f"const int rows = {rows};\nconst int cols = {cols};",
+    )
 
 
-def grid_stride_launch(fn: str, args: str, what: str = "n", blocks: int = 1024, block: int = 256) -> tuple[str, str]:
+def grid_stride_launch(
+    fn: str, args: str, what: str = "n", blocks: int = 1024, block: int = 256
+) -> tuple[str, str]:
     """(launch, launch_note) of a grid-stride kernel on a fixed grid smaller than the work."""
-    return (f"{{k}}{fn}<<<{blocks}, {block}>>>({args});",
-            f"{fn} is launched once with {blocks} blocks of {block} threads (a fixed grid smaller than "
-            f"{what} / {block}), so each thread must loop over outputs with a grid stride.")
+    return (
+        f"{{k}}{fn}<<<{blocks}, {block}>>>({args});",
+        f"{fn} is launched once with {blocks} blocks of {block} threads (a fixed grid smaller than "
+        f"{what} / {block}), so each thread must loop over outputs with a grid stride.",
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -275,28 +283,32 @@ def _io_comment(spec: OpSpec) -> str:
 
 def render_bench_cu(spec: OpSpec) -> str:
     """The reference standalone program: reads inputs, runs the kernels once, writes outputs."""
-    body = "\n\n".join([
-        _host_setup(spec),
-        _launch(spec, ""),
-        "CUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
-        _host_write_outputs(spec),
-        _host_free(spec),
-        "return 0;",
-    ])
-    return "\n".join([
-        f"// {spec.name}: {spec.description}",
-        _io_comment(spec),
-        HEADER,
-        dedent(spec.kernels),
-        "",
-        FILE_IO,
-        "int main() {",
-        _indent(spec.constants, 4),
-        "",
-        _indent(body, 4),
-        "}",
-        "",
-    ])
+    body = "\n\n".join(
+        [
+            _host_setup(spec),
+            _launch(spec, ""),
+            "CUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
+            _host_write_outputs(spec),
+            _host_free(spec),
+            "return 0;",
+        ]
+    )
+    return "\n".join(
+        [
+            f"// {spec.name}: {spec.description}",
+            _io_comment(spec),
+            HEADER,
+            dedent(spec.kernels),
+            "",
+            FILE_IO,
+            "int main() {",
+            _indent(spec.constants, 4),
+            "",
+            _indent(body, 4),
+            "}",
+            "",
+        ]
+    )
 
 
 def render_harness(spec: OpSpec) -> str:
@@ -307,46 +319,50 @@ def render_harness(spec: OpSpec) -> str:
     """
     run_candidate = _indent(_launch(spec, ""), 4)
     run_reference = _indent(_launch(spec, "cuset_ref::"), 4)
-    body = "\n\n".join([
-        "char nonce[80];\nread_timing_nonce(nonce, sizeof nonce);",
-        _host_setup(spec),
-        "auto run_candidate = [&]() {\n" + run_candidate + "\n};",
-        "auto run_reference = [&]() {\n" + run_reference + "\n};",
-        "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
-        _host_write_outputs(spec),
-        # The CPU emulator (harness/emu) defines CUSET_EMULATED: its timings mean nothing and each
-        # launch costs CPU time, so there the candidate runs once (above) and nothing is timed.
-        "#ifndef CUSET_EMULATED\n"
-        "float candidate_ms = median_ms(run_candidate);\n"
-        "float reference_ms = median_ms(run_reference);\n"
-        f'printf("CUSET_TIMING nonce=%s candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", nonce, '
-        "candidate_ms, reference_ms);\n"
-        "#endif",
-        _host_free(spec),
-        "return 0;",
-    ])
-    return "\n".join([
-        f"// Kernel-mode harness for {spec.name}: {spec.description}",
-        _io_comment(spec),
-        HEADER,
-        "// Reference kernels, namespaced so that a candidate may reuse their names.",
-        "namespace cuset_ref {",
-        dedent(spec.kernels),
-        "}  // namespace cuset_ref",
-        "",
-        "// ---- candidate kernels (inserted by the evaluator) ----",
-        CANDIDATE_MARKER,
-        "// ---- end of candidate kernels ----",
-        "",
-        FILE_IO,
-        TIMER,
-        "int main() {",
-        _indent(spec.constants, 4),
-        "",
-        _indent(body, 4),
-        "}",
-        "",
-    ])
+    body = "\n\n".join(
+        [
+            "char nonce[80];\nread_timing_nonce(nonce, sizeof nonce);",
+            _host_setup(spec),
+            "auto run_candidate = [&]() {\n" + run_candidate + "\n};",
+            "auto run_reference = [&]() {\n" + run_reference + "\n};",
+            "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
+            _host_write_outputs(spec),
+            # The CPU emulator (harness/emu) defines CUSET_EMULATED: its timings mean nothing and each
+            # launch costs CPU time, so there the candidate runs once (above) and nothing is timed.
+            "#ifndef CUSET_EMULATED\n"
+            "float candidate_ms = median_ms(run_candidate);\n"
+            "float reference_ms = median_ms(run_reference);\n"
+            f'printf("CUSET_TIMING nonce=%s candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", nonce, '
+            "candidate_ms, reference_ms);\n"
+            "#endif",
+            _host_free(spec),
+            "return 0;",
+        ]
+    )
+    return "\n".join(
+        [
+            f"// Kernel-mode harness for {spec.name}: {spec.description}",
+            _io_comment(spec),
+            HEADER,
+            "// Reference kernels, namespaced so that a candidate may reuse their names.",
+            "namespace cuset_ref {",
+            dedent(spec.kernels),
+            "}  // namespace cuset_ref",
+            "",
+            "// ---- candidate kernels (inserted by the evaluator) ----",
+            CANDIDATE_MARKER,
+            "// ---- end of candidate kernels ----",
+            "",
+            FILE_IO,
+            TIMER,
+            "int main() {",
+            _indent(spec.constants, 4),
+            "",
+            _indent(body, 4),
+            "}",
+            "",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -355,29 +371,33 @@ def render_harness(spec: OpSpec) -> str:
 
 
 def render_gen_py(spec: OpSpec) -> str:
-    writes = [f'np.ascontiguousarray({b.name}, dtype=np.{b.dtype}).tofile("data/{b.name}.bin")' for b in spec.inputs]
+    writes = [
+        f'np.ascontiguousarray({b.name}, dtype=np.{b.dtype}).tofile("data/{b.name}.bin")' for b in spec.inputs
+    ]
     writes += [
         f'np.ascontiguousarray({b.name}_ref, dtype=np.{b.dtype}).tofile("data/{b.name}_ref.bin")'
         for b in spec.outputs
     ]
-    checks = [
-        f"assert np.shape({b.name}) == {tuple(b.shape)!r}, np.shape({b.name})" for b in spec.inputs
-    ] + [f"assert np.shape({b.name}_ref) == {tuple(b.shape)!r}, np.shape({b.name}_ref)" for b in spec.outputs]
-    return "\n".join([
-        f'"""Inputs and reference outputs for task {spec.task_id} ({spec.name}). numpy only, fixed seed."""',
-        "import os",
-        "",
-        "import numpy as np",
-        "",
-        f"rng = np.random.default_rng({_seed(spec.task_id)})",
-        "",
-        dedent(spec.gen),
-        "",
-        *checks,
-        'os.makedirs("data", exist_ok=True)',
-        *writes,
-        "",
-    ])
+    checks = [f"assert np.shape({b.name}) == {tuple(b.shape)!r}, np.shape({b.name})" for b in spec.inputs] + [
+        f"assert np.shape({b.name}_ref) == {tuple(b.shape)!r}, np.shape({b.name}_ref)" for b in spec.outputs
+    ]
+    return "\n".join(
+        [
+            f'"""Inputs and reference outputs for task {spec.task_id} ({spec.name}). numpy only, fixed seed."""',
+            "import os",
+            "",
+            "import numpy as np",
+            "",
+            f"rng = np.random.default_rng({_seed(spec.task_id)})",
+            "",
+            dedent(spec.gen),
+            "",
+            *checks,
+            'os.makedirs("data", exist_ok=True)',
+            *writes,
+            "",
+        ]
+    )
 
 
 COMPARE_TEMPLATE = '''\

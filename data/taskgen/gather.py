@@ -9,6 +9,7 @@ counts, a scan of them, then a scatter with in-block ranks from warp ballots) an
 rest with a stated fill value. All outputs are exact copies of input values, indices or
 constants, so the default tight tolerance applies; indices are int32.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec
@@ -19,7 +20,9 @@ SIZES = {"1048576": 1 << 20, "1500007": 1_500_007}  # a power of two and a size 
 
 def _spec(level1: str, level2: str, **fields) -> OpSpec:
     # Prompts are written as indented paragraphs here; the task holds them as one line each.
-    return OpSpec(category=CATEGORY, level1=" ".join(level1.split()), level2=" ".join(level2.split()), **fields)
+    return OpSpec(
+        category=CATEGORY, level1=" ".join(level1.split()), level2=" ".join(level2.split()), **fields
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -53,11 +56,13 @@ def gather_by_index(tag: str) -> OpSpec:
                 if (i < n) y[i] = x[idx[i]];
             }
             """,
-        signatures=["__global__ void gather_by_index_kernel(const float* __restrict__ x, const int* __restrict__ "
-                    "idx, float* __restrict__ y, int n)"],
+        signatures=[
+            "__global__ void gather_by_index_kernel(const float* __restrict__ x, const int* __restrict__ "
+            "idx, float* __restrict__ y, int n)"
+        ],
         launch="{k}gather_by_index_kernel<<<(n + 255) / 256, 256>>>(d_x, d_idx, d_y, n);",
         launch_note="gather_by_index_kernel is launched once with (n + 255) / 256 blocks of 256 threads, one "
-                    "thread per output element; the last block is only partly used.",
+        "thread per output element; the last block is only partly used.",
         gen=f"""
             n = {n}
             x = rng.standard_normal(n).astype(np.float32)
@@ -99,11 +104,13 @@ def scatter_by_permutation(tag: str) -> OpSpec:
                     y[perm[i]] = x[i];
             }
             """,
-        signatures=["__global__ void scatter_by_permutation_kernel(const float* __restrict__ x, "
-                    "const int* __restrict__ perm, float* __restrict__ y, int n)"],
+        signatures=[
+            "__global__ void scatter_by_permutation_kernel(const float* __restrict__ x, "
+            "const int* __restrict__ perm, float* __restrict__ y, int n)"
+        ],
         launch="{k}scatter_by_permutation_kernel<<<1024, 256>>>(d_x, d_perm, d_y, n);",
         launch_note="scatter_by_permutation_kernel is launched once with a fixed grid of 1024 blocks of 256 "
-                    "threads (fewer threads than elements), so each thread must loop with a grid stride.",
+        "threads (fewer threads than elements), so each thread must loop with a grid stride.",
         gen=f"""
             n = {n}
             x = rng.standard_normal(n).astype(np.float32)
@@ -137,7 +144,7 @@ def embedding_lookup() -> OpSpec:
             (num_ids + 7) / 8 blocks.
             """,
         level2=f"Embedding lookup: out[t] = table[ids[t]] for {num_ids} int32 ids and a {vocab}x{dim} float32 "
-               "table.",
+        "table.",
         inputs=[Buffer("table", "float32", (vocab, dim)), Buffer("ids", "int32", (num_ids,))],
         outputs=[Buffer("out", "float32", (num_ids, dim))],
         constants=f"const int num_ids = {num_ids};\nconst int dim = {dim};",
@@ -153,12 +160,14 @@ def embedding_lookup() -> OpSpec:
                 for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) dst[c] = src[c];
             }
             """,
-        signatures=["__global__ void embedding_lookup_kernel(const float* __restrict__ table, "
-                    "const int* __restrict__ ids, float* __restrict__ out, int num_ids, int dim)"],
+        signatures=[
+            "__global__ void embedding_lookup_kernel(const float* __restrict__ table, "
+            "const int* __restrict__ ids, float* __restrict__ out, int num_ids, int dim)"
+        ],
         launch="{k}embedding_lookup_kernel<<<(num_ids + 7) / 8, dim3(32, 8)>>>(d_table, d_ids, d_out, num_ids, dim);",
         launch_note="embedding_lookup_kernel is launched once with (num_ids + 7) / 8 blocks of dim3(32, 8) "
-                    "threads: threadIdx.y picks one of the block's 8 tokens (the last block has tokens past "
-                    "num_ids), threadIdx.x walks the row.",
+        "threads: threadIdx.y picks one of the block's 8 tokens (the last block has tokens past "
+        "num_ids), threadIdx.x walks the row.",
         gen=f"""
             vocab, dim, num_ids = {vocab}, {dim}, {num_ids}
             table = rng.standard_normal((vocab, dim)).astype(np.float32)
@@ -201,15 +210,17 @@ def one_hot() -> OpSpec:
                     out[(size_t)r * num_classes + c] = labels[r] == c ? 1.0f : 0.0f;
             }
             """,
-        signatures=["__global__ void one_hot_kernel(const int* __restrict__ labels, float* __restrict__ out, "
-                    "int rows, int num_classes)"],
+        signatures=[
+            "__global__ void one_hot_kernel(const int* __restrict__ labels, float* __restrict__ out, "
+            "int rows, int num_classes)"
+        ],
         launch="""
             {k}one_hot_kernel<<<dim3((num_classes + 31) / 32, (rows + 7) / 8), dim3(32, 8)>>>(d_labels, d_out, rows,
                                                                                        num_classes);
             """,
         launch_note="one_hot_kernel is launched once with grid dim3((num_classes + 31) / 32, (rows + 7) / 8) "
-                    "and blocks dim3(32, 8): x indexes the class (column), y the row; edge blocks are partly "
-                    "outside the matrix.",
+        "and blocks dim3(32, 8): x indexes the class (column), y the row; edge blocks are partly "
+        "outside the matrix.",
         gen=f"""
             rows, num_classes = {rows}, {classes}
             labels = rng.integers(0, num_classes, rows).astype(np.int32)
@@ -231,7 +242,7 @@ def bitonic_sort_tiles() -> OpSpec:
         name="Bitonic_Sort_Tiles_1024",
         split="train",
         description=f"Sort each consecutive tile of 1024 elements of a float32 array of {n} elements "
-                    "independently, ascending.",
+        "independently, ascending.",
         level1=f"""
             Split a float32 array x of n = {n} elements into consecutive tiles of 1024 (the last tile has
             only {n % 1024} elements) and sort every tile independently in ascending order into y. Use one
@@ -241,7 +252,7 @@ def bitonic_sort_tiles() -> OpSpec:
             write back only the elements with index < n.
             """,
         level2=f"Sort each consecutive 1024-element tile of a float32 array of {n} elements ascending "
-               f"(independently; the last tile has {n % 1024} elements).",
+        f"(independently; the last tile has {n % 1024} elements).",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -279,11 +290,13 @@ def bitonic_sort_tiles() -> OpSpec:
                 }
             }
             """,
-        signatures=["__global__ void bitonic_sort_tiles_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int n)"],
+        signatures=[
+            "__global__ void bitonic_sort_tiles_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int n)"
+        ],
         launch="{k}bitonic_sort_tiles_kernel<<<(n + 1023) / 1024, 512>>>(d_x, d_y, n);",
         launch_note="bitonic_sort_tiles_kernel is launched once with (n + 1023) / 1024 blocks of 512 threads, "
-                    "one block per 1024-element tile; the last tile is partial.",
+        "one block per 1024-element tile; the last tile is partial.",
         gen=f"""
             n, tile = {n}, 1024
             x = (rng.standard_normal(n) * 100.0).astype(np.float32)
@@ -307,7 +320,7 @@ def odd_even_sort_segments() -> OpSpec:
         name="Odd_Even_Sort_Segments_32",
         split="train",
         description=f"Sort each consecutive 32-element segment of a float32 array of {n} elements ascending "
-                    "with odd-even transposition.",
+        "with odd-even transposition.",
         level1=f"""
             Split a float32 array x of n = {n} elements into consecutive segments of 32 (the last one has
             only {n % 32} elements) and sort each segment ascending into y. Map one segment to one warp (one
@@ -318,7 +331,7 @@ def odd_even_sort_segments() -> OpSpec:
             past n carry +INFINITY instead of returning early, and only lanes with i < n write.
             """,
         level2=f"Sort each consecutive 32-element segment of a float32 array of {n} elements ascending (the "
-               f"last segment has {n % 32} elements).",
+        f"last segment has {n % 32} elements).",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -340,12 +353,14 @@ def odd_even_sort_segments() -> OpSpec:
                 if (i < n) y[i] = v;
             }
             """,
-        signatures=["__global__ void odd_even_sort_segments_kernel(const float* __restrict__ x, "
-                    "float* __restrict__ y, int n)"],
+        signatures=[
+            "__global__ void odd_even_sort_segments_kernel(const float* __restrict__ x, "
+            "float* __restrict__ y, int n)"
+        ],
         launch="{k}odd_even_sort_segments_kernel<<<(n + 255) / 256, 256>>>(d_x, d_y, n);",
         launch_note="odd_even_sort_segments_kernel is launched once with (n + 255) / 256 blocks of 256 threads, "
-                    "one thread per element, so each warp holds one 32-element segment; the last warp is only "
-                    "partly inside the array.",
+        "one thread per element, so each warp holds one 32-element segment; the last warp is only "
+        "partly inside the array.",
         gen=f"""
             n, seg = {n}, 32
             x = rng.uniform(-1000.0, 1000.0, n).astype(np.float32)
@@ -370,7 +385,7 @@ def nonzero_index_compaction() -> OpSpec:
         name="Nonzero_Index_Compaction",
         split="pretrain",
         description=f"Write the indices of the nonzero elements of a float32 array of {n} elements, in increasing "
-                    "order, to the front of an int32 output, fill the rest with -1, and output their count.",
+        "order, to the front of an int32 output, fill the rest with -1, and output their count.",
         level1=f"""
             Stream compaction of indices (like numpy flatnonzero): for a float32 array x of n = {n} elements,
             indices[0..count) holds, in increasing order, every i with x[i] != 0 (-0.0 counts as zero),
@@ -385,8 +400,8 @@ def nonzero_index_compaction() -> OpSpec:
             the fill -1.
             """,
         level2=f"Write the indices of the nonzero elements of a float32 array of {n} elements, in increasing "
-               "order, to the front of an int32 array of the same length, fill the remaining positions with -1, "
-               "and output the number of nonzeros (int32).",
+        "order, to the front of an int32 array of the same length, fill the remaining positions with -1, "
+        "and output the number of nonzeros (int32).",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("indices", "int32", (n,)), Buffer("count", "int32", (1,))],
         scratch=[Buffer("block_counts", "int32", (blocks,)), Buffer("block_offsets", "int32", (blocks,))],
@@ -471,10 +486,10 @@ def nonzero_index_compaction() -> OpSpec:
             {k}nonzero_scatter_kernel<<<num_blocks, 1024>>>(d_x, d_block_offsets, d_count, d_indices, n);
             """,
         launch_note=f"Three kernels run in order, all with 1024 threads per block: nonzero_count_kernel with "
-                    f"num_blocks = (n + 1023) / 1024 = {blocks} blocks (one element per thread), "
-                    f"nonzero_offsets_kernel with 1 block, then nonzero_scatter_kernel with num_blocks blocks. "
-                    f"block_counts and block_offsets are int scratch arrays of num_blocks entries; "
-                    f"nonzero_scatter_kernel reads the total from count.",
+        f"num_blocks = (n + 1023) / 1024 = {blocks} blocks (one element per thread), "
+        f"nonzero_offsets_kernel with 1 block, then nonzero_scatter_kernel with num_blocks blocks. "
+        f"block_counts and block_offsets are int scratch arrays of num_blocks entries; "
+        f"nonzero_scatter_kernel reads the total from count.",
         gen=f"""
             n = {n}
             # About 40% nonzeros; the zeros are exact and some are -0.0, which also counts as zero.
@@ -505,7 +520,7 @@ def take_along_rows() -> OpSpec:
         name="Take_Along_Rows",
         split="eval",
         description=f"Gather y[r, j] = x[r, idx[r, j]] from a {rows}x{src_cols} float32 matrix with a "
-                    f"{rows}x{cols} int32 index matrix.",
+        f"{rows}x{cols} int32 index matrix.",
         level1=f"""
             Write a CUDA kernel for take-along-axis on rows: y[r, j] = x[r, idx[r, j]] where x is a row-major
             float32 [{rows}, {src_cols}] matrix, idx an int32 [{rows}, {cols}] matrix of column indices in
@@ -514,7 +529,7 @@ def take_along_rows() -> OpSpec:
             per output element with a bounds check j < {cols}.
             """,
         level2=f"Compute y[r, j] = x[r, idx[r, j]] for a {rows}x{src_cols} float32 matrix x and a {rows}x{cols} "
-               "int32 index matrix.",
+        "int32 index matrix.",
         inputs=[Buffer("x", "float32", (rows, src_cols)), Buffer("idx", "int32", (rows, cols))],
         outputs=[Buffer("y", "float32", (rows, cols))],
         constants=f"const int rows = {rows};\nconst int src_cols = {src_cols};\nconst int cols = {cols};",
@@ -529,13 +544,15 @@ def take_along_rows() -> OpSpec:
                 }
             }
             """,
-        signatures=["__global__ void take_along_rows_kernel(const float* __restrict__ x, const int* __restrict__ "
-                    "idx, float* __restrict__ y, int rows, int src_cols, int cols)"],
+        signatures=[
+            "__global__ void take_along_rows_kernel(const float* __restrict__ x, const int* __restrict__ "
+            "idx, float* __restrict__ y, int rows, int src_cols, int cols)"
+        ],
         launch="{k}take_along_rows_kernel<<<dim3((cols + 255) / 256, rows), 256>>>(d_x, d_idx, d_y, rows, "
-               "src_cols, cols);",
+        "src_cols, cols);",
         launch_note="take_along_rows_kernel is launched once with grid dim3((cols + 255) / 256, rows) and 256 "
-                    "threads per block: blockIdx.y is the row, blockIdx.x a chunk of 256 output columns (the "
-                    "last chunk is partly used).",
+        "threads per block: blockIdx.y is the row, blockIdx.x a chunk of 256 output columns (the "
+        "last chunk is partly used).",
         gen=f"""
             rows, src_cols, cols = {rows}, {src_cols}, {cols}
             x = rng.standard_normal((rows, src_cols)).astype(np.float32)
@@ -558,7 +575,7 @@ def embedding_bag_sum() -> OpSpec:
         name="Embedding_Bag_Sum",
         split="eval",
         description=f"Sum the rows of a {vocab}x{dim} float32 embedding table selected by each of {num_bags} bags "
-                    f"of {bag} int32 token ids.",
+        f"of {bag} int32 token ids.",
         level1=f"""
             Write a CUDA kernel for an embedding bag with sum pooling: out[b, d] = sum over k < {bag} of
             table[ids[b, k], d], where table is a row-major float32 [{vocab}, {dim}] matrix, ids an int32
@@ -568,7 +585,7 @@ def embedding_bag_sum() -> OpSpec:
             the reads of every table row are coalesced, and writes out[b, d] once.
             """,
         level2=f"Embedding bag (sum): for each of {num_bags} bags of {bag} int32 ids, sum the selected rows of a "
-               f"{vocab}x{dim} float32 table.",
+        f"{vocab}x{dim} float32 table.",
         inputs=[Buffer("table", "float32", (vocab, dim)), Buffer("ids", "int32", (num_bags, bag))],
         outputs=[Buffer("out", "float32", (num_bags, dim))],
         constants=f"const int num_bags = {num_bags};\nconst int bag_size = {bag};\nconst int dim = {dim};",
@@ -585,11 +602,13 @@ def embedding_bag_sum() -> OpSpec:
                 }
             }
             """,
-        signatures=["__global__ void embedding_bag_sum_kernel(const float* __restrict__ table, "
-                    "const int* __restrict__ ids, float* __restrict__ out, int bag_size, int dim)"],
+        signatures=[
+            "__global__ void embedding_bag_sum_kernel(const float* __restrict__ table, "
+            "const int* __restrict__ ids, float* __restrict__ out, int bag_size, int dim)"
+        ],
         launch="{k}embedding_bag_sum_kernel<<<num_bags, dim>>>(d_table, d_ids, d_out, bag_size, dim);",
         launch_note=f"embedding_bag_sum_kernel is launched once with one block per bag (num_bags = {num_bags} "
-                    f"blocks) of dim = {dim} threads, one thread per embedding column; bag_size = {bag}.",
+        f"blocks) of dim = {dim} threads, one thread per embedding column; bag_size = {bag}.",
         gen=f"""
             vocab, dim, num_bags, bag_size = {vocab}, {dim}, {num_bags}, {bag}
             table = rng.standard_normal((vocab, dim)).astype(np.float32)
@@ -631,11 +650,13 @@ def inverse_permutation() -> OpSpec:
                 if (i < n) inv[perm[i]] = i;
             }
             """,
-        signatures=["__global__ void inverse_permutation_kernel(const int* __restrict__ perm, int* __restrict__ "
-                    "inv, int n)"],
+        signatures=[
+            "__global__ void inverse_permutation_kernel(const int* __restrict__ perm, int* __restrict__ "
+            "inv, int n)"
+        ],
         launch="{k}inverse_permutation_kernel<<<(n + 255) / 256, 256>>>(d_perm, d_inv, n);",
         launch_note="inverse_permutation_kernel is launched once with (n + 255) / 256 blocks of 256 threads, one "
-                    "thread per element of perm.",
+        "thread per element of perm.",
         gen=f"""
             n = {n}
             perm = rng.permutation(n).astype(np.int32)
@@ -662,7 +683,7 @@ def masked_fill() -> OpSpec:
         name="Masked_Fill",
         split="pretrain",
         description=f"Replace the elements of a float32 array of {n} elements where a uint8 mask is nonzero "
-                    "with -10000.",
+        "with -10000.",
         level1=f"""
             Write a CUDA kernel that computes y[i] = fill if mask[i] != 0 else x[i] for float32 x and y and a
             uint8 mask of n = {n} elements, with fill = -10000.0f passed as a kernel argument. Use a
@@ -679,11 +700,13 @@ def masked_fill() -> OpSpec:
                     y[i] = mask[i] ? fill : x[i];
             }
             """,
-        signatures=["__global__ void masked_fill_kernel(const float* __restrict__ x, const unsigned char* "
-                    "__restrict__ mask, float* __restrict__ y, int n, float fill)"],
+        signatures=[
+            "__global__ void masked_fill_kernel(const float* __restrict__ x, const unsigned char* "
+            "__restrict__ mask, float* __restrict__ y, int n, float fill)"
+        ],
         launch="{k}masked_fill_kernel<<<1024, 256>>>(d_x, d_mask, d_y, n, fill);",
         launch_note="masked_fill_kernel is launched once with a fixed grid of 1024 blocks of 256 threads (fewer "
-                    "threads than elements, so loop with a grid stride); fill = -10000.0f.",
+        "threads than elements, so loop with a grid stride); fill = -10000.0f.",
         gen=f"""
             n = {n}
             x = rng.standard_normal(n).astype(np.float32)
@@ -713,7 +736,7 @@ def index_select_columns() -> OpSpec:
             blockDim.x.
             """,
         level2=f"Select columns: y[r, j] = x[r, cols[j]] for a {rows}x{src_cols} float32 matrix and {cols} int32 "
-               "column indices.",
+        "column indices.",
         inputs=[Buffer("x", "float32", (rows, src_cols)), Buffer("cols", "int32", (cols,))],
         outputs=[Buffer("y", "float32", (rows, cols))],
         constants=f"const int rows = {rows};\nconst int src_cols = {src_cols};\nconst int num_cols = {cols};",
@@ -725,11 +748,13 @@ def index_select_columns() -> OpSpec:
                 for (int j = threadIdx.x; j < num_cols; j += blockDim.x) dst[j] = src[cols[j]];
             }
             """,
-        signatures=["__global__ void index_select_columns_kernel(const float* __restrict__ x, "
-                    "const int* __restrict__ cols, float* __restrict__ y, int src_cols, int num_cols)"],
+        signatures=[
+            "__global__ void index_select_columns_kernel(const float* __restrict__ x, "
+            "const int* __restrict__ cols, float* __restrict__ y, int src_cols, int num_cols)"
+        ],
         launch="{k}index_select_columns_kernel<<<rows, 256>>>(d_x, d_cols, d_y, src_cols, num_cols);",
         launch_note="index_select_columns_kernel is launched once with one block of 256 threads per row "
-                    "(rows blocks); the threads stride over the selected columns.",
+        "(rows blocks); the threads stride over the selected columns.",
         gen=f"""
             rows, src_cols, num_cols = {rows}, {src_cols}, {cols}
             x = rng.standard_normal((rows, src_cols)).astype(np.float32)
@@ -759,7 +784,7 @@ def reverse_segments() -> OpSpec:
             __syncthreads(), then write y[base + t] = tile[len - 1 - t] with coalesced writes.
             """,
         level2=f"Reverse each consecutive 1024-element segment of a float32 array of {n} elements (the last, "
-               f"shorter segment within its own length).",
+        f"shorter segment within its own length).",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -776,11 +801,13 @@ def reverse_segments() -> OpSpec:
                 for (int t = threadIdx.x; t < len; t += blockDim.x) y[base + t] = tile[len - 1 - t];
             }
             """,
-        signatures=["__global__ void reverse_segments_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int n)"],
+        signatures=[
+            "__global__ void reverse_segments_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int n)"
+        ],
         launch="{k}reverse_segments_kernel<<<(n + 1023) / 1024, 256>>>(d_x, d_y, n);",
         launch_note="reverse_segments_kernel is launched once with (n + 1023) / 1024 blocks of 256 threads, one "
-                    "block per 1024-element segment.",
+        "block per 1024-element segment.",
         gen=f"""
             n, seg = {n}, 1024
             x = rng.standard_normal(n).astype(np.float32)
@@ -800,8 +827,17 @@ def reverse_segments() -> OpSpec:
 
 def specs() -> list[OpSpec]:
     sized = [gather_by_index(t) for t in SIZES] + [scatter_by_permutation(t) for t in SIZES]
-    single = [embedding_lookup(), one_hot(), bitonic_sort_tiles(), odd_even_sort_segments(),
-              nonzero_index_compaction(),
-              take_along_rows(), embedding_bag_sum(), inverse_permutation(),
-              masked_fill(), index_select_columns(), reverse_segments()]
+    single = [
+        embedding_lookup(),
+        one_hot(),
+        bitonic_sort_tiles(),
+        odd_even_sort_segments(),
+        nonzero_index_compaction(),
+        take_along_rows(),
+        embedding_bag_sum(),
+        inverse_permutation(),
+        masked_fill(),
+        index_select_columns(),
+        reverse_segments(),
+    ]
     return sized + single

@@ -8,6 +8,7 @@ padded row that turns a strided transpose into coalesced loads and stores, and a
 reverses its chunk in shared memory. Inputs are random, so no output equals an input
 bitwise (a transpose, flip or roll of random data is never the data itself).
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec, int_constants, kernel_signatures
@@ -19,8 +20,19 @@ GRID_STRIDE_BLOCKS = 1024  # grid-stride kernels launch a fixed grid of 256-thre
 
 def _gen(dims: str, draws: list[str], reference: str, args: str, outputs: str) -> str:
     """gen.py body: sizes, the random inputs, `def reference(args)` and the `_ref` outputs."""
-    return "\n".join([dims, *draws, "", "", f"def reference({args}):", f"    return {reference}", "", "",
-                      f"{outputs} = reference({args})"])
+    return "\n".join(
+        [
+            dims,
+            *draws,
+            "",
+            "",
+            f"def reference({args}):",
+            f"    return {reference}",
+            "",
+            "",
+            f"{outputs} = reference({args})",
+        ]
+    )
 
 
 def _normal(name: str, shape: str) -> str:
@@ -49,7 +61,11 @@ __global__ void transpose_naive_kernel(const float* __restrict__ x, float* __res
 
 def _transpose_naive(rows: int, cols: int, variant: str) -> OpSpec:
     return OpSpec(
-        op="transpose_naive", name="Naive_Matrix_Transpose", category=CATEGORY, split="train", variant=variant,
+        op="transpose_naive",
+        name="Naive_Matrix_Transpose",
+        category=CATEGORY,
+        split="train",
+        variant=variant,
         description=f"Transpose a {rows}x{cols} float32 matrix into a {cols}x{rows} matrix.",
         level1=f"""
             Write a CUDA kernel that transposes a row-major float32 matrix x ({rows} x {cols}) into y
@@ -73,8 +89,8 @@ def _transpose_naive(rows: int, cols: int, variant: str) -> OpSpec:
             {k}transpose_naive_kernel<<<grid, block>>>(d_x, d_y, rows, cols);
             """,
         launch_note="transpose_naive_kernel is launched once with 32 x 8 thread blocks on a grid of "
-                    "((cols + 31) / 32, (rows + 7) / 8) blocks: x-dimension over the columns of x, "
-                    "y-dimension over its rows, one thread per element.",
+        "((cols + 31) / 32, (rows + 7) / 8) blocks: x-dimension over the columns of x, "
+        "y-dimension over its rows, one thread per element.",
         gen=_gen(f"rows, cols = {rows}, {cols}", [_normal("x", "(rows, cols)")], "x.T", "x", "y_ref"),
         **EXACT,
     )
@@ -111,7 +127,10 @@ __global__ void transpose_tiled_kernel(const float* __restrict__ x, float* __res
 
 def _transpose_tiled(rows: int, cols: int, variant: str) -> OpSpec:
     return OpSpec(
-        op="transpose_shared_tiled", name="Shared_Memory_Matrix_Transpose", category=CATEGORY, split="train",
+        op="transpose_shared_tiled",
+        name="Shared_Memory_Matrix_Transpose",
+        category=CATEGORY,
+        split="train",
         variant=variant,
         description=f"Transpose a {rows}x{cols} float32 matrix through padded shared-memory tiles.",
         level1=f"""
@@ -139,8 +158,8 @@ def _transpose_tiled(rows: int, cols: int, variant: str) -> OpSpec:
             {k}transpose_tiled_kernel<<<grid, block>>>(d_x, d_y, rows, cols);
             """,
         launch_note="transpose_tiled_kernel is launched once with 32 x 8 thread blocks on a grid of "
-                    "((cols + 31) / 32, (rows + 31) / 32) blocks; block (bx, by) moves the 32 x 32 tile of x "
-                    "at rows 32*by.. and columns 32*bx.., so each thread moves 4 elements.",
+        "((cols + 31) / 32, (rows + 31) / 32) blocks; block (bx, by) moves the 32 x 32 tile of x "
+        "at rows 32*by.. and columns 32*bx.., so each thread moves 4 elements.",
         gen=_gen(f"rows, cols = {rows}, {cols}", [_normal("x", "(rows, cols)")], "x.T", "x", "y_ref"),
         **EXACT,
     )
@@ -166,7 +185,10 @@ __global__ void nchw_to_nhwc_kernel(const float* __restrict__ x, float* __restri
 
 def _nchw_to_nhwc(N: int, C: int, H: int, W: int) -> OpSpec:
     return OpSpec(
-        op="nchw_to_nhwc", name="NCHW_To_NHWC_Permute", category=CATEGORY, split="train",
+        op="nchw_to_nhwc",
+        name="NCHW_To_NHWC_Permute",
+        category=CATEGORY,
+        split="train",
         description=f"Permute a float32 tensor of shape ({N}, {C}, {H}, {W}) from NCHW to NHWC layout.",
         level1=f"""
             Write a CUDA kernel that converts a float32 tensor x stored as NCHW (N = {N}, C = {C}, H =
@@ -186,9 +208,14 @@ def _nchw_to_nhwc(N: int, C: int, H: int, W: int) -> OpSpec:
         signatures=kernel_signatures(NCHW_KERNEL),
         launch=f"{{k}}nchw_to_nhwc_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_x, d_y, N, C, H, W);",
         launch_note=f"nchw_to_nhwc_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads, "
-                    "fewer threads than elements, so each thread loops over output indices with a grid stride.",
-        gen=_gen(f"N, C, H, W = {N}, {C}, {H}, {W}", [_normal("x", "(N, C, H, W)")],
-                 "np.transpose(x, (0, 2, 3, 1))", "x", "y_ref"),
+        "fewer threads than elements, so each thread loops over output indices with a grid stride.",
+        gen=_gen(
+            f"N, C, H, W = {N}, {C}, {H}, {W}",
+            [_normal("x", "(N, C, H, W)")],
+            "np.transpose(x, (0, 2, 3, 1))",
+            "x",
+            "y_ref",
+        ),
         **EXACT,
     )
 
@@ -207,7 +234,10 @@ __global__ void flip_horizontal_kernel(const float* __restrict__ x, float* __res
 
 def _flip_horizontal(H: int, W: int) -> OpSpec:
     return OpSpec(
-        op="flip_horizontal", name="Horizontal_Image_Flip", category=CATEGORY, split="train",
+        op="flip_horizontal",
+        name="Horizontal_Image_Flip",
+        category=CATEGORY,
+        split="train",
         description=f"Mirror a {H}x{W} float32 image left to right (reverse the order of the columns).",
         level1=f"""
             Write a CUDA kernel that flips a row-major float32 image x ({H} rows x {W} columns) left to
@@ -229,7 +259,7 @@ def _flip_horizontal(H: int, W: int) -> OpSpec:
             {k}flip_horizontal_kernel<<<grid, block>>>(d_x, d_y, H, W);
             """,
         launch_note="flip_horizontal_kernel is launched once with 32 x 8 thread blocks on a grid of "
-                    "((W + 31) / 32, (H + 7) / 8) blocks, one thread per pixel (x-dimension = column).",
+        "((W + 31) / 32, (H + 7) / 8) blocks, one thread per pixel (x-dimension = column).",
         gen=_gen(f"H, W = {H}, {W}", [_normal("x", "(H, W)")], "x[:, ::-1]", "x", "y_ref"),
         **EXACT,
     )
@@ -257,7 +287,10 @@ __global__ void reverse_array_kernel(const int* __restrict__ x, int* __restrict_
 
 def _reverse_array(n: int) -> OpSpec:
     return OpSpec(
-        op="reverse_array", name="Array_Reverse", category=CATEGORY, split="train",
+        op="reverse_array",
+        name="Array_Reverse",
+        category=CATEGORY,
+        split="train",
         description=f"Reverse the order of an int32 array of {n} elements.",
         level1=f"""
             Write a CUDA kernel that reverses an int32 array x of n = {n} elements: y[i] = x[n - 1 - i].
@@ -277,9 +310,14 @@ def _reverse_array(n: int) -> OpSpec:
         signatures=kernel_signatures(REVERSE_KERNEL),
         launch="{k}reverse_array_kernel<<<(n + 255) / 256, 256>>>(d_x, d_y, n);",
         launch_note="reverse_array_kernel is launched once with (n + 255) / 256 blocks of 256 threads; block b "
-                    "reads input elements 256*b..256*b+255 (the last block is partial).",
-        gen=_gen(f"n = {n}", ["x = rng.integers(-1_000_000, 1_000_000, n).astype(np.int32)"], "x[::-1]", "x",
-                 "y_ref"),
+        "reads input elements 256*b..256*b+255 (the last block is partial).",
+        gen=_gen(
+            f"n = {n}",
+            ["x = rng.integers(-1_000_000, 1_000_000, n).astype(np.int32)"],
+            "x[::-1]",
+            "x",
+            "y_ref",
+        ),
         **EXACT,
     )
 
@@ -299,7 +337,10 @@ __global__ void interleave_rgb_kernel(const unsigned char* __restrict__ r, const
 
 def _interleave_rgb(H: int, W: int) -> OpSpec:
     return OpSpec(
-        op="interleave_rgb", name="Interleave_RGB_Channels", category=CATEGORY, split="train",
+        op="interleave_rgb",
+        name="Interleave_RGB_Channels",
+        category=CATEGORY,
+        split="train",
         description=f"Pack three {H}x{W} uint8 colour planes r, g, b into one interleaved {H}x{W}x3 RGB image.",
         level1=f"""
             Write a CUDA kernel that interleaves three planar uint8 channels r, g, b of an image with
@@ -319,9 +360,14 @@ def _interleave_rgb(H: int, W: int) -> OpSpec:
         signatures=kernel_signatures(INTERLEAVE_KERNEL),
         launch=f"{{k}}interleave_rgb_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_r, d_g, d_b, d_rgb, n);",
         launch_note=f"interleave_rgb_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads and "
-                    "n = H * W pixels, fewer threads than pixels, so each thread loops with a grid stride.",
-        gen=_gen(f"H, W = {H}, {W}", [_bytes("r", "(H, W)"), _bytes("g", "(H, W)"), _bytes("b", "(H, W)")],
-                 "np.stack([r, g, b], axis=-1)", "r, g, b", "rgb_ref"),
+        "n = H * W pixels, fewer threads than pixels, so each thread loops with a grid stride.",
+        gen=_gen(
+            f"H, W = {H}, {W}",
+            [_bytes("r", "(H, W)"), _bytes("g", "(H, W)"), _bytes("b", "(H, W)")],
+            "np.stack([r, g, b], axis=-1)",
+            "r, g, b",
+            "rgb_ref",
+        ),
         **EXACT,
     )
 
@@ -345,7 +391,10 @@ __global__ void zero_pad_2d_kernel(const float* __restrict__ x, float* __restric
 def _zero_pad_2d(H: int, W: int, pad: int) -> OpSpec:
     OH, OW = H + 2 * pad, W + 2 * pad
     return OpSpec(
-        op="zero_pad_2d", name="Zero_Pad_Image", category=CATEGORY, split="train",
+        op="zero_pad_2d",
+        name="Zero_Pad_Image",
+        category=CATEGORY,
+        split="train",
         description=f"Surround a {H}x{W} float32 image with a border of {pad} zeros on every side ({OH}x{OW}).",
         level1=f"""
             Write a CUDA kernel that zero-pads a row-major float32 image x ({H} x {W}) by pad = {pad}
@@ -368,9 +417,14 @@ def _zero_pad_2d(H: int, W: int, pad: int) -> OpSpec:
             {k}zero_pad_2d_kernel<<<grid, block>>>(d_x, d_y, H, W, pad);
             """,
         launch_note="zero_pad_2d_kernel is launched once with 32 x 8 thread blocks on a grid covering the padded "
-                    "image, ((W + 2*pad + 31) / 32, (H + 2*pad + 7) / 8) blocks, one thread per output pixel.",
-        gen=_gen(f"H, W, pad = {H}, {W}, {pad}", [_normal("x", "(H, W)")],
-                 "np.pad(x, pad, mode='constant', constant_values=0.0)", "x", "y_ref"),
+        "image, ((W + 2*pad + 31) / 32, (H + 2*pad + 7) / 8) blocks, one thread per output pixel.",
+        gen=_gen(
+            f"H, W, pad = {H}, {W}, {pad}",
+            [_normal("x", "(H, W)")],
+            "np.pad(x, pad, mode='constant', constant_values=0.0)",
+            "x",
+            "y_ref",
+        ),
         **EXACT,
     )
 
@@ -392,9 +446,12 @@ __global__ void concat_columns_kernel(const float* __restrict__ a, const float* 
 
 def _concat_columns(rows: int, Ca: int, Cb: int) -> OpSpec:
     return OpSpec(
-        op="concat_columns", name="Concatenate_Columns", category=CATEGORY, split="train",
+        op="concat_columns",
+        name="Concatenate_Columns",
+        category=CATEGORY,
+        split="train",
         description=f"Concatenate a {rows}x{Ca} and a {rows}x{Cb} float32 matrix side by side "
-                    f"({rows}x{Ca + Cb}).",
+        f"({rows}x{Ca + Cb}).",
         level1=f"""
             Write a CUDA kernel that concatenates two row-major float32 matrices along the columns:
             a ({rows} x {Ca}) and b ({rows} x {Cb}) give y ({rows} x {Ca + Cb}) with y[r][c] = a[r][c]
@@ -413,9 +470,14 @@ def _concat_columns(rows: int, Ca: int, Cb: int) -> OpSpec:
         signatures=kernel_signatures(CONCAT_KERNEL),
         launch=f"{{k}}concat_columns_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_a, d_b, d_y, rows, Ca, Cb);",
         launch_note=f"concat_columns_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads, fewer "
-                    "threads than outputs, so each thread loops over output indices with a grid stride.",
-        gen=_gen(f"rows, Ca, Cb = {rows}, {Ca}, {Cb}", [_normal("a", "(rows, Ca)"), _normal("b", "(rows, Cb)")],
-                 "np.concatenate([a, b], axis=1)", "a, b", "y_ref"),
+        "threads than outputs, so each thread loops over output indices with a grid stride.",
+        gen=_gen(
+            f"rows, Ca, Cb = {rows}, {Ca}, {Cb}",
+            [_normal("a", "(rows, Ca)"), _normal("b", "(rows, Cb)")],
+            "np.concatenate([a, b], axis=1)",
+            "a, b",
+            "y_ref",
+        ),
         **EXACT,
     )
 
@@ -447,9 +509,12 @@ __global__ void reflect_pad_2d_kernel(const float* __restrict__ x, float* __rest
 def _reflect_pad_2d(H: int, W: int, pad: int) -> OpSpec:
     OH, OW = H + 2 * pad, W + 2 * pad
     return OpSpec(
-        op="reflect_pad_2d", name="Reflect_Pad_Image", category=CATEGORY, split="eval",
+        op="reflect_pad_2d",
+        name="Reflect_Pad_Image",
+        category=CATEGORY,
+        split="eval",
         description=f"Pad a {H}x{W} float32 image by {pad} pixels on every side with its mirror image "
-                    f"(reflect mode, edge not repeated), giving {OH}x{OW}.",
+        f"(reflect mode, edge not repeated), giving {OH}x{OW}.",
         level1=f"""
             Write a CUDA kernel that reflect-pads a row-major float32 image x ({H} x {W}) by pad = {pad}
             on each side, giving y ({OH} x {OW}): y[r][c] = x[f(r - pad, H)][f(c - pad, W)] with
@@ -472,9 +537,14 @@ def _reflect_pad_2d(H: int, W: int, pad: int) -> OpSpec:
             {k}reflect_pad_2d_kernel<<<grid, block>>>(d_x, d_y, H, W, pad);
             """,
         launch_note="reflect_pad_2d_kernel is launched once with 32 x 8 thread blocks on a grid covering the "
-                    "padded image, ((W + 2*pad + 31) / 32, (H + 2*pad + 7) / 8) blocks, one thread per output pixel.",
-        gen=_gen(f"H, W, pad = {H}, {W}, {pad}", [_normal("x", "(H, W)")], "np.pad(x, pad, mode='reflect')",
-                 "x", "y_ref"),
+        "padded image, ((W + 2*pad + 31) / 32, (H + 2*pad + 7) / 8) blocks, one thread per output pixel.",
+        gen=_gen(
+            f"H, W, pad = {H}, {W}, {pad}",
+            [_normal("x", "(H, W)")],
+            "np.pad(x, pad, mode='reflect')",
+            "x",
+            "y_ref",
+        ),
         **EXACT,
     )
 
@@ -495,7 +565,10 @@ __global__ void deinterleave_rgb_kernel(const unsigned char* __restrict__ rgb, u
 
 def _deinterleave_rgb(H: int, W: int) -> OpSpec:
     return OpSpec(
-        op="deinterleave_rgb", name="Deinterleave_RGB_Channels", category=CATEGORY, split="eval",
+        op="deinterleave_rgb",
+        name="Deinterleave_RGB_Channels",
+        category=CATEGORY,
+        split="eval",
         description=f"Split a packed {H}x{W}x3 uint8 RGB image into three {H}x{W} planes r, g, b.",
         level1=f"""
             Write a CUDA kernel that splits a packed uint8 RGB image rgb ({H} x {W} x 3, channels
@@ -514,9 +587,14 @@ def _deinterleave_rgb(H: int, W: int) -> OpSpec:
         signatures=kernel_signatures(DEINTERLEAVE_KERNEL),
         launch="{k}deinterleave_rgb_kernel<<<(n + 255) / 256, 256>>>(d_rgb, d_r, d_g, d_b, n);",
         launch_note="deinterleave_rgb_kernel is launched once with (n + 255) / 256 blocks of 256 threads, "
-                    "n = H * W pixels, one thread per pixel.",
-        gen=_gen(f"H, W = {H}, {W}", [_bytes("rgb", "(H, W, 3)")],
-                 "rgb[..., 0], rgb[..., 1], rgb[..., 2]", "rgb", "r_ref, g_ref, b_ref"),
+        "n = H * W pixels, one thread per pixel.",
+        gen=_gen(
+            f"H, W = {H}, {W}",
+            [_bytes("rgb", "(H, W, 3)")],
+            "rgb[..., 0], rgb[..., 1], rgb[..., 2]",
+            "rgb",
+            "r_ref, g_ref, b_ref",
+        ),
         **EXACT,
     )
 
@@ -537,9 +615,12 @@ __global__ void tile_repeat_2d_kernel(const float* __restrict__ x, float* __rest
 def _tile_repeat_2d(rows: int, cols: int, reps_y: int, reps_x: int) -> OpSpec:
     OR, OC = rows * reps_y, cols * reps_x
     return OpSpec(
-        op="tile_repeat_2d", name="Tile_Repeat_Matrix", category=CATEGORY, split="eval",
+        op="tile_repeat_2d",
+        name="Tile_Repeat_Matrix",
+        category=CATEGORY,
+        split="eval",
         description=f"Tile a {rows}x{cols} float32 matrix {reps_y} times vertically and {reps_x} times "
-                    f"horizontally ({OR}x{OC}).",
+        f"horizontally ({OR}x{OC}).",
         level1=f"""
             Write a CUDA kernel that tiles a row-major float32 matrix x ({rows} x {cols}) {reps_y} times
             down and {reps_x} times across, like numpy.tile(x, ({reps_y}, {reps_x})): y ({OR} x {OC}) has
@@ -561,9 +642,14 @@ def _tile_repeat_2d(rows: int, cols: int, reps_y: int, reps_x: int) -> OpSpec:
             {k}tile_repeat_2d_kernel<<<grid, block>>>(d_x, d_y, rows, cols, reps_y, reps_x);
             """,
         launch_note="tile_repeat_2d_kernel is launched once with 32 x 8 thread blocks on a grid covering the "
-                    "output, ((cols*reps_x + 31) / 32, (rows*reps_y + 7) / 8) blocks, one thread per element.",
-        gen=_gen(f"rows, cols, reps_y, reps_x = {rows}, {cols}, {reps_y}, {reps_x}", [_normal("x", "(rows, cols)")],
-                 "np.tile(x, (reps_y, reps_x))", "x", "y_ref"),
+        "output, ((cols*reps_x + 31) / 32, (rows*reps_y + 7) / 8) blocks, one thread per element.",
+        gen=_gen(
+            f"rows, cols, reps_y, reps_x = {rows}, {cols}, {reps_y}, {reps_x}",
+            [_normal("x", "(rows, cols)")],
+            "np.tile(x, (reps_y, reps_x))",
+            "x",
+            "y_ref",
+        ),
         **EXACT,
     )
 
@@ -586,7 +672,10 @@ __global__ void flip_vertical_kernel(const float* __restrict__ x, float* __restr
 
 def _flip_vertical(H: int, W: int) -> OpSpec:
     return OpSpec(
-        op="flip_vertical", name="Vertical_Image_Flip", category=CATEGORY, split="pretrain",
+        op="flip_vertical",
+        name="Vertical_Image_Flip",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Mirror a {H}x{W} float32 image top to bottom (reverse the order of the rows).",
         level1=f"""
             Write a CUDA kernel that flips a row-major float32 image x ({H} x {W}) upside down:
@@ -603,7 +692,7 @@ def _flip_vertical(H: int, W: int) -> OpSpec:
         signatures=kernel_signatures(FLIP_V_KERNEL),
         launch="{k}flip_vertical_kernel<<<H, 256>>>(d_x, d_y, H, W);",
         launch_note="flip_vertical_kernel is launched once with H blocks of 256 threads: block r writes row r "
-                    "of y, looping over the columns with a stride of 256.",
+        "of y, looping over the columns with a stride of 256.",
         gen=_gen(f"H, W = {H}, {W}", [_normal("x", "(H, W)")], "x[::-1, :]", "x", "y_ref"),
         **EXACT,
     )
@@ -624,7 +713,10 @@ __global__ void roll_array_kernel(const float* __restrict__ x, float* __restrict
 
 def _roll_array(n: int, shift: int) -> OpSpec:
     return OpSpec(
-        op="roll_array", name="Circular_Shift_Array", category=CATEGORY, split="pretrain",
+        op="roll_array",
+        name="Circular_Shift_Array",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Rotate a float32 array of {n} elements right by {shift} positions (numpy.roll).",
         level1=f"""
             Write a CUDA kernel that rotates a float32 array x of n = {n} elements right by shift =
@@ -642,7 +734,7 @@ def _roll_array(n: int, shift: int) -> OpSpec:
         signatures=kernel_signatures(ROLL_KERNEL),
         launch=f"{{k}}roll_array_kernel<<<{GRID_STRIDE_BLOCKS}, 256>>>(d_x, d_y, n, shift);",
         launch_note=f"roll_array_kernel is launched once with {GRID_STRIDE_BLOCKS} blocks of 256 threads, fewer "
-                    "threads than elements, so each thread loops over output indices with a grid stride.",
+        "threads than elements, so each thread loops over output indices with a grid stride.",
         gen=_gen(f"n, shift = {n}, {shift}", [_normal("x", "n")], "np.roll(x, shift)", "x", "y_ref"),
         **EXACT,
     )

@@ -13,6 +13,7 @@ sqrt(K) / 3 (about 11 for K = 1024, 21 for K = 4096). Float32 accumulation in an
 6e-8 * K / 7, i.e. below 1e-4 even for K = 4096. atol = rtol = 1e-3 leaves room for every
 summation order, while one missing or doubled product (about 0.3) fails.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec, int_constants, kernel_signatures
@@ -28,18 +29,20 @@ def _uniform(name: str, shape: str) -> str:
 
 def _gen_ab(dims: str, shape_a: str, shape_b: str, product: str, out: str = "C") -> str:
     """gen.py body for out = product(A, B) of two uniform matrices."""
-    return "\n".join([
-        dims,
-        _uniform("A", shape_a),
-        _uniform("B", shape_b),
-        "",
-        "",
-        "def reference(A, B):",
-        f"    return {product}",
-        "",
-        "",
-        f"{out}_ref = reference(A.astype(np.float64), B.astype(np.float64)).astype(np.float32)",
-    ])
+    return "\n".join(
+        [
+            dims,
+            _uniform("A", shape_a),
+            _uniform("B", shape_b),
+            "",
+            "",
+            "def reference(A, B):",
+            f"    return {product}",
+            "",
+            "",
+            f"{out}_ref = reference(A.astype(np.float64), B.astype(np.float64)).astype(np.float32)",
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,7 +68,11 @@ __global__ void matmul_naive_kernel(const float* __restrict__ A, const float* __
 
 def _matmul_naive(M: int, K: int, N: int, variant: str = "") -> OpSpec:
     return OpSpec(
-        op="matmul_naive", name="Naive_Matrix_Multiply", category=CATEGORY, split="train", variant=variant,
+        op="matmul_naive",
+        name="Naive_Matrix_Multiply",
+        category=CATEGORY,
+        split="train",
+        variant=variant,
         description=f"Multiply a {M}x{K} float32 matrix A by a {K}x{N} matrix B, giving C = A B ({M}x{N}).",
         level1=f"""
             Write a CUDA kernel that computes the matrix product C = A B, C[i][j] = sum over k of
@@ -90,10 +97,11 @@ def _matmul_naive(M: int, K: int, N: int, variant: str = "") -> OpSpec:
             {k}matmul_naive_kernel<<<grid, block>>>(d_A, d_B, d_C, M, K, N);
             """,
         launch_note="matmul_naive_kernel is launched once with 16 x 16 thread blocks on a grid of "
-                    "((N + 15) / 16, (M + 15) / 16) blocks: blockIdx.x / threadIdx.x cover the columns of C, "
-                    "blockIdx.y / threadIdx.y its rows; edge blocks are partly outside C.",
+        "((N + 15) / 16, (M + 15) / 16) blocks: blockIdx.x / threadIdx.x cover the columns of C, "
+        "blockIdx.y / threadIdx.y its rows; edge blocks are partly outside C.",
         gen=_gen_ab(f"M, K, N = {M}, {K}, {N}", "(M, K)", "(K, N)", "A @ B"),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -130,9 +138,13 @@ __global__ void matmul_tiled_kernel(const float* __restrict__ A, const float* __
 
 def _matmul_tiled(M: int, K: int, N: int, variant: str = "") -> OpSpec:
     return OpSpec(
-        op="matmul_tiled", name="Tiled_Matrix_Multiply", category=CATEGORY, split="train", variant=variant,
+        op="matmul_tiled",
+        name="Tiled_Matrix_Multiply",
+        category=CATEGORY,
+        split="train",
+        variant=variant,
         description=f"Multiply a {M}x{K} float32 matrix A by a {K}x{N} matrix B with shared-memory tiling, "
-                    f"giving C = A B ({M}x{N}).",
+        f"giving C = A B ({M}x{N}).",
         level1=f"""
             Write a shared-memory tiled CUDA kernel for C = A B, C[i][j] = sum over k of A[i][k] *
             B[k][j], with row-major float32 A ({M} x {K}), B ({K} x {N}) and C ({M} x {N}). Use 16 x 16
@@ -158,10 +170,11 @@ def _matmul_tiled(M: int, K: int, N: int, variant: str = "") -> OpSpec:
             {k}matmul_tiled_kernel<<<grid, block>>>(d_A, d_B, d_C, M, K, N);
             """,
         launch_note="matmul_tiled_kernel is launched once with 16 x 16 thread blocks on a grid of "
-                    "((N + 15) / 16, (M + 15) / 16) blocks; block (bx, by) computes rows 16*by.. and columns "
-                    "16*bx.. of C. No dynamic shared memory (declare the tiles statically).",
+        "((N + 15) / 16, (M + 15) / 16) blocks; block (bx, by) computes rows 16*by.. and columns "
+        "16*bx.. of C. No dynamic shared memory (declare the tiles statically).",
         gen=_gen_ab(f"M, K, N = {M}, {K}, {N}", "(M, K)", "(K, N)", "A @ B"),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -187,7 +200,10 @@ __global__ void matvec_warp_kernel(const float* __restrict__ A, const float* __r
 
 def _matvec(M: int, N: int) -> OpSpec:
     return OpSpec(
-        op="matrix_vector_multiply", name="Matrix_Vector_Multiply", category=CATEGORY, split="train",
+        op="matrix_vector_multiply",
+        name="Matrix_Vector_Multiply",
+        category=CATEGORY,
+        split="train",
         description=f"Multiply a {M}x{N} float32 matrix A by a vector x of {N} elements, giving y = A x.",
         level1=f"""
             Write a CUDA kernel for the matrix-vector product y = A x, y[i] = sum over j of A[i][j] *
@@ -208,21 +224,24 @@ def _matvec(M: int, N: int) -> OpSpec:
         signatures=kernel_signatures(MATVEC_KERNEL),
         launch="{k}matvec_warp_kernel<<<(M + 7) / 8, 256>>>(d_A, d_x, d_y, M, N);",
         launch_note="matvec_warp_kernel is launched once with (M + 7) / 8 blocks of 256 threads: one warp "
-                    "(32 consecutive threads) per row of A, global warp index = row; the last block has "
-                    "warps past row M - 1.",
-        gen="\n".join([
-            f"M, N = {M}, {N}",
-            _uniform("A", "(M, N)"),
-            _uniform("x", "N"),
-            "",
-            "",
-            "def reference(A, x):",
-            "    return A @ x",
-            "",
-            "",
-            "y_ref = reference(A.astype(np.float64), x.astype(np.float64)).astype(np.float32)",
-        ]),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "(32 consecutive threads) per row of A, global warp index = row; the last block has "
+        "warps past row M - 1.",
+        gen="\n".join(
+            [
+                f"M, N = {M}, {N}",
+                _uniform("A", "(M, N)"),
+                _uniform("x", "N"),
+                "",
+                "",
+                "def reference(A, x):",
+                "    return A @ x",
+                "",
+                "",
+                "y_ref = reference(A.astype(np.float64), x.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -273,9 +292,12 @@ __global__ void batched_matmul_kernel(const float* __restrict__ A, const float* 
 
 def _batched_matmul(batch: int, M: int, K: int, N: int) -> OpSpec:
     return OpSpec(
-        op="batched_matmul", name="Batched_Matrix_Multiply", category=CATEGORY, split="train",
+        op="batched_matmul",
+        name="Batched_Matrix_Multiply",
+        category=CATEGORY,
+        split="train",
         description=f"Multiply {batch} pairs of float32 matrices, C[b] = A[b] B[b] with A[b] {M}x{K} and "
-                    f"B[b] {K}x{N}.",
+        f"B[b] {K}x{N}.",
         level1=f"""
             Write a CUDA kernel for the batched matrix product C[b] = A[b] B[b], b = 0..{batch - 1},
             with float32 tensors A ({batch} x {M} x {K}), B ({batch} x {K} x {N}) and C ({batch} x {M} x
@@ -302,12 +324,17 @@ def _batched_matmul(batch: int, M: int, K: int, N: int) -> OpSpec:
             {k}batched_matmul_kernel<<<grid, block>>>(d_A, d_B, d_C, M, K, N);
             """,
         launch_note="batched_matmul_kernel is launched once with 32 x 8 thread blocks on a grid of "
-                    "((N + 31) / 32, (M + 31) / 32, BATCH) blocks: blockIdx.z is the batch, block (bx, by) "
-                    "computes rows 32*by..32*by+31 and columns 32*bx..32*bx+31 of C[b], so each thread "
-                    "produces 4 outputs.",
-        gen=_gen_ab(f"BATCH, M, K, N = {batch}, {M}, {K}, {N}", "(BATCH, M, K)", "(BATCH, K, N)",
-                    "np.matmul(A, B)  # batched over the leading axis"),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "((N + 31) / 32, (M + 31) / 32, BATCH) blocks: blockIdx.z is the batch, block (bx, by) "
+        "computes rows 32*by..32*by+31 and columns 32*bx..32*bx+31 of C[b], so each thread "
+        "produces 4 outputs.",
+        gen=_gen_ab(
+            f"BATCH, M, K, N = {batch}, {M}, {K}, {N}",
+            "(BATCH, M, K)",
+            "(BATCH, K, N)",
+            "np.matmul(A, B)  # batched over the leading axis",
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -327,7 +354,10 @@ __global__ void outer_product_kernel(const float* __restrict__ x, const float* _
 
 def _outer_product(M: int, N: int) -> OpSpec:
     return OpSpec(
-        op="outer_product", name="Vector_Outer_Product", category=CATEGORY, split="train",
+        op="outer_product",
+        name="Vector_Outer_Product",
+        category=CATEGORY,
+        split="train",
         description=f"Form the outer product C = x y^T of float32 vectors x ({M}) and y ({N}), a {M}x{N} matrix.",
         level1=f"""
             Write a CUDA kernel for the outer product C[i][j] = x[i] * y[j] of float32 vectors x ({M}
@@ -347,19 +377,21 @@ def _outer_product(M: int, N: int) -> OpSpec:
         signatures=kernel_signatures(OUTER_KERNEL),
         launch="{k}outer_product_kernel<<<1024, 256>>>(d_x, d_y, d_C, M, N);",
         launch_note="outer_product_kernel is launched once with 1024 blocks of 256 threads, fewer threads "
-                    "than outputs, so each thread loops over the flattened output with a grid stride.",
-        gen="\n".join([
-            f"M, N = {M}, {N}",
-            _uniform("x", "M"),
-            _uniform("y", "N"),
-            "",
-            "",
-            "def reference(x, y):",
-            "    return np.outer(x, y)",
-            "",
-            "",
-            "C_ref = reference(x.astype(np.float64), y.astype(np.float64)).astype(np.float32)",
-        ]),
+        "than outputs, so each thread loops over the flattened output with a grid stride.",
+        gen="\n".join(
+            [
+                f"M, N = {M}, {N}",
+                _uniform("x", "M"),
+                _uniform("y", "N"),
+                "",
+                "",
+                "def reference(x, y):",
+                "    return np.outer(x, y)",
+                "",
+                "",
+                "C_ref = reference(x.astype(np.float64), y.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
     )
 
 
@@ -395,9 +427,12 @@ __global__ void gemm_alpha_beta_kernel(const float* __restrict__ A, const float*
 
 def _gemm_alpha_beta(M: int, K: int, N: int, alpha: float, beta: float) -> OpSpec:
     return OpSpec(
-        op="gemm_alpha_beta", name="GEMM_Alpha_Beta", category=CATEGORY, split="train",
+        op="gemm_alpha_beta",
+        name="GEMM_Alpha_Beta",
+        category=CATEGORY,
+        split="train",
         description=f"General matrix multiply D = alpha A B + beta C (alpha = {alpha}, beta = {beta}) with A "
-                    f"{M}x{K}, B {K}x{N}, C and D {M}x{N} (float32).",
+        f"{M}x{K}, B {K}x{N}, C and D {M}x{N} (float32).",
         level1=f"""
             Write a CUDA GEMM kernel computing D = alpha * (A B) + beta * C with alpha = {alpha},
             beta = {beta}, and row-major float32 matrices A ({M} x {K}), B ({K} x {N}), C and D ({M} x
@@ -410,9 +445,14 @@ def _gemm_alpha_beta(M: int, K: int, N: int, alpha: float, beta: float) -> OpSpe
             Compute D = alpha * (A B) + beta * C with alpha = {alpha}, beta = {beta}, A ({M} x {K}),
             B ({K} x {N}), C ({M} x {N}); all float32, row-major. D is {M} x {N}.
             """,
-        inputs=[Buffer("A", "float32", (M, K)), Buffer("B", "float32", (K, N)), Buffer("C", "float32", (M, N))],
+        inputs=[
+            Buffer("A", "float32", (M, K)),
+            Buffer("B", "float32", (K, N)),
+            Buffer("C", "float32", (M, N)),
+        ],
         outputs=[Buffer("D", "float32", (M, N))],
-        constants=int_constants(M=M, K=K, N=N) + f"\nconst float alpha = {alpha}f;\nconst float beta = {beta}f;",
+        constants=int_constants(M=M, K=K, N=N)
+        + f"\nconst float alpha = {alpha}f;\nconst float beta = {beta}f;",
         kernels=GEMM_KERNEL,
         signatures=kernel_signatures(GEMM_KERNEL),
         launch="""
@@ -421,23 +461,26 @@ def _gemm_alpha_beta(M: int, K: int, N: int, alpha: float, beta: float) -> OpSpe
             {k}gemm_alpha_beta_kernel<<<grid, block>>>(d_A, d_B, d_C, d_D, M, K, N, alpha, beta);
             """,
         launch_note="gemm_alpha_beta_kernel is launched once with 32 x 32 thread blocks (1024 threads) on a "
-                    "grid of ((N + 31) / 32, (M + 31) / 32) blocks; block (bx, by) computes rows 32*by.. and "
-                    "columns 32*bx.. of D.",
-        gen="\n".join([
-            f"M, K, N = {M}, {K}, {N}",
-            f"alpha, beta = {alpha}, {beta}",
-            _uniform("A", "(M, K)"),
-            _uniform("B", "(K, N)"),
-            _uniform("C", "(M, N)"),
-            "",
-            "",
-            "def reference(A, B, C):",
-            "    return alpha * (A @ B) + beta * C",
-            "",
-            "",
-            "D_ref = reference(A.astype(np.float64), B.astype(np.float64), C.astype(np.float64)).astype(np.float32)",
-        ]),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "grid of ((N + 31) / 32, (M + 31) / 32) blocks; block (bx, by) computes rows 32*by.. and "
+        "columns 32*bx.. of D.",
+        gen="\n".join(
+            [
+                f"M, K, N = {M}, {K}, {N}",
+                f"alpha, beta = {alpha}, {beta}",
+                _uniform("A", "(M, K)"),
+                _uniform("B", "(K, N)"),
+                _uniform("C", "(M, N)"),
+                "",
+                "",
+                "def reference(A, B, C):",
+                "    return alpha * (A @ B) + beta * C",
+                "",
+                "",
+                "D_ref = reference(A.astype(np.float64), B.astype(np.float64), C.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -477,9 +520,12 @@ __global__ void matmul_at_b_kernel(const float* __restrict__ A, const float* __r
 
 def _matmul_at_b(M: int, K: int, N: int) -> OpSpec:
     return OpSpec(
-        op="matmul_at_b", name="Transposed_A_Matrix_Multiply", category=CATEGORY, split="eval",
+        op="matmul_at_b",
+        name="Transposed_A_Matrix_Multiply",
+        category=CATEGORY,
+        split="eval",
         description=f"Compute C = A^T B where A is a {K}x{M} and B a {K}x{N} float32 matrix, giving a "
-                    f"{M}x{N} matrix.",
+        f"{M}x{N} matrix.",
         level1=f"""
             Write a CUDA kernel for C = A^T B, C[i][j] = sum over k of A[k][i] * B[k][j], where A is a
             row-major float32 {K} x {M} matrix (A^T is never formed), B is {K} x {N} and C is {M} x {N}.
@@ -504,10 +550,11 @@ def _matmul_at_b(M: int, K: int, N: int) -> OpSpec:
             {k}matmul_at_b_kernel<<<grid, block>>>(d_A, d_B, d_C, M, K, N);
             """,
         launch_note="matmul_at_b_kernel is launched once with 16 x 16 thread blocks on a grid of "
-                    "((N + 15) / 16, (M + 15) / 16) blocks; block (bx, by) computes rows 16*by.. and "
-                    "columns 16*bx.. of C. The kernel receives M, K, N with A of shape K x M.",
+        "((N + 15) / 16, (M + 15) / 16) blocks; block (bx, by) computes rows 16*by.. and "
+        "columns 16*bx.. of C. The kernel receives M, K, N with A of shape K x M.",
         gen=_gen_ab(f"M, K, N = {M}, {K}, {N}", "(K, M)", "(K, N)", "A.T @ B"),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -540,9 +587,12 @@ __global__ void vecmat_kernel(const float* __restrict__ x, const float* __restri
 
 def _vecmat(M: int, N: int) -> OpSpec:
     return OpSpec(
-        op="vector_matrix_multiply", name="Vector_Matrix_Multiply", category=CATEGORY, split="eval",
+        op="vector_matrix_multiply",
+        name="Vector_Matrix_Multiply",
+        category=CATEGORY,
+        split="eval",
         description=f"Multiply a row vector x of {M} floats by a {M}x{N} float32 matrix A, giving y = x^T A "
-                    f"({N} elements).",
+        f"({N} elements).",
         level1=f"""
             Write a CUDA kernel for the vector-matrix product y = x^T A, y[j] = sum over i of x[i] *
             A[i][j], with x of {M} floats and a row-major float32 matrix A ({M} x {N}); y has {N}
@@ -566,21 +616,24 @@ def _vecmat(M: int, N: int) -> OpSpec:
             {k}vecmat_kernel<<<(N + 31) / 32, block>>>(d_x, d_A, d_y, M, N);
             """,
         launch_note="vecmat_kernel is launched once with 32 x 16 thread blocks on (N + 31) / 32 blocks: block b "
-                    "owns columns 32*b..32*b+31 (threadIdx.x), and the 16 thread rows (threadIdx.y) share "
-                    "the rows of A.",
-        gen="\n".join([
-            f"M, N = {M}, {N}",
-            _uniform("x", "M"),
-            _uniform("A", "(M, N)"),
-            "",
-            "",
-            "def reference(x, A):",
-            "    return x @ A",
-            "",
-            "",
-            "y_ref = reference(x.astype(np.float64), A.astype(np.float64)).astype(np.float32)",
-        ]),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "owns columns 32*b..32*b+31 (threadIdx.x), and the 16 thread rows (threadIdx.y) share "
+        "the rows of A.",
+        gen="\n".join(
+            [
+                f"M, N = {M}, {N}",
+                _uniform("x", "M"),
+                _uniform("A", "(M, N)"),
+                "",
+                "",
+                "def reference(x, A):",
+                "    return x @ A",
+                "",
+                "",
+                "y_ref = reference(x.astype(np.float64), A.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -617,7 +670,10 @@ __global__ void gram_matrix_kernel(const float* __restrict__ A, float* __restric
 
 def _gram_matrix(M: int, K: int) -> OpSpec:
     return OpSpec(
-        op="gram_matrix", name="Gram_Matrix", category=CATEGORY, split="eval",
+        op="gram_matrix",
+        name="Gram_Matrix",
+        category=CATEGORY,
+        split="eval",
         description=f"Compute the Gram matrix G = A A^T of a {M}x{K} float32 matrix A ({M}x{M}).",
         level1=f"""
             Write a CUDA kernel for the Gram matrix G = A A^T, G[i][j] = sum over k of A[i][k] * A[j][k],
@@ -642,20 +698,23 @@ def _gram_matrix(M: int, K: int) -> OpSpec:
             {k}gram_matrix_kernel<<<grid, block>>>(d_A, d_G, M, K);
             """,
         launch_note="gram_matrix_kernel is launched once with 16 x 16 thread blocks on a grid of "
-                    "((M + 15) / 16, (M + 15) / 16) blocks; block (bx, by) computes rows 16*by.. and columns "
-                    "16*bx.. of G.",
-        gen="\n".join([
-            f"M, K = {M}, {K}",
-            _uniform("A", "(M, K)"),
-            "",
-            "",
-            "def reference(A):",
-            "    return A @ A.T",
-            "",
-            "",
-            "G_ref = reference(A.astype(np.float64)).astype(np.float32)",
-        ]),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "((M + 15) / 16, (M + 15) / 16) blocks; block (bx, by) computes rows 16*by.. and columns "
+        "16*bx.. of G.",
+        gen="\n".join(
+            [
+                f"M, K = {M}, {K}",
+                _uniform("A", "(M, K)"),
+                "",
+                "",
+                "def reference(A):",
+                "    return A @ A.T",
+                "",
+                "",
+                "G_ref = reference(A.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -686,9 +745,12 @@ __global__ void batched_matvec_kernel(const float* __restrict__ A, const float* 
 
 def _batched_matvec(batch: int, M: int, N: int) -> OpSpec:
     return OpSpec(
-        op="batched_matvec", name="Batched_Matrix_Vector_Multiply", category=CATEGORY, split="pretrain",
+        op="batched_matvec",
+        name="Batched_Matrix_Vector_Multiply",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Multiply {batch} float32 matrices A[b] ({M}x{N}) by their own vectors x[b] ({N}), "
-                    f"giving y[b] = A[b] x[b].",
+        f"giving y[b] = A[b] x[b].",
         level1=f"""
             Write a CUDA kernel for y[b] = A[b] x[b], b = 0..{batch - 1}, with float32 A ({batch} x {M} x
             {N}), x ({batch} x {N}) and y ({batch} x {M}), all row-major. Use one thread per (batch, row):
@@ -710,21 +772,24 @@ def _batched_matvec(batch: int, M: int, N: int) -> OpSpec:
             {k}batched_matvec_kernel<<<grid, 128, N * sizeof(float)>>>(d_A, d_x, d_y, M, N);
             """,
         launch_note="batched_matvec_kernel is launched once with 128 threads per block on a grid of "
-                    "((M + 127) / 128, BATCH) blocks (blockIdx.y = batch) and N * sizeof(float) bytes of "
-                    "dynamic shared memory for the batch's vector.",
-        gen="\n".join([
-            f"BATCH, M, N = {batch}, {M}, {N}",
-            _uniform("A", "(BATCH, M, N)"),
-            _uniform("x", "(BATCH, N)"),
-            "",
-            "",
-            "def reference(A, x):",
-            "    return np.einsum('bij,bj->bi', A, x)",
-            "",
-            "",
-            "y_ref = reference(A.astype(np.float64), x.astype(np.float64)).astype(np.float32)",
-        ]),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "((M + 127) / 128, BATCH) blocks (blockIdx.y = batch) and N * sizeof(float) bytes of "
+        "dynamic shared memory for the batch's vector.",
+        gen="\n".join(
+            [
+                f"BATCH, M, N = {batch}, {M}, {N}",
+                _uniform("A", "(BATCH, M, N)"),
+                _uniform("x", "(BATCH, N)"),
+                "",
+                "",
+                "def reference(A, x):",
+                "    return np.einsum('bij,bj->bi', A, x)",
+                "",
+                "",
+                "y_ref = reference(A.astype(np.float64), x.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 
@@ -745,7 +810,10 @@ __global__ void linear_forward_kernel(const float* __restrict__ X, const float* 
 
 def _linear_forward(M: int, K: int, N: int) -> OpSpec:
     return OpSpec(
-        op="linear_layer_forward", name="Linear_Layer_Forward", category=CATEGORY, split="pretrain",
+        op="linear_layer_forward",
+        name="Linear_Layer_Forward",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Fully connected layer Y = X W + bias with X {M}x{K}, W {K}x{N} and bias {N} (float32).",
         level1=f"""
             Write a CUDA kernel for a fully connected layer Y = X W + bias: Y[i][j] = bias[j] + sum over
@@ -757,7 +825,11 @@ def _linear_forward(M: int, K: int, N: int) -> OpSpec:
             Compute Y = X W + bias for X ({M} x {K}), W ({K} x {N}) and bias ({N}), float32 row-major:
             Y[i][j] = bias[j] + sum over k of X[i][k] * W[k][j].
             """,
-        inputs=[Buffer("X", "float32", (M, K)), Buffer("W", "float32", (K, N)), Buffer("bias", "float32", (N,))],
+        inputs=[
+            Buffer("X", "float32", (M, K)),
+            Buffer("W", "float32", (K, N)),
+            Buffer("bias", "float32", (N,)),
+        ],
         outputs=[Buffer("Y", "float32", (M, N))],
         constants=int_constants(M=M, K=K, N=N),
         kernels=LINEAR_KERNEL,
@@ -768,21 +840,24 @@ def _linear_forward(M: int, K: int, N: int) -> OpSpec:
             {k}linear_forward_kernel<<<grid, block>>>(d_X, d_W, d_bias, d_Y, M, K, N);
             """,
         launch_note="linear_forward_kernel is launched once with 32 x 8 thread blocks on a grid of "
-                    "((N + 31) / 32, (M + 7) / 8) blocks; threadIdx.x / blockIdx.x cover the columns of Y.",
-        gen="\n".join([
-            f"M, K, N = {M}, {K}, {N}",
-            _uniform("X", "(M, K)"),
-            _uniform("W", "(K, N)"),
-            _uniform("bias", "N"),
-            "",
-            "",
-            "def reference(X, W, bias):",
-            "    return X @ W + bias",
-            "",
-            "",
-            "Y_ref = reference(X.astype(np.float64), W.astype(np.float64), bias.astype(np.float64)).astype(np.float32)",
-        ]),
-        atol=SUM_ATOL, rtol=SUM_RTOL,
+        "((N + 31) / 32, (M + 7) / 8) blocks; threadIdx.x / blockIdx.x cover the columns of Y.",
+        gen="\n".join(
+            [
+                f"M, K, N = {M}, {K}, {N}",
+                _uniform("X", "(M, K)"),
+                _uniform("W", "(K, N)"),
+                _uniform("bias", "N"),
+                "",
+                "",
+                "def reference(X, W, bias):",
+                "    return X @ W + bias",
+                "",
+                "",
+                "Y_ref = reference(X.astype(np.float64), W.astype(np.float64), bias.astype(np.float64)).astype(np.float32)",
+            ]
+        ),
+        atol=SUM_ATOL,
+        rtol=SUM_RTOL,
     )
 
 

@@ -9,6 +9,7 @@ dynamic shared memory. Softmax-type ops subtract the row max before exp, and var
 taken as the mean of squared deviations (second pass), both for numerical stability.
 Every column loop is strided, so any column count works.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec, matrix_io
@@ -108,7 +109,10 @@ def _gen(inputs: str, reference: str, call: str) -> str:
 def row_softmax(rows: int, cols: int, variant: str) -> OpSpec:
     inputs, outputs, constants = matrix_io(rows, cols)
     kernels = "constexpr int SOFTMAX_THREADS = 256;  // block size; sizes the shared buffer\n"
-    kernels += SMEM_TREE_MAX + SMEM_TREE_SUM + """
+    kernels += (
+        SMEM_TREE_MAX
+        + SMEM_TREE_SUM
+        + """
 // One block per row, three strided passes: the row max, the sum of exp(x - max), the write.
 // Subtracting the max keeps every exp() argument <= 0, so nothing overflows.
 __global__ void row_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int cols) {
@@ -124,8 +128,13 @@ __global__ void row_softmax_kernel(const float* __restrict__ x, float* __restric
     for (int j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = expf(xr[j] - m) * inv_sum;
 }
 """
+    )
     return OpSpec(
-        op="row_softmax", name="Row_Softmax", category=CATEGORY, split="train", variant=variant,
+        op="row_softmax",
+        name="Row_Softmax",
+        category=CATEGORY,
+        split="train",
+        variant=variant,
         description=f"Softmax of each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the softmax of each row of a float32 matrix x with
@@ -140,25 +149,36 @@ __global__ void row_softmax_kernel(const float* __restrict__ x, float* __restric
             Compute the row-wise softmax of a {rows}x{cols} float32 matrix: y[r][j] = exp(x[r][j] - max_r) /
             sum_k exp(x[r][k] - max_r).
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int cols)"
+        ],
         launch="{k}row_softmax_kernel<<<rows, 256>>>(d_x, d_y, cols);",
         launch_note="row_softmax_kernel is launched once with one block per row (grid = rows) and 256 threads "
-                    "per block, no dynamic shared memory; block b handles row b.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)",
-                 """
+        "per block, no dynamic shared memory; block b handles row b.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)",
+            """
 def reference(x):
     e = np.exp(x - x.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # Outputs are probabilities (<= 1); float32 exp and a 1k-term sum give ~1e-6 relative error.
-        atol=1e-6, rtol=1e-4,
+        atol=1e-6,
+        rtol=1e-4,
     )
 
 
 def row_log_softmax(rows: int, cols: int) -> OpSpec:
     inputs, outputs, constants = matrix_io(rows, cols)
-    kernels = WARP_XOR_MAX_SUM + """
+    kernels = (
+        WARP_XOR_MAX_SUM
+        + """
 // One warp per row (blockDim.x is a multiple of 32). Lanes stride over the row by 32.
 __global__ void row_log_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -176,8 +196,12 @@ __global__ void row_log_softmax_kernel(const float* __restrict__ x, float* __res
     for (int j = lane; j < cols; j += 32) yr[j] = (xr[j] - m) - log_sum;
 }
 """
+    )
     return OpSpec(
-        op="row_log_softmax", name="Row_Log_Softmax", category=CATEGORY, split="train",
+        op="row_log_softmax",
+        name="Row_Log_Softmax",
+        category=CATEGORY,
+        split="train",
         description=f"Log-softmax of each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the log-softmax of each row of a float32 matrix x with {rows}
@@ -191,28 +215,39 @@ __global__ void row_log_softmax_kernel(const float* __restrict__ x, float* __res
             Compute the row-wise log-softmax of a {rows}x{cols} float32 matrix: y[r][j] = x[r][j] - max_r -
             log(sum_k exp(x[r][k] - max_r)).
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_log_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int rows, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_log_softmax_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int rows, int cols)"
+        ],
         launch="{k}row_log_softmax_kernel<<<(rows + 7) / 8, 256>>>(d_x, d_y, rows, cols);",
         launch_note="row_log_softmax_kernel is launched once with (rows + 7) / 8 blocks of 256 threads: one warp "
-                    "per row, warp w of block b handles row 8 * b + w; warps of the last block past the last row "
-                    "must do nothing.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)",
-                 """
+        "per row, warp w of block b handles row 8 * b + w; warps of the last block past the last row "
+        "must do nothing.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)",
+            """
 def reference(x):
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # Outputs lie in about [-20, 0]; float32 ulp there is ~2e-6, plus the error of log(sum).
-        atol=1e-4, rtol=1e-5,
+        atol=1e-4,
+        rtol=1e-5,
     )
 
 
 def layer_norm(rows: int, cols: int, variant: str) -> OpSpec:
     inputs, outputs, constants = matrix_io(rows, cols)
     inputs += [Buffer("gamma", "float32", (cols,)), Buffer("beta", "float32", (cols,))]
-    kernels = WARP_SHUFFLE_BLOCK_SUM + """
+    kernels = (
+        WARP_SHUFFLE_BLOCK_SUM
+        + """
 // One block per row: mean, then variance as the mean of squared deviations (a second pass over
 // the row avoids the cancellation of E[x^2] - mean^2), then the affine normalized write.
 __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
@@ -231,10 +266,15 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
     for (int j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
 }
 """
+    )
     return OpSpec(
-        op="layer_norm", name="Layer_Normalization", category=CATEGORY, split="train", variant=variant,
+        op="layer_norm",
+        name="Layer_Normalization",
+        category=CATEGORY,
+        split="train",
+        variant=variant,
         description=f"Layer normalization with per-column gamma and beta over each row of a {rows}x{cols} "
-                    "float32 matrix.",
+        "float32 matrix.",
         level1=f"""
             Write a CUDA kernel for layer normalization of a float32 matrix x with {rows} rows and {cols}
             columns: for each row, mean = sum_j x[j] / {cols}, var = sum_j (x[j] - mean)^2 / {cols} (biased),
@@ -249,23 +289,33 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
             sqrt(var + 1e-5) * gamma + beta, with the row's mean and biased variance and per-column gamma
             and beta.
         """,
-        inputs=inputs, outputs=outputs, constants=constants + "\nconst float eps = 1e-5f;", kernels=kernels,
-        signatures=["__global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma, "
-                    "const float* __restrict__ beta, float* __restrict__ y, int cols, float eps)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants + "\nconst float eps = 1e-5f;",
+        kernels=kernels,
+        signatures=[
+            "__global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma, "
+            "const float* __restrict__ beta, float* __restrict__ y, int cols, float eps)"
+        ],
         launch="{k}layer_norm_kernel<<<rows, 256>>>(d_x, d_gamma, d_beta, d_y, cols, eps);",
         launch_note="layer_norm_kernel is launched once with one block per row (grid = rows) and 256 threads per "
-                    "block, no dynamic shared memory; eps = 1e-5.",
-        gen=_gen(f"""rows, cols = {rows}, {cols}
+        "block, no dynamic shared memory; eps = 1e-5.",
+        gen=_gen(
+            f"""rows, cols = {rows}, {cols}
 x = (rng.standard_normal((rows, cols)) * 1.5 + 0.3).astype(np.float32)
 gamma = rng.uniform(0.5, 1.5, cols).astype(np.float32)
-beta = rng.uniform(-0.5, 0.5, cols).astype(np.float32)""", """
+beta = rng.uniform(-0.5, 0.5, cols).astype(np.float32)""",
+            """
 def reference(x, gamma, beta, eps=1e-5):
     mean = x.mean(axis=1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
-""", "y_ref = reference(*(a.astype(np.float64) for a in (x, gamma, beta))).astype(np.float32)"),
+""",
+            "y_ref = reference(*(a.astype(np.float64) for a in (x, gamma, beta))).astype(np.float32)",
+        ),
         # Outputs up to ~8 in magnitude; float32 row statistics over 1-2k terms are good to ~1e-6.
-        atol=1e-4, rtol=1e-4,
+        atol=1e-4,
+        rtol=1e-4,
     )
 
 
@@ -298,7 +348,10 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 }
 """
     return OpSpec(
-        op="rms_norm", name="RMS_Normalization", category=CATEGORY, split="train",
+        op="rms_norm",
+        name="RMS_Normalization",
+        category=CATEGORY,
+        split="train",
         description=f"RMS normalization with a per-column weight over each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel for RMS normalization of a float32 matrix x with {rows} rows and {cols}
@@ -312,21 +365,31 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
             Apply RMS normalization to each row of a {rows}x{cols} float32 matrix: y = x / sqrt(mean(x^2) +
             1e-6) * weight, with a per-column weight.
         """,
-        inputs=inputs, outputs=outputs, constants=constants + "\nconst float eps = 1e-6f;", kernels=kernels,
-        signatures=["__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight, "
-                    "float* __restrict__ y, int rows, int cols, float eps)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants + "\nconst float eps = 1e-6f;",
+        kernels=kernels,
+        signatures=[
+            "__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight, "
+            "float* __restrict__ y, int rows, int cols, float eps)"
+        ],
         launch="{k}rms_norm_kernel<<<1024, 512>>>(d_x, d_weight, d_y, rows, cols, eps);",
         launch_note=f"rms_norm_kernel is launched once with a fixed grid of 1024 blocks of 512 threads, fewer blocks "
-                    f"than the {rows} rows, so each block must loop over rows blockIdx.x, blockIdx.x + gridDim.x, "
-                    "...; eps = 1e-6.",
-        gen=_gen(f"""rows, cols = {rows}, {cols}
+        f"than the {rows} rows, so each block must loop over rows blockIdx.x, blockIdx.x + gridDim.x, "
+        "...; eps = 1e-6.",
+        gen=_gen(
+            f"""rows, cols = {rows}, {cols}
 x = rng.standard_normal((rows, cols)).astype(np.float32)
-weight = rng.uniform(0.5, 1.5, cols).astype(np.float32)""", """
+weight = rng.uniform(0.5, 1.5, cols).astype(np.float32)""",
+            """
 def reference(x, weight, eps=1e-6):
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * weight
-""", "y_ref = reference(x.astype(np.float64), weight.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64), weight.astype(np.float64)).astype(np.float32)",
+        ),
         # Outputs up to ~8; the 2048-term sum of squares is accurate to ~1e-6 relative in float32.
-        atol=1e-5, rtol=1e-4,
+        atol=1e-5,
+        rtol=1e-4,
     )
 
 
@@ -349,7 +412,10 @@ __global__ void l2_row_normalize_kernel(const float* __restrict__ x, float* __re
 }
 """
     return OpSpec(
-        op="l2_row_normalize", name="L2_Row_Normalization", category=CATEGORY, split="train",
+        op="l2_row_normalize",
+        name="L2_Row_Normalization",
+        category=CATEGORY,
+        split="train",
         description=f"Scale each row of a {rows}x{cols} float32 matrix to unit Euclidean norm.",
         level1=f"""
             Write a CUDA kernel that divides each row of a float32 matrix x ({rows} rows, {cols} columns) by its
@@ -361,19 +427,28 @@ __global__ void l2_row_normalize_kernel(const float* __restrict__ x, float* __re
         level2=f"""
             L2-normalize each row of a {rows}x{cols} float32 matrix: y = x / max(||x||_2, 1e-12) per row.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void l2_row_normalize_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int rows, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void l2_row_normalize_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int rows, int cols)"
+        ],
         launch="{k}l2_row_normalize_kernel<<<(rows + 3) / 4, 128>>>(d_x, d_y, rows, cols);",
         launch_note="l2_row_normalize_kernel is launched once with (rows + 3) / 4 blocks of 128 threads: one warp per "
-                    "row, warp w of block b handles row 4 * b + w; warps past the last row must do nothing.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 3.0).astype(np.float32)",
-                 """
+        "row, warp w of block b handles row 4 * b + w; warps past the last row must do nothing.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 3.0).astype(np.float32)",
+            """
 def reference(x):
     return x / np.maximum(np.sqrt((x * x).sum(axis=1, keepdims=True)), 1e-12)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # Outputs are ~0.03 in magnitude: a small atol, and the 1k-term norm is good to ~1e-6 relative.
-        atol=1e-6, rtol=1e-4,
+        atol=1e-6,
+        rtol=1e-4,
     )
 
 
@@ -397,9 +472,12 @@ __global__ void batch_norm_inference_kernel(const float* __restrict__ x, const f
 }
 """
     return OpSpec(
-        op="batch_norm_inference", name="Batch_Norm_Inference", category=CATEGORY, split="train",
+        op="batch_norm_inference",
+        name="Batch_Norm_Inference",
+        category=CATEGORY,
+        split="train",
         description=f"Inference-mode batch normalization of a float32 NCHW tensor {shape} with per-channel "
-                    "running statistics, gamma and beta.",
+        "running statistics, gamma and beta.",
         level1=f"""
             Write a CUDA kernel for inference-mode batch normalization of a float32 tensor x in NCHW layout
             with N = {batch}, C = {channels}, H = {height}, W = {width}: y[n][c][h][w] = (x[n][c][h][w] -
@@ -415,29 +493,36 @@ __global__ void batch_norm_inference_kernel(const float* __restrict__ x, const f
         inputs=[Buffer("x", "float32", shape)] + [Buffer(p, "float32", (channels,)) for p in params],
         outputs=[Buffer("y", "float32", shape)],
         constants=f"const int batch = {batch};\nconst int channels = {channels};\n"
-                  f"const int hw = {height * width};\nconst float eps = 1e-5f;",
+        f"const int hw = {height * width};\nconst float eps = 1e-5f;",
         kernels=kernels,
-        signatures=["__global__ void batch_norm_inference_kernel(const float* __restrict__ x, "
-                    "const float* __restrict__ running_mean, const float* __restrict__ running_var, "
-                    "const float* __restrict__ gamma, const float* __restrict__ beta, float* __restrict__ y, "
-                    "int channels, int hw, float eps)"],
+        signatures=[
+            "__global__ void batch_norm_inference_kernel(const float* __restrict__ x, "
+            "const float* __restrict__ running_mean, const float* __restrict__ running_var, "
+            "const float* __restrict__ gamma, const float* __restrict__ beta, float* __restrict__ y, "
+            "int channels, int hw, float eps)"
+        ],
         launch="dim3 grid((hw + 255) / 256, batch * channels);\n"
-               "{k}batch_norm_inference_kernel<<<grid, 256>>>(d_x, d_running_mean, d_running_var, d_gamma, d_beta, "
-               "d_y, channels, hw, eps);",
+        "{k}batch_norm_inference_kernel<<<grid, 256>>>(d_x, d_running_mean, d_running_var, d_gamma, d_beta, "
+        "d_y, channels, hw, eps);",
         launch_note="batch_norm_inference_kernel is launched once with a 2-D grid of ((hw + 255) / 256, "
-                    "batch * channels) blocks of 256 threads: blockIdx.y is the (n, c) plane n * channels + c, "
-                    "blockIdx.x * 256 + threadIdx.x the pixel in it (hw = H * W); eps = 1e-5.",
-        gen=_gen(f"""x = (rng.standard_normal({shape!r}) * 2.0 + 0.5).astype(np.float32)
+        "batch * channels) blocks of 256 threads: blockIdx.y is the (n, c) plane n * channels + c, "
+        "blockIdx.x * 256 + threadIdx.x the pixel in it (hw = H * W); eps = 1e-5.",
+        gen=_gen(
+            f"""x = (rng.standard_normal({shape!r}) * 2.0 + 0.5).astype(np.float32)
 running_mean = rng.uniform(-0.5, 1.0, {channels}).astype(np.float32)
 running_var = rng.uniform(0.5, 4.0, {channels}).astype(np.float32)
 gamma = rng.uniform(0.5, 1.5, {channels}).astype(np.float32)
-beta = rng.uniform(-0.5, 0.5, {channels}).astype(np.float32)""", """
+beta = rng.uniform(-0.5, 0.5, {channels}).astype(np.float32)""",
+            """
 def reference(x, mean, var, gamma, beta, eps=1e-5):
     per_channel = lambda a: a.reshape(1, -1, 1, 1)
     return (x - per_channel(mean)) / np.sqrt(per_channel(var) + eps) * per_channel(gamma) + per_channel(beta)
-""", "y_ref = reference(*(a.astype(np.float64) for a in (x, running_mean, running_var, gamma, beta)))"
-     ".astype(np.float32)"),
-        atol=1e-5, rtol=1e-5,  # elementwise: a few float32 roundings
+""",
+            "y_ref = reference(*(a.astype(np.float64) for a in (x, running_mean, running_var, gamma, beta)))"
+            ".astype(np.float32)",
+        ),
+        atol=1e-5,
+        rtol=1e-5,  # elementwise: a few float32 roundings
     )
 
 
@@ -448,7 +533,9 @@ def reference(x, mean, var, gamma, beta, eps=1e-5):
 
 def softmax_temperature(rows: int, cols: int, temperature: float) -> OpSpec:
     inputs, outputs, constants = matrix_io(rows, cols)
-    kernels = WARP_XOR_MAX_SUM + """
+    kernels = (
+        WARP_XOR_MAX_SUM
+        + """
 // Block-wide max and sum: lane 0 of each warp posts its warp's result in `slots`, then every
 // thread folds the posted values itself (at most 32). Every thread must call them (they sync).
 __device__ float block_all_max(float v, float* slots) {
@@ -497,10 +584,14 @@ __global__ void softmax_temperature_kernel(const float* __restrict__ x, float* _
     for (int j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = row[j] * inv_sum;
 }
 """
+    )
     return OpSpec(
-        op="softmax_temperature", name="Softmax_With_Temperature", category=CATEGORY, split="eval",
+        op="softmax_temperature",
+        name="Softmax_With_Temperature",
+        category=CATEGORY,
+        split="eval",
         description=f"Softmax of each row of a {rows}x{cols} float32 matrix divided by a temperature of "
-                    f"{temperature}.",
+        f"{temperature}.",
         level1=f"""
             Write a CUDA kernel that computes a temperature softmax over each row of a float32 matrix x with
             {rows} rows and {cols} columns: z = x / T with T = {temperature}, y[r][j] = exp(z[r][j] - max_r z) /
@@ -513,28 +604,38 @@ __global__ void softmax_temperature_kernel(const float* __restrict__ x, float* _
             Compute softmax(x / {temperature}) over each row of a {rows}x{cols} float32 matrix, subtracting the
             row maximum for stability.
         """,
-        inputs=inputs, outputs=outputs, constants=constants + f"\nconst float temperature = {temperature}f;",
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants + f"\nconst float temperature = {temperature}f;",
         kernels=kernels,
-        signatures=["__global__ void softmax_temperature_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int cols, float temperature)"],
+        signatures=[
+            "__global__ void softmax_temperature_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int cols, float temperature)"
+        ],
         launch="{k}softmax_temperature_kernel<<<rows, 512, cols * sizeof(float)>>>(d_x, d_y, cols, temperature);",
         launch_note=f"softmax_temperature_kernel is launched once with one block per row (grid = rows), 512 threads "
-                    f"per block and cols * sizeof(float) bytes of dynamic shared memory; temperature = {temperature}.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)",
-                 f"""
+        f"per block and cols * sizeof(float) bytes of dynamic shared memory; temperature = {temperature}.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 2.0).astype(np.float32)",
+            f"""
 def reference(x, temperature={temperature}):
     z = x / temperature
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=1e-6, rtol=1e-4,  # as for row_softmax
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=1e-6,
+        rtol=1e-4,  # as for row_softmax
     )
 
 
 def group_norm(batch: int, channels: int, groups: int, height: int, width: int) -> OpSpec:
     shape = (batch, channels, height, width)
     group_size = channels // groups * height * width
-    kernels = WARP_SHUFFLE_BLOCK_SUM + """
+    kernels = (
+        WARP_SHUFFLE_BLOCK_SUM
+        + """
 // One block per (sample, group). In NCHW the channels of a group are adjacent, so the group is
 // one contiguous run of channels_per_group * hw values starting at blockIdx.x * group_size.
 __global__ void group_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
@@ -560,10 +661,14 @@ __global__ void group_norm_kernel(const float* __restrict__ x, const float* __re
     }
 }
 """
+    )
     return OpSpec(
-        op="group_norm", name="Group_Normalization", category=CATEGORY, split="eval",
+        op="group_norm",
+        name="Group_Normalization",
+        category=CATEGORY,
+        split="eval",
         description=f"Group normalization ({groups} groups) of a float32 NCHW tensor {shape} with per-channel "
-                    "gamma and beta.",
+        "gamma and beta.",
         level1=f"""
             Write a CUDA kernel for group normalization of a float32 NCHW tensor x with N = {batch}, C =
             {channels}, H = {height}, W = {width} and G = {groups} groups of {channels // groups} channels: for each
@@ -578,21 +683,28 @@ __global__ void group_norm_kernel(const float* __restrict__ x, const float* __re
             normalize each (sample, group) to zero mean and unit variance (eps = 1e-5), then scale and shift
             by per-channel gamma and beta.
         """,
-        inputs=[Buffer("x", "float32", shape), Buffer("gamma", "float32", (channels,)),
-                Buffer("beta", "float32", (channels,))],
+        inputs=[
+            Buffer("x", "float32", shape),
+            Buffer("gamma", "float32", (channels,)),
+            Buffer("beta", "float32", (channels,)),
+        ],
         outputs=[Buffer("y", "float32", shape)],
         constants=f"const int batch = {batch};\nconst int channels = {channels};\nconst int groups = {groups};\n"
-                  f"const int hw = {height * width};\nconst float eps = 1e-5f;",
+        f"const int hw = {height * width};\nconst float eps = 1e-5f;",
         kernels=kernels,
-        signatures=["__global__ void group_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma, "
-                    "const float* __restrict__ beta, float* __restrict__ y, int channels, int groups, int hw, "
-                    "float eps)"],
+        signatures=[
+            "__global__ void group_norm_kernel(const float* __restrict__ x, const float* __restrict__ gamma, "
+            "const float* __restrict__ beta, float* __restrict__ y, int channels, int groups, int hw, "
+            "float eps)"
+        ],
         launch="{k}group_norm_kernel<<<batch * groups, 512>>>(d_x, d_gamma, d_beta, d_y, channels, groups, hw, eps);",
         launch_note="group_norm_kernel is launched once with batch * groups blocks of 512 threads: block "
-                    "n * groups + g normalizes group g of sample n; hw = H * W, eps = 1e-5.",
-        gen=_gen(f"""x = (rng.standard_normal({shape!r}) * 1.5 + 0.4).astype(np.float32)
+        "n * groups + g normalizes group g of sample n; hw = H * W, eps = 1e-5.",
+        gen=_gen(
+            f"""x = (rng.standard_normal({shape!r}) * 1.5 + 0.4).astype(np.float32)
 gamma = rng.uniform(0.5, 1.5, {channels}).astype(np.float32)
-beta = rng.uniform(-0.5, 0.5, {channels}).astype(np.float32)""", f"""
+beta = rng.uniform(-0.5, 0.5, {channels}).astype(np.float32)""",
+            f"""
 def reference(x, gamma, beta, groups={groups}, eps=1e-5):
     n, c, h, w = x.shape
     g = x.reshape(n, groups, -1)
@@ -600,9 +712,12 @@ def reference(x, gamma, beta, groups={groups}, eps=1e-5):
     var = ((g - mean) ** 2).mean(axis=2, keepdims=True)
     normed = ((g - mean) / np.sqrt(var + eps)).reshape(n, c, h, w)
     return normed * gamma.reshape(1, c, 1, 1) + beta.reshape(1, c, 1, 1)
-""", "y_ref = reference(*(a.astype(np.float64) for a in (x, gamma, beta))).astype(np.float32)"),
+""",
+            "y_ref = reference(*(a.astype(np.float64) for a in (x, gamma, beta))).astype(np.float32)",
+        ),
         # Statistics over 8k values in float32 are good to ~1e-6 relative; outputs up to ~8.
-        atol=1e-4, rtol=1e-4,
+        atol=1e-4,
+        rtol=1e-4,
     )
 
 
@@ -639,9 +754,12 @@ __global__ void min_max_row_normalize_kernel(const float* __restrict__ x, float*
 }
 """
     return OpSpec(
-        op="min_max_row_normalize", name="Min_Max_Row_Normalization", category=CATEGORY, split="eval",
+        op="min_max_row_normalize",
+        name="Min_Max_Row_Normalization",
+        category=CATEGORY,
+        split="eval",
         description=f"Rescale each row of a {rows}x{cols} float32 matrix linearly onto [0, 1] using its minimum "
-                    "and maximum.",
+        "and maximum.",
         level1=f"""
             Write a CUDA kernel that min-max normalizes each row of a float32 matrix x with {rows} rows and
             {cols} columns: y[r][j] = (x[r][j] - min_r) / (max_r - min_r). Launch one block of 256 threads per
@@ -653,19 +771,28 @@ __global__ void min_max_row_normalize_kernel(const float* __restrict__ x, float*
             Min-max normalize each row of a {rows}x{cols} float32 matrix: y = (x - min(row)) / (max(row) -
             min(row)).
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void min_max_row_normalize_kernel(const float* __restrict__ x, "
-                    "float* __restrict__ y, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void min_max_row_normalize_kernel(const float* __restrict__ x, "
+            "float* __restrict__ y, int cols)"
+        ],
         launch="{k}min_max_row_normalize_kernel<<<rows, 256>>>(d_x, d_y, cols);",
         launch_note="min_max_row_normalize_kernel is launched once with one block per row (grid = rows) and 256 "
-                    "threads per block, no dynamic shared memory.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 3.0 + 1.0).astype(np.float32)",
-                 """
+        "threads per block, no dynamic shared memory.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) * 3.0 + 1.0).astype(np.float32)",
+            """
 def reference(x):
     lo = x.min(axis=1, keepdims=True)
     return (x - lo) / (x.max(axis=1, keepdims=True) - lo)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=1e-5, rtol=1e-5,  # outputs in [0, 1], a few roundings each
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=1e-5,
+        rtol=1e-5,  # outputs in [0, 1], a few roundings each
     )
 
 
@@ -676,7 +803,10 @@ def reference(x):
 
 def instance_norm(batch: int, channels: int, height: int, width: int) -> OpSpec:
     shape = (batch, channels, height, width)
-    kernels = "constexpr int INSTANCE_THREADS = 256;  // block size; sizes the shared buffer\n" + SMEM_TREE_SUM + """
+    kernels = (
+        "constexpr int INSTANCE_THREADS = 256;  // block size; sizes the shared buffer\n"
+        + SMEM_TREE_SUM
+        + """
 // One block per (n, c) plane of hw contiguous values: mean, variance (second pass), normalize.
 __global__ void instance_norm_kernel(const float* __restrict__ x, float* __restrict__ y, int hw, float eps) {
     __shared__ float buf[INSTANCE_THREADS];
@@ -694,10 +824,14 @@ __global__ void instance_norm_kernel(const float* __restrict__ x, float* __restr
     for (int k = threadIdx.x; k < hw; k += blockDim.x) yp[k] = (xp[k] - mean) * rstd;
 }
 """
+    )
     return OpSpec(
-        op="instance_norm", name="Instance_Normalization", category=CATEGORY, split="pretrain",
+        op="instance_norm",
+        name="Instance_Normalization",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Instance normalization (no affine) of each (sample, channel) plane of a float32 NCHW tensor "
-                    f"{shape}.",
+        f"{shape}.",
         level1=f"""
             Write a CUDA kernel for instance normalization of a float32 NCHW tensor x with N = {batch}, C =
             {channels}, H = {height}, W = {width}: every (n, c) plane of H*W = {height * width} values is
@@ -709,21 +843,29 @@ __global__ void instance_norm_kernel(const float* __restrict__ x, float* __restr
             Apply instance normalization (no affine parameters, eps = 1e-5) to a float32 NCHW tensor of shape
             {shape}: normalize each (n, c) plane to zero mean and unit variance.
         """,
-        inputs=[Buffer("x", "float32", shape)], outputs=[Buffer("y", "float32", shape)],
+        inputs=[Buffer("x", "float32", shape)],
+        outputs=[Buffer("y", "float32", shape)],
         constants=f"const int planes = {batch * channels};\nconst int hw = {height * width};\nconst float eps = 1e-5f;",
         kernels=kernels,
-        signatures=["__global__ void instance_norm_kernel(const float* __restrict__ x, float* __restrict__ y, int hw, "
-                    "float eps)"],
+        signatures=[
+            "__global__ void instance_norm_kernel(const float* __restrict__ x, float* __restrict__ y, int hw, "
+            "float eps)"
+        ],
         launch="{k}instance_norm_kernel<<<planes, 256>>>(d_x, d_y, hw, eps);",
         launch_note="instance_norm_kernel is launched once with one block per (n, c) plane (grid = N * C) and 256 "
-                    "threads per block; hw = H * W, eps = 1e-5.",
-        gen=_gen(f"x = (rng.standard_normal({shape!r}) * 2.0 - 0.5).astype(np.float32)", """
+        "threads per block; hw = H * W, eps = 1e-5.",
+        gen=_gen(
+            f"x = (rng.standard_normal({shape!r}) * 2.0 - 0.5).astype(np.float32)",
+            """
 def reference(x, eps=1e-5):
     mean = x.mean(axis=(2, 3), keepdims=True)
     var = ((x - mean) ** 2).mean(axis=(2, 3), keepdims=True)
     return (x - mean) / np.sqrt(var + eps)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=1e-4, rtol=1e-4,  # as for layer_norm
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=1e-4,
+        rtol=1e-4,  # as for layer_norm
     )
 
 
@@ -745,7 +887,10 @@ __global__ void row_mean_center_kernel(const float* __restrict__ x, float* __res
 }
 """
     return OpSpec(
-        op="row_mean_center", name="Row_Mean_Centering", category=CATEGORY, split="pretrain",
+        op="row_mean_center",
+        name="Row_Mean_Centering",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Subtract each row's mean from the row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that centers each row of a float32 matrix x ({rows} rows, {cols} columns):
@@ -755,19 +900,28 @@ __global__ void row_mean_center_kernel(const float* __restrict__ x, float* __res
         level2=f"""
             Subtract the row mean from every element of a {rows}x{cols} float32 matrix.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_mean_center_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int rows, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_mean_center_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int rows, int cols)"
+        ],
         launch="{k}row_mean_center_kernel<<<(rows + 7) / 8, 256>>>(d_x, d_y, rows, cols);",
         launch_note="row_mean_center_kernel is launched once with (rows + 7) / 8 blocks of 256 threads: one warp per "
-                    "row, warp w of block b handles row 8 * b + w.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) + 2.0).astype(np.float32)",
-                 """
+        "row, warp w of block b handles row 8 * b + w.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = (rng.standard_normal((rows, cols)) + 2.0).astype(np.float32)",
+            """
 def reference(x):
     return x - x.mean(axis=1, keepdims=True)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # The mean of ~2 over 1k terms carries ~1e-6 absolute error into every output.
-        atol=1e-5, rtol=1e-5,
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 

@@ -13,6 +13,7 @@ and the float32 rounding error (simulated with sequential float32 accumulation) 
 the atol; for sums of squares, which cannot avoid large positive partial sums, rtol is set from
 that simulation with a 4x margin.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec, dedent
@@ -84,13 +85,13 @@ def array_sum(n: int, size_tag: str) -> OpSpec:
         variant=size_tag,
         description=f"Sum all {n} elements of a float32 vector into a single value.",
         level1=f"Write CUDA kernels that compute out[0] = sum of x[i] for a float32 vector x of n = {n} elements, "
-               f"as a two-pass reduction. Pass 1 runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each thread "
-               f"accumulates a grid-stride slice of x in a register, then the block combines its threads' sums "
-               f"with a shared-memory tree reduction (halve the active threads each step, __syncthreads between "
-               f"steps) and thread 0 writes the block's sum to partials[blockIdx.x]. Pass 2 runs one block of "
-               f"{BLOCK} threads that reduces the {PARTIAL_BLOCKS} partials the same way and writes out[0].",
+        f"as a two-pass reduction. Pass 1 runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each thread "
+        f"accumulates a grid-stride slice of x in a register, then the block combines its threads' sums "
+        f"with a shared-memory tree reduction (halve the active threads each step, __syncthreads between "
+        f"steps) and thread 0 writes the block's sum to partials[blockIdx.x]. Pass 2 runs one block of "
+        f"{BLOCK} threads that reduces the {PARTIAL_BLOCKS} partials the same way and writes out[0].",
         level2=f"Compute the sum of all elements of a float32 vector x of {n} elements; output a single float32 "
-               f"value out[0].",
+        f"value out[0].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
         scratch=[Buffer("partials", "float32", (PARTIAL_BLOCKS,))],
@@ -106,13 +107,15 @@ def array_sum(n: int, size_tag: str) -> OpSpec:
             {{k}}array_sum_final_kernel<<<1, {BLOCK}>>>(d_partials, d_out, num_partials);
             """,
         launch_note=f"array_sum_partials_kernel runs first with num_partials = {PARTIAL_BLOCKS} blocks of {BLOCK} "
-                    f"threads (fewer threads than elements, so loop with a grid stride) and must write one partial "
-                    f"sum per block to partials[blockIdx.x] (a float scratch buffer of {PARTIAL_BLOCKS} elements); "
-                    f"then array_sum_final_kernel runs with 1 block of {BLOCK} threads and writes the total to "
-                    f"out[0].",
-        gen=_gen(f"n = {n}\nx = ({UNIFORM_PM1}).astype(np.float32)  # mean zero: partial sums stay small",
-                 "def reference(x):\n    return np.array([x.sum()])",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+        f"threads (fewer threads than elements, so loop with a grid stride) and must write one partial "
+        f"sum per block to partials[blockIdx.x] (a float scratch buffer of {PARTIAL_BLOCKS} elements); "
+        f"then array_sum_final_kernel runs with 1 block of {BLOCK} threads and writes the total to "
+        f"out[0].",
+        gen=_gen(
+            f"n = {n}\nx = ({UNIFORM_PM1}).astype(np.float32)  # mean zero: partial sums stay small",
+            "def reference(x):\n    return np.array([x.sum()])",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # float32 error of any summation order is ~0.01 here (sequential: 0.012); a dropped tail of
         # 100 elements moves the sum by ~6.
         atol=0.1,
@@ -159,29 +162,33 @@ def dot_product(n: int, size_tag: str) -> OpSpec:
         variant=size_tag,
         description=f"Compute the dot product of two float32 vectors of {n} elements.",
         level1=f"Write a CUDA kernel that computes out[0] = sum of x[i] * y[i] for float32 vectors x and y of "
-               f"n = {n} elements. Launch {PARTIAL_BLOCKS} blocks of {BLOCK} threads; each thread accumulates a "
-               f"grid-stride slice with fmaf, each warp reduces its lanes with __shfl_down_sync (full mask), lane "
-               f"0 of each warp stores the warp sum in shared memory, and after __syncthreads warp 0 reduces the "
-               f"{BLOCK // 32} warp sums the same way; thread 0 then does one atomicAdd into out[0], which is set "
-               f"to zero before the launch.",
+        f"n = {n} elements. Launch {PARTIAL_BLOCKS} blocks of {BLOCK} threads; each thread accumulates a "
+        f"grid-stride slice with fmaf, each warp reduces its lanes with __shfl_down_sync (full mask), lane "
+        f"0 of each warp stores the warp sum in shared memory, and after __syncthreads warp 0 reduces the "
+        f"{BLOCK // 32} warp sums the same way; thread 0 then does one atomicAdd into out[0], which is set "
+        f"to zero before the launch.",
         level2=f"Compute the dot product sum(x[i] * y[i]) of two float32 vectors of {n} elements; output a single "
-               f"float32 value out[0].",
+        f"float32 value out[0].",
         inputs=[Buffer("x", "float32", (n,)), Buffer("y", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
         constants=f"const int n = {n};",
         kernels=DOT_KERNELS,
-        signatures=["__global__ void dot_product_kernel(const float* __restrict__ x, const float* __restrict__ y, "
-                    "float* __restrict__ out, int n)"],
+        signatures=[
+            "__global__ void dot_product_kernel(const float* __restrict__ x, const float* __restrict__ y, "
+            "float* __restrict__ out, int n)"
+        ],
         launch=f"""
             CUDA_CHECK(cudaMemset(d_out, 0, sizeof(float)));
             {{k}}dot_product_kernel<<<{PARTIAL_BLOCKS}, {BLOCK}>>>(d_x, d_y, d_out, n);
             """,
         launch_note=f"out[0] is zeroed with cudaMemset, then dot_product_kernel is launched once with "
-                    f"{PARTIAL_BLOCKS} blocks of {BLOCK} threads (fewer threads than elements, so loop with a grid "
-                    f"stride); the blocks must combine their results into out[0] themselves, e.g. with atomicAdd.",
-        gen=_gen(f"n = {n}\nx = ({UNIFORM_PM1}).astype(np.float32)\ny = ({UNIFORM_PM1}).astype(np.float32)",
-                 "def reference(x, y):\n    return np.array([np.dot(x, y)])",
-                 "out_ref = reference(x.astype(np.float64), y.astype(np.float64)).astype(np.float32)"),
+        f"{PARTIAL_BLOCKS} blocks of {BLOCK} threads (fewer threads than elements, so loop with a grid "
+        f"stride); the blocks must combine their results into out[0] themselves, e.g. with atomicAdd.",
+        gen=_gen(
+            f"n = {n}\nx = ({UNIFORM_PM1}).astype(np.float32)\ny = ({UNIFORM_PM1}).astype(np.float32)",
+            "def reference(x, y):\n    return np.array([np.dot(x, y)])",
+            "out_ref = reference(x.astype(np.float64), y.astype(np.float64)).astype(np.float32)",
+        ),
         # Mean-zero products: float32 error in any order (atomics included) is < 0.01.
         atol=0.05,
         rtol=1e-5,
@@ -247,14 +254,14 @@ def array_max() -> OpSpec:
         split="train",
         description=f"Find the maximum of a float32 vector of {n} elements.",
         level1=f"Write CUDA kernels that compute out[0] = max of x[i] for a float32 vector x of n = {n} elements, "
-               f"as a two-pass reduction with warp shuffles. Pass 1 uses blocks of {BLOCK} threads, each block "
-               f"covering {per_block} consecutive elements ({per_block // BLOCK} per thread, read {BLOCK} apart "
-               f"for coalescing, out-of-range elements treated as -FLT_MAX); reduce within each warp with "
-               f"__shfl_xor_sync and fmaxf, store the warp maxima in shared memory, __syncthreads, let warp 0 "
-               f"reduce them, and write the block maximum to partials[blockIdx.x]. Pass 2 is one block of "
-               f"{BLOCK} threads that reduces the {num_partials} partials the same way into out[0].",
+        f"as a two-pass reduction with warp shuffles. Pass 1 uses blocks of {BLOCK} threads, each block "
+        f"covering {per_block} consecutive elements ({per_block // BLOCK} per thread, read {BLOCK} apart "
+        f"for coalescing, out-of-range elements treated as -FLT_MAX); reduce within each warp with "
+        f"__shfl_xor_sync and fmaxf, store the warp maxima in shared memory, __syncthreads, let warp 0 "
+        f"reduce them, and write the block maximum to partials[blockIdx.x]. Pass 2 is one block of "
+        f"{BLOCK} threads that reduces the {num_partials} partials the same way into out[0].",
         level2=f"Compute the maximum element of a float32 vector x of {n} elements; output a single float32 value "
-               f"out[0].",
+        f"out[0].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
         scratch=[Buffer("partials", "float32", (num_partials,))],
@@ -270,13 +277,15 @@ def array_max() -> OpSpec:
             {{k}}array_max_final_kernel<<<1, {BLOCK}>>>(d_partials, d_out, num_partials);
             """,
         launch_note=f"array_max_partials_kernel runs first with num_partials = (n + {per_block - 1}) / {per_block} "
-                    f"= {num_partials} blocks of {BLOCK} threads, so block b must cover elements [{per_block} * b, "
-                    f"{per_block} * (b + 1)) ({per_block // BLOCK} per thread) and write its maximum to "
-                    f"partials[b] (a float scratch buffer of {num_partials} elements); then array_max_final_kernel "
-                    f"runs with 1 block of {BLOCK} threads and writes the maximum to out[0].",
-        gen=_gen(f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
-                 "def reference(x):\n    return np.array([x.max()])",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)  # a max is exact"),
+        f"= {num_partials} blocks of {BLOCK} threads, so block b must cover elements [{per_block} * b, "
+        f"{per_block} * (b + 1)) ({per_block // BLOCK} per thread) and write its maximum to "
+        f"partials[b] (a float scratch buffer of {num_partials} elements); then array_max_final_kernel "
+        f"runs with 1 block of {BLOCK} threads and writes the maximum to out[0].",
+        gen=_gen(
+            f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
+            "def reference(x):\n    return np.array([x.max()])",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)  # a max is exact",
+        ),
     )
 
 
@@ -311,25 +320,29 @@ def matrix_row_sum() -> OpSpec:
         split="train",
         description=f"Sum each row of a {ROWS} x {COLS} float32 matrix.",
         level1=f"Write a CUDA kernel that computes out[r] = sum over c of x[r][c] for a row-major float32 matrix x "
-               f"of {ROWS} rows and {COLS} columns. Use one block of {BLOCK} threads per row: each thread sums "
-               f"columns threadIdx.x, threadIdx.x + {BLOCK}, ... (coalesced), then the block adds the {BLOCK} "
-               f"partial sums with a shared-memory tree reduction (__syncthreads between steps) and thread 0 "
-               f"writes out[r].",
+        f"of {ROWS} rows and {COLS} columns. Use one block of {BLOCK} threads per row: each thread sums "
+        f"columns threadIdx.x, threadIdx.x + {BLOCK}, ... (coalesced), then the block adds the {BLOCK} "
+        f"partial sums with a shared-memory tree reduction (__syncthreads between steps) and thread 0 "
+        f"writes out[r].",
         level2=f"Compute the sum of each row of a row-major float32 matrix of shape ({ROWS}, {COLS}); output "
-               f"{ROWS} float32 values.",
+        f"{ROWS} float32 values.",
         inputs=[Buffer("x", "float32", (ROWS, COLS))],
         outputs=[Buffer("out", "float32", (ROWS,))],
         constants=f"const int rows = {ROWS};\nconst int cols = {COLS};",
         kernels=ROW_SUM_KERNELS,
-        signatures=["__global__ void matrix_row_sum_kernel(const float* __restrict__ x, float* __restrict__ out, int rows, "
-                    "int cols)"],
+        signatures=[
+            "__global__ void matrix_row_sum_kernel(const float* __restrict__ x, float* __restrict__ out, int rows, "
+            "int cols)"
+        ],
         launch=f"{{k}}matrix_row_sum_kernel<<<rows, {BLOCK}>>>(d_x, d_out, rows, cols);",
         launch_note=f"matrix_row_sum_kernel is launched once with one block per row (rows = {ROWS} blocks) of {BLOCK} "
-                    f"threads; the threads of a block must loop over the {COLS} columns of their row and combine "
-                    f"their sums.",
-        gen=_gen(f"rows, cols = {ROWS}, {COLS}\nx = rng.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32)",
-                 "def reference(x):\n    return x.sum(axis=1)",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+        f"threads; the threads of a block must loop over the {COLS} columns of their row and combine "
+        f"their sums.",
+        gen=_gen(
+            f"rows, cols = {ROWS}, {COLS}\nx = rng.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32)",
+            "def reference(x):\n    return x.sum(axis=1)",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # 1000 mean-zero terms: float32 error < 1e-4 in any order; one missing term is ~0.5.
         atol=1e-3,
         rtol=1e-5,
@@ -375,21 +388,23 @@ def matrix_column_sum() -> OpSpec:
         split="train",
         description=f"Sum each column of a {ROWS} x {COLS} float32 matrix.",
         level1=f"Write a CUDA kernel that computes out[c] = sum over r of x[r][c] for a row-major float32 matrix x "
-               f"of {ROWS} rows and {COLS} columns. Use 2-D blocks of 32 x 8 threads, threadIdx.x along the "
-               f"columns so that each warp reads 32 consecutive floats; block (bx, by) handles columns 32*bx .. "
-               f"32*bx+31 and rows {COL_ROWS_PER_BLOCK}*by .. {COL_ROWS_PER_BLOCK}*by+{COL_ROWS_PER_BLOCK - 1}, "
-               f"each thread summing every 8th row of its column. Store the 8 partial sums per column in a "
-               f"shared 8 x 32 array, __syncthreads, let the threads with threadIdx.y == 0 add them up and "
-               f"atomicAdd the result into out[c] (zeroed before the launch). Guard the column bound: {COLS} is "
-               f"not a multiple of 32.",
+        f"of {ROWS} rows and {COLS} columns. Use 2-D blocks of 32 x 8 threads, threadIdx.x along the "
+        f"columns so that each warp reads 32 consecutive floats; block (bx, by) handles columns 32*bx .. "
+        f"32*bx+31 and rows {COL_ROWS_PER_BLOCK}*by .. {COL_ROWS_PER_BLOCK}*by+{COL_ROWS_PER_BLOCK - 1}, "
+        f"each thread summing every 8th row of its column. Store the 8 partial sums per column in a "
+        f"shared 8 x 32 array, __syncthreads, let the threads with threadIdx.y == 0 add them up and "
+        f"atomicAdd the result into out[c] (zeroed before the launch). Guard the column bound: {COLS} is "
+        f"not a multiple of 32.",
         level2=f"Compute the sum of each column of a row-major float32 matrix of shape ({ROWS}, {COLS}); output "
-               f"{COLS} float32 values.",
+        f"{COLS} float32 values.",
         inputs=[Buffer("x", "float32", (ROWS, COLS))],
         outputs=[Buffer("out", "float32", (COLS,))],
         constants=f"const int rows = {ROWS};\nconst int cols = {COLS};",
         kernels=COLUMN_SUM_KERNELS,
-        signatures=["__global__ void matrix_column_sum_kernel(const float* __restrict__ x, float* __restrict__ out, "
-                    "int rows, int cols)"],
+        signatures=[
+            "__global__ void matrix_column_sum_kernel(const float* __restrict__ x, float* __restrict__ out, "
+            "int rows, int cols)"
+        ],
         launch=f"""
             CUDA_CHECK(cudaMemset(d_out, 0, cols * sizeof(float)));
             dim3 block(32, 8);
@@ -397,14 +412,16 @@ def matrix_column_sum() -> OpSpec:
             {{k}}matrix_column_sum_kernel<<<grid, block>>>(d_x, d_out, rows, cols);
             """,
         launch_note=f"out is zeroed with cudaMemset, then matrix_column_sum_kernel is launched once with 2-D blocks of "
-                    f"32 x 8 threads and a 2-D grid of ((cols + 31) / 32, (rows + {COL_ROWS_PER_BLOCK - 1}) / "
-                    f"{COL_ROWS_PER_BLOCK}) = ({(COLS + 31) // 32}, {row_blocks}) blocks: block (bx, by) covers "
-                    f"columns 32*bx .. 32*bx+31 and rows {COL_ROWS_PER_BLOCK}*by .. "
-                    f"{COL_ROWS_PER_BLOCK}*by+{COL_ROWS_PER_BLOCK - 1}, so the {row_blocks} blocks of a column must "
-                    f"combine their sums in out (e.g. atomicAdd).",
-        gen=_gen(f"rows, cols = {ROWS}, {COLS}\nx = rng.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32)",
-                 "def reference(x):\n    return x.sum(axis=0)",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+        f"32 x 8 threads and a 2-D grid of ((cols + 31) / 32, (rows + {COL_ROWS_PER_BLOCK - 1}) / "
+        f"{COL_ROWS_PER_BLOCK}) = ({(COLS + 31) // 32}, {row_blocks}) blocks: block (bx, by) covers "
+        f"columns 32*bx .. 32*bx+31 and rows {COL_ROWS_PER_BLOCK}*by .. "
+        f"{COL_ROWS_PER_BLOCK}*by+{COL_ROWS_PER_BLOCK - 1}, so the {row_blocks} blocks of a column must "
+        f"combine their sums in out (e.g. atomicAdd).",
+        gen=_gen(
+            f"rows, cols = {ROWS}, {COLS}\nx = rng.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32)",
+            "def reference(x):\n    return x.sum(axis=0)",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # 2048 mean-zero terms per column: float32 error < 2e-4 in any order (atomics included).
         atol=1e-3,
         rtol=1e-5,
@@ -432,31 +449,35 @@ def count_matching_labels() -> OpSpec:
         split="train",
         description=f"Count the positions where two int32 label arrays of {n} elements agree (correct predictions).",
         level1=f"Write a CUDA kernel that counts the indices i with pred[i] == labels[i] for two int32 arrays of "
-               f"n = {n} elements (predicted and true class labels) and writes the count to an int32 count[0]. Use "
-               f"one thread per element ({BLOCK} threads per block, bounds check i < n); combine the block's votes "
-               f"with __syncthreads_count, which every thread must reach, and let thread 0 atomicAdd the block's "
-               f"count into count[0], which is zeroed before the launch.",
+        f"n = {n} elements (predicted and true class labels) and writes the count to an int32 count[0]. Use "
+        f"one thread per element ({BLOCK} threads per block, bounds check i < n); combine the block's votes "
+        f"with __syncthreads_count, which every thread must reach, and let thread 0 atomicAdd the block's "
+        f"count into count[0], which is zeroed before the launch.",
         level2=f"Count the indices i where pred[i] == labels[i] for two int32 arrays of {n} elements; output the "
-               f"count as a single int32 value.",
+        f"count as a single int32 value.",
         inputs=[Buffer("pred", "int32", (n,)), Buffer("labels", "int32", (n,))],
         outputs=[Buffer("count", "int32", (1,))],
         constants=f"const int n = {n};",
         kernels=MATCH_KERNELS,
-        signatures=["__global__ void count_matching_labels_kernel(const int* __restrict__ pred, const int* "
-                    "__restrict__ labels, int* __restrict__ count, int n)"],
+        signatures=[
+            "__global__ void count_matching_labels_kernel(const int* __restrict__ pred, const int* "
+            "__restrict__ labels, int* __restrict__ count, int n)"
+        ],
         launch=f"""
             CUDA_CHECK(cudaMemset(d_count, 0, sizeof(int)));
             {{k}}count_matching_labels_kernel<<<(n + {BLOCK - 1}) / {BLOCK}, {BLOCK}>>>(d_pred, d_labels, d_count, n);
             """,
         launch_note=f"count[0] is zeroed with cudaMemset, then count_matching_labels_kernel is launched once with "
-                    f"(n + {BLOCK - 1}) / {BLOCK} blocks of {BLOCK} threads, one thread per element (the last block "
-                    f"is only partly used); the blocks must add their counts into count[0] themselves (atomicAdd).",
-        gen=_gen(f"n = {n}\n"
-                 "labels = rng.integers(0, 10, n).astype(np.int32)\n"
-                 "# About 70% correct predictions; the wrong ones are random labels (sometimes right by chance).\n"
-                 "pred = np.where(rng.random(n) < 0.7, labels, rng.integers(0, 10, n)).astype(np.int32)",
-                 "def reference(pred, labels):\n    return np.array([np.count_nonzero(pred == labels)])",
-                 "count_ref = reference(pred, labels).astype(np.int32)"),
+        f"(n + {BLOCK - 1}) / {BLOCK} blocks of {BLOCK} threads, one thread per element (the last block "
+        f"is only partly used); the blocks must add their counts into count[0] themselves (atomicAdd).",
+        gen=_gen(
+            f"n = {n}\n"
+            "labels = rng.integers(0, 10, n).astype(np.int32)\n"
+            "# About 70% correct predictions; the wrong ones are random labels (sometimes right by chance).\n"
+            "pred = np.where(rng.random(n) < 0.7, labels, rng.integers(0, 10, n)).astype(np.int32)",
+            "def reference(pred, labels):\n    return np.array([np.count_nonzero(pred == labels)])",
+            "count_ref = reference(pred, labels).astype(np.int32)",
+        ),
     )
 
 
@@ -518,13 +539,13 @@ def vector_l2_norm() -> OpSpec:
         split="eval",
         description=f"Compute the Euclidean (L2) norm of a float32 vector of {n} elements.",
         level1=f"Write CUDA kernels that compute out[0] = sqrt(sum of x[i]^2) for a float32 vector x of n = {n} "
-               f"elements, as a two-pass reduction. Pass 1 runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each "
-               f"thread accumulates squares over a grid-stride slice with fmaf, the block reduces them with "
-               f"__shfl_down_sync inside each warp and a shared array of the {BLOCK // 32} warp sums, and writes "
-               f"partials[blockIdx.x]. Pass 2 is one block of {BLOCK} threads that sums the {PARTIAL_BLOCKS} "
-               f"partials the same way and writes sqrtf of the total to out[0].",
+        f"elements, as a two-pass reduction. Pass 1 runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each "
+        f"thread accumulates squares over a grid-stride slice with fmaf, the block reduces them with "
+        f"__shfl_down_sync inside each warp and a shared array of the {BLOCK // 32} warp sums, and writes "
+        f"partials[blockIdx.x]. Pass 2 is one block of {BLOCK} threads that sums the {PARTIAL_BLOCKS} "
+        f"partials the same way and writes sqrtf of the total to out[0].",
         level2=f"Compute the L2 norm sqrt(sum x[i]^2) of a float32 vector x of {n} elements; output a single "
-               f"float32 value out[0].",
+        f"float32 value out[0].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
         scratch=[Buffer("partials", "float32", (PARTIAL_BLOCKS,))],
@@ -540,13 +561,15 @@ def vector_l2_norm() -> OpSpec:
             {{k}}vector_l2_norm_final_kernel<<<1, {BLOCK}>>>(d_partials, d_out, num_partials);
             """,
         launch_note=f"vector_l2_norm_partials_kernel runs first with num_partials = {PARTIAL_BLOCKS} blocks of {BLOCK} "
-                    f"threads (fewer threads than elements, so loop with a grid stride) and must write one partial "
-                    f"sum of squares per block to partials[blockIdx.x] (a float scratch buffer of "
-                    f"{PARTIAL_BLOCKS} elements); then vector_l2_norm_final_kernel runs with 1 block of {BLOCK} threads "
-                    f"and writes the norm to out[0].",
-        gen=_gen(f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
-                 "def reference(x):\n    return np.array([np.sqrt(np.sum(x * x))])",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+        f"threads (fewer threads than elements, so loop with a grid stride) and must write one partial "
+        f"sum of squares per block to partials[blockIdx.x] (a float scratch buffer of "
+        f"{PARTIAL_BLOCKS} elements); then vector_l2_norm_final_kernel runs with 1 block of {BLOCK} threads "
+        f"and writes the norm to out[0].",
+        gen=_gen(
+            f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
+            "def reference(x):\n    return np.array([np.sqrt(np.sum(x * x))])",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # The sum of squares reaches 1e6, where small squares lose bits: per-element float32 atomics
         # are off by ~5e-4 relative in the sum, 2.5e-4 in the norm; tree orders by far less.
         atol=1e-3,
@@ -584,25 +607,29 @@ def matrix_row_max() -> OpSpec:
         split="eval",
         description=f"Find the maximum of each row of a {rows} x {cols} float32 matrix.",
         level1=f"Write a CUDA kernel that computes out[r] = max over c of x[r][c] for a row-major float32 matrix x "
-               f"of {rows} rows and {cols} columns. Assign one warp per row ({BLOCK}-thread blocks hold "
-               f"{BLOCK // 32} warps = {BLOCK // 32} rows): the 32 lanes stride over the columns keeping a running "
-               f"fmaxf, then reduce across the warp with __shfl_xor_sync (full mask) and lane 0 writes out[r]. "
-               f"Warps whose row index is >= {rows} must exit as a whole (the last block is partly used).",
+        f"of {rows} rows and {cols} columns. Assign one warp per row ({BLOCK}-thread blocks hold "
+        f"{BLOCK // 32} warps = {BLOCK // 32} rows): the 32 lanes stride over the columns keeping a running "
+        f"fmaxf, then reduce across the warp with __shfl_xor_sync (full mask) and lane 0 writes out[r]. "
+        f"Warps whose row index is >= {rows} must exit as a whole (the last block is partly used).",
         level2=f"Compute the maximum of each row of a row-major float32 matrix of shape ({rows}, {cols}); output "
-               f"{rows} float32 values.",
+        f"{rows} float32 values.",
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("out", "float32", (rows,))],
         constants=f"const int rows = {rows};\nconst int cols = {cols};",
         kernels=ROW_MAX_KERNELS,
-        signatures=["__global__ void matrix_row_max_kernel(const float* __restrict__ x, float* __restrict__ out, int rows, "
-                    "int cols)"],
+        signatures=[
+            "__global__ void matrix_row_max_kernel(const float* __restrict__ x, float* __restrict__ out, int rows, "
+            "int cols)"
+        ],
         launch=f"{{k}}matrix_row_max_kernel<<<(rows + 7) / 8, {BLOCK}>>>(d_x, d_out, rows, cols);",
         launch_note=f"matrix_row_max_kernel is launched once with (rows + 7) / 8 = {(rows + 7) // 8} blocks of {BLOCK} "
-                    f"threads, i.e. one warp per row (block b, warp w handles row 8*b + w); the last block has "
-                    f"warps without a row.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = rng.standard_normal((rows, cols)).astype(np.float32)",
-                 "def reference(x):\n    return x.max(axis=1)",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)  # a max is exact"),
+        f"threads, i.e. one warp per row (block b, warp w handles row 8*b + w); the last block has "
+        f"warps without a row.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = rng.standard_normal((rows, cols)).astype(np.float32)",
+            "def reference(x):\n    return x.max(axis=1)",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)  # a max is exact",
+        ),
     )
 
 
@@ -682,19 +709,21 @@ def array_argmax() -> OpSpec:
         split="eval",
         description=f"Find the index of the largest element of a float32 vector of {n} elements.",
         level1=f"Write CUDA kernels that compute index[0] = argmax of x (an int32, the first index on ties) for a "
-               f"float32 vector x of n = {n} elements, as a two-pass reduction over (value, index) pairs. Pass 1 "
-               f"runs {ARGMAX_BLOCKS} blocks of {BLOCK} threads: each thread scans a grid-stride slice keeping its "
-               f"best pair, then the block reduces the pairs with a shared-memory tree (two shared arrays for "
-               f"values and indices, __syncthreads between steps; larger value wins, smaller index breaks ties) "
-               f"and thread 0 writes the block's pair to partial_vals[blockIdx.x] and partial_idx[blockIdx.x]. "
-               f"Pass 2 is one block of {BLOCK} threads that reduces the {ARGMAX_BLOCKS} pairs the same way and "
-               f"writes the index.",
+        f"float32 vector x of n = {n} elements, as a two-pass reduction over (value, index) pairs. Pass 1 "
+        f"runs {ARGMAX_BLOCKS} blocks of {BLOCK} threads: each thread scans a grid-stride slice keeping its "
+        f"best pair, then the block reduces the pairs with a shared-memory tree (two shared arrays for "
+        f"values and indices, __syncthreads between steps; larger value wins, smaller index breaks ties) "
+        f"and thread 0 writes the block's pair to partial_vals[blockIdx.x] and partial_idx[blockIdx.x]. "
+        f"Pass 2 is one block of {BLOCK} threads that reduces the {ARGMAX_BLOCKS} pairs the same way and "
+        f"writes the index.",
         level2=f"Compute the index of the maximum element of a float32 vector x of {n} elements (the first one on "
-               f"ties, as numpy.argmax); output a single int32 value.",
+        f"ties, as numpy.argmax); output a single int32 value.",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("index", "int32", (1,))],
-        scratch=[Buffer("partial_vals", "float32", (ARGMAX_BLOCKS,)),
-                 Buffer("partial_idx", "int32", (ARGMAX_BLOCKS,))],
+        scratch=[
+            Buffer("partial_vals", "float32", (ARGMAX_BLOCKS,)),
+            Buffer("partial_idx", "int32", (ARGMAX_BLOCKS,)),
+        ],
         constants=f"const int n = {n};\nconst int num_partials = {ARGMAX_BLOCKS};",
         kernels=ARGMAX_KERNELS,
         signatures=[
@@ -708,15 +737,17 @@ def array_argmax() -> OpSpec:
             {{k}}array_argmax_final_kernel<<<1, {BLOCK}>>>(d_partial_vals, d_partial_idx, d_index, num_partials);
             """,
         launch_note=f"array_argmax_partials_kernel runs first with num_partials = {ARGMAX_BLOCKS} blocks of {BLOCK} "
-                    f"threads (fewer threads than elements, so loop with a grid stride) and must write each block's "
-                    f"best value and its index to partial_vals[blockIdx.x] (float) and partial_idx[blockIdx.x] "
-                    f"(int), scratch buffers of {ARGMAX_BLOCKS} elements; then array_argmax_final_kernel runs with "
-                    f"1 block of {BLOCK} threads and writes the index of the maximum to index[0].",
-        gen=_gen(f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
-                 "def reference(x):\n    return np.array([np.argmax(x)])",
-                 "index_ref = reference(x).astype(np.int32)\n"
-                 "# A unique maximum away from index 0: tie-breaking cannot matter and the output is not all zeros.\n"
-                 "assert np.count_nonzero(x == x.max()) == 1 and index_ref[0] != 0"),
+        f"threads (fewer threads than elements, so loop with a grid stride) and must write each block's "
+        f"best value and its index to partial_vals[blockIdx.x] (float) and partial_idx[blockIdx.x] "
+        f"(int), scratch buffers of {ARGMAX_BLOCKS} elements; then array_argmax_final_kernel runs with "
+        f"1 block of {BLOCK} threads and writes the index of the maximum to index[0].",
+        gen=_gen(
+            f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
+            "def reference(x):\n    return np.array([np.argmax(x)])",
+            "index_ref = reference(x).astype(np.int32)\n"
+            "# A unique maximum away from index 0: tie-breaking cannot matter and the output is not all zeros.\n"
+            "assert np.count_nonzero(x == x.max()) == 1 and index_ref[0] != 0",
+        ),
     )
 
 
@@ -767,12 +798,12 @@ def array_min() -> OpSpec:
         split="pretrain",
         description=f"Find the minimum of a float32 vector of {n} elements.",
         level1=f"Write CUDA kernels that compute out[0] = min of x[i] for a float32 vector x of n = {n} elements, "
-               f"as a two-pass reduction. Pass 1 runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each thread takes "
-               f"the fminf over a grid-stride slice (starting from FLT_MAX), the block combines them with a "
-               f"shared-memory tree and writes partials[blockIdx.x]. Pass 2 is one block of {BLOCK} threads that "
-               f"reduces the {PARTIAL_BLOCKS} partials the same way into out[0].",
+        f"as a two-pass reduction. Pass 1 runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each thread takes "
+        f"the fminf over a grid-stride slice (starting from FLT_MAX), the block combines them with a "
+        f"shared-memory tree and writes partials[blockIdx.x]. Pass 2 is one block of {BLOCK} threads that "
+        f"reduces the {PARTIAL_BLOCKS} partials the same way into out[0].",
         level2=f"Compute the minimum element of a float32 vector x of {n} elements; output a single float32 value "
-               f"out[0].",
+        f"out[0].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
         scratch=[Buffer("partials", "float32", (PARTIAL_BLOCKS,))],
@@ -788,13 +819,15 @@ def array_min() -> OpSpec:
             {{k}}array_min_final_kernel<<<1, {BLOCK}>>>(d_partials, d_out, num_partials);
             """,
         launch_note=f"array_min_partials_kernel runs first with num_partials = {PARTIAL_BLOCKS} blocks of {BLOCK} "
-                    f"threads (fewer threads than elements, so loop with a grid stride) and must write one partial "
-                    f"minimum per block to partials[blockIdx.x] (a float scratch buffer of {PARTIAL_BLOCKS} "
-                    f"elements); then array_min_final_kernel runs with 1 block of {BLOCK} threads and writes the "
-                    f"minimum to out[0].",
-        gen=_gen(f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
-                 "def reference(x):\n    return np.array([x.min()])",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)  # a min is exact"),
+        f"threads (fewer threads than elements, so loop with a grid stride) and must write one partial "
+        f"minimum per block to partials[blockIdx.x] (a float scratch buffer of {PARTIAL_BLOCKS} "
+        f"elements); then array_min_final_kernel runs with 1 block of {BLOCK} threads and writes the "
+        f"minimum to out[0].",
+        gen=_gen(
+            f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
+            "def reference(x):\n    return np.array([x.min()])",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)  # a min is exact",
+        ),
     )
 
 
@@ -822,27 +855,31 @@ def sum_of_squares() -> OpSpec:
         split="pretrain",
         description=f"Sum the squares of the elements of a float32 vector of {n} elements.",
         level1=f"Write a CUDA kernel that computes out[0] = sum of x[i]^2 for a float32 vector x of n = {n} "
-               f"elements. Launch {PARTIAL_BLOCKS} blocks of {BLOCK} threads; each thread accumulates squares over "
-               f"a grid-stride slice with fmaf, each warp combines its lanes with __shfl_xor_sync (full mask), and "
-               f"lane 0 of every warp atomicAdds the warp sum into out[0], which is zeroed before the launch.",
+        f"elements. Launch {PARTIAL_BLOCKS} blocks of {BLOCK} threads; each thread accumulates squares over "
+        f"a grid-stride slice with fmaf, each warp combines its lanes with __shfl_xor_sync (full mask), and "
+        f"lane 0 of every warp atomicAdds the warp sum into out[0], which is zeroed before the launch.",
         level2=f"Compute the sum of squares sum(x[i]^2) of a float32 vector x of {n} elements; output a single "
-               f"float32 value out[0].",
+        f"float32 value out[0].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
         constants=f"const int n = {n};",
         kernels=SUMSQ_KERNELS,
-        signatures=["__global__ void sum_of_squares_kernel(const float* __restrict__ x, float* __restrict__ out, "
-                    "int n)"],
+        signatures=[
+            "__global__ void sum_of_squares_kernel(const float* __restrict__ x, float* __restrict__ out, "
+            "int n)"
+        ],
         launch=f"""
             CUDA_CHECK(cudaMemset(d_out, 0, sizeof(float)));
             {{k}}sum_of_squares_kernel<<<{PARTIAL_BLOCKS}, {BLOCK}>>>(d_x, d_out, n);
             """,
         launch_note=f"out[0] is zeroed with cudaMemset, then sum_of_squares_kernel is launched once with "
-                    f"{PARTIAL_BLOCKS} blocks of {BLOCK} threads (fewer threads than elements, so loop with a grid "
-                    f"stride); the threads must combine their sums into out[0] themselves, e.g. with atomicAdd.",
-        gen=_gen(f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
-                 "def reference(x):\n    return np.array([np.sum(x * x)])",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+        f"{PARTIAL_BLOCKS} blocks of {BLOCK} threads (fewer threads than elements, so loop with a grid "
+        f"stride); the threads must combine their sums into out[0] themselves, e.g. with atomicAdd.",
+        gen=_gen(
+            f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
+            "def reference(x):\n    return np.array([np.sum(x * x)])",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # A total of ~1e6 built from small positive terms: naive per-element float32 accumulation
         # loses ~5e-4 relative (simulated), so rtol leaves a 4x margin for it.
         atol=1e-3,
@@ -876,10 +913,10 @@ def array_mean() -> OpSpec:
         split="pretrain",
         description=f"Compute the arithmetic mean of a float32 vector of {n} elements.",
         level1=f"Write CUDA kernels that compute out[0] = (sum of x[i]) / n for a float32 vector x of n = {n} "
-               f"elements. The first kernel runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each thread sums a "
-               f"grid-stride slice, each warp combines its lanes with __shfl_xor_sync (full mask), and lane 0 "
-               f"atomicAdds the warp sum into a scratch float total, zeroed before the launch. A second kernel "
-               f"with a single thread writes total / n to out[0].",
+        f"elements. The first kernel runs {PARTIAL_BLOCKS} blocks of {BLOCK} threads: each thread sums a "
+        f"grid-stride slice, each warp combines its lanes with __shfl_xor_sync (full mask), and lane 0 "
+        f"atomicAdds the warp sum into a scratch float total, zeroed before the launch. A second kernel "
+        f"with a single thread writes total / n to out[0].",
         level2=f"Compute the mean of a float32 vector x of {n} elements; output a single float32 value out[0].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("out", "float32", (1,))],
@@ -898,13 +935,15 @@ def array_mean() -> OpSpec:
             {{k}}array_mean_finalize_kernel<<<1, 1>>>(d_total, d_out, n);
             """,
         launch_note=f"total[0] (a float scratch buffer of 1 element) is zeroed with cudaMemset; "
-                    f"array_mean_accumulate_kernel runs first with {PARTIAL_BLOCKS} blocks of {BLOCK} threads "
-                    f"(fewer threads than elements, so loop with a grid stride) and must leave the sum of x in "
-                    f"total[0]; then array_mean_finalize_kernel runs with 1 block of 1 thread and writes the mean "
-                    f"to out[0].",
-        gen=_gen(f"n = {n}\nx = rng.uniform(-1.0, 3.0, n).astype(np.float32)",
-                 "def reference(x):\n    return np.array([x.mean()])",
-                 "out_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+        f"array_mean_accumulate_kernel runs first with {PARTIAL_BLOCKS} blocks of {BLOCK} threads "
+        f"(fewer threads than elements, so loop with a grid stride) and must leave the sum of x in "
+        f"total[0]; then array_mean_finalize_kernel runs with 1 block of 1 thread and writes the mean "
+        f"to out[0].",
+        gen=_gen(
+            f"n = {n}\nx = rng.uniform(-1.0, 3.0, n).astype(np.float32)",
+            "def reference(x):\n    return np.array([x.mean()])",
+            "out_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # Mean ~1, total ~1e6: float32 summation in any order is within ~2e-5 relative.
         atol=1e-6,
         rtol=1e-4,

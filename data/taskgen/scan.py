@@ -13,6 +13,7 @@ float32 scan results depend on the order of additions, so the data keep partial 
 (per-row scans of values in [-1, 1]) or exact (values that are multiples of 1/64, whose partial
 sums float32 holds exactly); int32 scans are compared exactly.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec, matrix_io
@@ -124,7 +125,11 @@ __global__ void row_inclusive_scan_kernel(const float* __restrict__ x, float* __
 }
 """
     return OpSpec(
-        op="row_inclusive_scan", name="Row_Inclusive_Prefix_Sum", category=CATEGORY, split="train", variant=variant,
+        op="row_inclusive_scan",
+        name="Row_Inclusive_Prefix_Sum",
+        category=CATEGORY,
+        split="train",
+        variant=variant,
         description=f"Inclusive prefix sum along each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the inclusive prefix sum of each row of a float32 matrix x with
@@ -137,28 +142,41 @@ __global__ void row_inclusive_scan_kernel(const float* __restrict__ x, float* __
         level2=f"""
             Compute the inclusive prefix sum along each row of a {rows}x{cols} float32 matrix.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_inclusive_scan_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_inclusive_scan_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int cols)"
+        ],
         launch="{k}row_inclusive_scan_kernel<<<rows, 512>>>(d_x, d_y, cols);",
         launch_note="row_inclusive_scan_kernel is launched once with one block per row (grid = rows) and 512 threads "
-                    "per block, no dynamic shared memory.",
-        gen=_gen(UNIFORM_ROWS.format(rows=rows, cols=cols), """
+        "per block, no dynamic shared memory.",
+        gen=_gen(
+            UNIFORM_ROWS.format(rows=rows, cols=cols),
+            """
 def reference(x):
     return np.cumsum(x, axis=1)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=ROW_SUM_ATOL, rtol=ROW_SUM_RTOL,
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=ROW_SUM_ATOL,
+        rtol=ROW_SUM_RTOL,
     )
 
 
 def counts_exclusive_scan(n: int, variant: str) -> OpSpec:
     tile = 1024
     num_tiles = -(-n // tile)
-    kernels = f"""
+    kernels = (
+        f"""
 constexpr int SCAN_THREADS = 256;
 constexpr int ITEMS_PER_THREAD = 4;
 constexpr int SCAN_TILE = SCAN_THREADS * ITEMS_PER_THREAD;  // {tile} counts per block
-""" + WARP_SCAN_INT + """
+"""
+        + WARP_SCAN_INT
+        + """
 // Pass 1: each block scans its tile. A thread owns 4 consecutive counts; the thread totals are
 // scanned with warp shuffles, and the 8 warp totals by warp 0. Writes the tile-local exclusive
 // prefix to out and the tile total to tile_totals[blockIdx.x].
@@ -190,7 +208,9 @@ __global__ void tile_exclusive_scan_kernel(const int* __restrict__ counts, int* 
     }
     if (threadIdx.x == 0) tile_totals[blockIdx.x] = warp_totals[SCAN_THREADS / 32 - 1];
 }
-""" + SCAN_TILE_TOTALS_INT + """
+"""
+        + SCAN_TILE_TOTALS_INT
+        + """
 // Pass 2: one block turns the tile totals into exclusive tile offsets.
 __global__ void scan_tile_totals_kernel(int* __restrict__ tile_totals, int num_tiles) {
     exclusive_scan_in_place(tile_totals, num_tiles);
@@ -202,8 +222,12 @@ __global__ void add_tile_offsets_kernel(int* __restrict__ out, const int* __rest
     if (i < n) out[i] += tile_offsets[i / SCAN_TILE];
 }
 """
+    )
     return OpSpec(
-        op="counts_exclusive_scan", name="Exclusive_Scan_Int32_Counts", category=CATEGORY, split="train",
+        op="counts_exclusive_scan",
+        name="Exclusive_Scan_Int32_Counts",
+        category=CATEGORY,
+        split="train",
         variant=variant,
         description=f"Exclusive prefix sum of {n} int32 counts (the output offsets of a bucketing step).",
         level1=f"""
@@ -221,7 +245,8 @@ __global__ void add_tile_offsets_kernel(int* __restrict__ out, const int* __rest
             Compute the exclusive prefix sum of {n} int32 values: offsets[i] = sum of counts[0..i-1],
             offsets[0] = 0.
         """,
-        inputs=[Buffer("counts", "int32", (n,))], outputs=[Buffer("offsets", "int32", (n,))],
+        inputs=[Buffer("counts", "int32", (n,))],
+        outputs=[Buffer("offsets", "int32", (n,))],
         scratch=[Buffer("tile_totals", "int32", (num_tiles,))],
         constants=f"const int n = {n};\nconst int num_tiles = (n + {tile - 1}) / {tile};",
         kernels=kernels,
@@ -233,27 +258,33 @@ __global__ void add_tile_offsets_kernel(int* __restrict__ out, const int* __rest
             "int n)",
         ],
         launch="{k}tile_exclusive_scan_kernel<<<num_tiles, 256>>>(d_counts, d_offsets, d_tile_totals, n);\n"
-               "{k}scan_tile_totals_kernel<<<1, 1024>>>(d_tile_totals, num_tiles);\n"
-               "{k}add_tile_offsets_kernel<<<(n + 255) / 256, 256>>>(d_offsets, d_tile_totals, n);",
+        "{k}scan_tile_totals_kernel<<<1, 1024>>>(d_tile_totals, num_tiles);\n"
+        "{k}add_tile_offsets_kernel<<<(n + 255) / 256, 256>>>(d_offsets, d_tile_totals, n);",
         launch_note=f"Three kernels in order, over tiles of 1024 elements (num_tiles = (n + 1023) / 1024 = "
-                    f"{num_tiles}; "
-                    "tile_totals is a zeroed int scratch buffer of num_tiles entries): tile_exclusive_scan_kernel with "
-                    "num_tiles blocks of 256 threads (block b covers elements 1024 * b .. 1024 * b + 1023, writes "
-                    "tile-local exclusive prefixes to out and the tile's total to tile_totals[b]); "
-                    "scan_tile_totals_kernel with 1 block of 1024 threads (tile_totals becomes its exclusive scan); "
-                    "add_tile_offsets_kernel with (n + 255) / 256 blocks of 256 threads (out[i] += "
-                    "tile_offsets[i / 1024]).",
-        gen=_gen(f"n = {n}\ncounts = rng.integers(0, 8, n).astype(np.int32)", """
+        f"{num_tiles}; "
+        "tile_totals is a zeroed int scratch buffer of num_tiles entries): tile_exclusive_scan_kernel with "
+        "num_tiles blocks of 256 threads (block b covers elements 1024 * b .. 1024 * b + 1023, writes "
+        "tile-local exclusive prefixes to out and the tile's total to tile_totals[b]); "
+        "scan_tile_totals_kernel with 1 block of 1024 threads (tile_totals becomes its exclusive scan); "
+        "add_tile_offsets_kernel with (n + 255) / 256 blocks of 256 threads (out[i] += "
+        "tile_offsets[i / 1024]).",
+        gen=_gen(
+            f"n = {n}\ncounts = rng.integers(0, 8, n).astype(np.int32)",
+            """
 def reference(counts):
     inclusive = np.cumsum(counts, dtype=np.int64)
     return np.concatenate([[0], inclusive[:-1]])
-""", "offsets_ref = reference(counts).astype(np.int32)  # total < 8n fits in int32"),
+""",
+            "offsets_ref = reference(counts).astype(np.int32)  # total < 8n fits in int32",
+        ),
     )
 
 
 def row_exclusive_scan(rows: int, cols: int) -> OpSpec:
     inputs, outputs, constants = matrix_io(rows, cols)
-    kernels = WARP_SCAN_FLOAT + """
+    kernels = (
+        WARP_SCAN_FLOAT
+        + """
 // Exclusive prefix of v over the block's threads in thread order. blockDim.x is a multiple of
 // 32 and every thread of the block must call it (it syncs). Called once per kernel.
 __device__ float block_exclusive_sum(float v) {
@@ -291,8 +322,12 @@ __global__ void row_exclusive_scan_kernel(const float* __restrict__ x, float* __
     }
 }
 """
+    )
     return OpSpec(
-        op="row_exclusive_scan", name="Row_Exclusive_Prefix_Sum", category=CATEGORY, split="train",
+        op="row_exclusive_scan",
+        name="Row_Exclusive_Prefix_Sum",
+        category=CATEGORY,
+        split="train",
         description=f"Exclusive prefix sum along each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the exclusive prefix sum of each row of a float32 matrix x with
@@ -306,18 +341,28 @@ __global__ void row_exclusive_scan_kernel(const float* __restrict__ x, float* __
             Compute the exclusive prefix sum along each row of a {rows}x{cols} float32 matrix (first element of
             each row 0).
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_exclusive_scan_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_exclusive_scan_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int cols)"
+        ],
         launch="{k}row_exclusive_scan_kernel<<<rows, 256>>>(d_x, d_y, cols);",
         launch_note="row_exclusive_scan_kernel is launched once with one block per row (grid = rows) and 256 threads "
-                    "per block, no dynamic shared memory.",
-        gen=_gen(UNIFORM_ROWS.format(rows=rows, cols=cols), """
+        "per block, no dynamic shared memory.",
+        gen=_gen(
+            UNIFORM_ROWS.format(rows=rows, cols=cols),
+            """
 def reference(x):
     inclusive = np.cumsum(x, axis=1)
     return np.concatenate([np.zeros((x.shape[0], 1)), inclusive[:, :-1]], axis=1)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=ROW_SUM_ATOL, rtol=ROW_SUM_RTOL,
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=ROW_SUM_ATOL,
+        rtol=ROW_SUM_RTOL,
     )
 
 
@@ -347,7 +392,10 @@ __global__ void row_cumulative_max_kernel(const float* __restrict__ x, float* __
 }
 """
     return OpSpec(
-        op="row_cumulative_max", name="Row_Cumulative_Max", category=CATEGORY, split="train",
+        op="row_cumulative_max",
+        name="Row_Cumulative_Max",
+        category=CATEGORY,
+        split="train",
         description=f"Running maximum along each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the cumulative maximum of each row of a float32 matrix x with
@@ -361,22 +409,33 @@ __global__ void row_cumulative_max_kernel(const float* __restrict__ x, float* __
         level2=f"""
             Compute the cumulative maximum along each row of a {rows}x{cols} float32 matrix.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_cumulative_max_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int rows, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_cumulative_max_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int rows, int cols)"
+        ],
         launch="{k}row_cumulative_max_kernel<<<(rows + 7) / 8, 256>>>(d_x, d_y, rows, cols);",
         launch_note="row_cumulative_max_kernel is launched once with (rows + 7) / 8 blocks of 256 threads: one warp "
-                    "per row, warp w of block b handles row 8 * b + w; warps past the last row must do nothing.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = rng.standard_normal((rows, cols)).astype(np.float32)", """
+        "per row, warp w of block b handles row 8 * b + w; warps past the last row must do nothing.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = rng.standard_normal((rows, cols)).astype(np.float32)",
+            """
 def reference(x):
     return np.maximum.accumulate(x, axis=1)
-""", "y_ref = reference(x)  # max is exact: no float64 needed"),
+""",
+            "y_ref = reference(x)  # max is exact: no float64 needed",
+        ),
     )
 
 
 def row_running_mean(rows: int, cols: int) -> OpSpec:
     inputs, outputs, constants = matrix_io(rows, cols)
-    kernels = WARP_SCAN_FLOAT + """
+    kernels = (
+        WARP_SCAN_FLOAT
+        + """
 // One block per row, walked in chunks of blockDim.x columns. Each warp scans its 32 values with
 // shuffles; after a barrier every thread adds the totals of the warps before it (read from
 // shared memory) and the carry of earlier chunks, and divides by the element count.
@@ -405,8 +464,12 @@ __global__ void row_running_mean_kernel(const float* __restrict__ x, float* __re
     }
 }
 """
+    )
     return OpSpec(
-        op="row_running_mean", name="Row_Running_Mean", category=CATEGORY, split="train",
+        op="row_running_mean",
+        name="Row_Running_Mean",
+        category=CATEGORY,
+        split="train",
         description=f"Running (cumulative) mean along each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the running mean of each row of a float32 matrix x with {rows}
@@ -420,27 +483,39 @@ __global__ void row_running_mean_kernel(const float* __restrict__ x, float* __re
             Compute the running mean along each row of a {rows}x{cols} float32 matrix: y[r][j] = mean of
             x[r][0..j].
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_running_mean_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_running_mean_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int cols)"
+        ],
         launch="{k}row_running_mean_kernel<<<rows, 256>>>(d_x, d_y, cols);",
         launch_note="row_running_mean_kernel is launched once with one block per row (grid = rows) and 256 threads per "
-                    "block, no dynamic shared memory.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = rng.uniform(-1.0, 3.0, (rows, cols)).astype(np.float32)", """
+        "block, no dynamic shared memory.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = rng.uniform(-1.0, 3.0, (rows, cols)).astype(np.float32)",
+            """
 def reference(x):
     return np.cumsum(x, axis=1) / np.arange(1, x.shape[1] + 1)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # Means stay near 1: the prefix-sum rounding (~1e-7 * j) divided by j + 1 is ~1e-6.
-        atol=1e-5, rtol=1e-4,
+        atol=1e-5,
+        rtol=1e-4,
     )
 
 
 def vector_inclusive_scan(n: int) -> OpSpec:
     tile = 2048
     num_tiles = -(-n // tile)
-    kernels = f"""
+    kernels = (
+        f"""
 constexpr int SCAN_TILE = {tile};  // elements per tile in all three kernels
-""" + """
+"""
+        + """
 // Pass 1 (reduce): each block of 256 threads sums its tile with a shared-memory tree.
 __global__ void tile_sum_kernel(const float* __restrict__ x, float* __restrict__ tile_sums, int n) {
     __shared__ float partial[256];
@@ -504,8 +579,12 @@ __global__ void tile_scan_add_kernel(const float* __restrict__ x, const float* _
     if (i1 < n) y[i1] = offset + s[t + SCAN_TILE / 2];
 }
 """
+    )
     return OpSpec(
-        op="vector_inclusive_scan", name="Vector_Inclusive_Prefix_Sum", category=CATEGORY, split="train",
+        op="vector_inclusive_scan",
+        name="Vector_Inclusive_Prefix_Sum",
+        category=CATEGORY,
+        split="train",
         description=f"Inclusive prefix sum of a float32 vector of {n} elements.",
         level1=f"""
             Write CUDA kernels for the inclusive prefix sum of a float32 vector x of n = {n} elements: y[i] =
@@ -520,7 +599,8 @@ __global__ void tile_scan_add_kernel(const float* __restrict__ x, const float* _
         level2=f"""
             Compute the inclusive prefix sum of a float32 vector of {n} elements.
         """,
-        inputs=[Buffer("x", "float32", (n,))], outputs=[Buffer("y", "float32", (n,))],
+        inputs=[Buffer("x", "float32", (n,))],
+        outputs=[Buffer("y", "float32", (n,))],
         scratch=[Buffer("tile_sums", "float32", (num_tiles,))],
         constants=f"const int n = {n};\nconst int num_tiles = (n + {tile - 1}) / {tile};",
         kernels=kernels,
@@ -531,23 +611,28 @@ __global__ void tile_scan_add_kernel(const float* __restrict__ x, const float* _
             "float* __restrict__ y, int n)",
         ],
         launch="{k}tile_sum_kernel<<<num_tiles, 256>>>(d_x, d_tile_sums, n);\n"
-               "{k}tile_offsets_kernel<<<1, 32>>>(d_tile_sums, num_tiles);\n"
-               "{k}tile_scan_add_kernel<<<num_tiles, 1024>>>(d_x, d_tile_sums, d_y, n);",
+        "{k}tile_offsets_kernel<<<1, 32>>>(d_tile_sums, num_tiles);\n"
+        "{k}tile_scan_add_kernel<<<num_tiles, 1024>>>(d_x, d_tile_sums, d_y, n);",
         launch_note=f"Three kernels in order, over tiles of 2048 elements (num_tiles = (n + 2047) / 2048 = "
-                    f"{num_tiles}; "
-                    "tile_sums is a zeroed float scratch buffer of num_tiles entries): tile_sum_kernel with num_tiles "
-                    "blocks of 256 threads (block b writes the sum of elements 2048 * b .. 2048 * b + 2047 to "
-                    "tile_sums[b]); tile_offsets_kernel with 1 block of 32 threads (tile_sums becomes its exclusive "
-                    "scan); tile_scan_add_kernel with num_tiles blocks of 1024 threads (block b writes y for its tile "
-                    "using tile_offsets[b]).",
-        gen=_gen(f"""n = {n}
+        f"{num_tiles}; "
+        "tile_sums is a zeroed float scratch buffer of num_tiles entries): tile_sum_kernel with num_tiles "
+        "blocks of 256 threads (block b writes the sum of elements 2048 * b .. 2048 * b + 2047 to "
+        "tile_sums[b]); tile_offsets_kernel with 1 block of 32 threads (tile_sums becomes its exclusive "
+        "scan); tile_scan_add_kernel with num_tiles blocks of 1024 threads (block b writes y for its tile "
+        "using tile_offsets[b]).",
+        gen=_gen(
+            f"""n = {n}
 # Multiples of 1/64 in [-1, 1]: every partial sum (|S| << 2^18) is exact in float32, so the result
 # does not depend on the order of additions.
-x = (rng.integers(-64, 65, n) / 64.0).astype(np.float32)""", """
+x = (rng.integers(-64, 65, n) / 64.0).astype(np.float32)""",
+            """
 def reference(x):
     return np.cumsum(x)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=1e-5, rtol=1e-5,  # exact by construction
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=1e-5,
+        rtol=1e-5,  # exact by construction
     )
 
 
@@ -559,9 +644,11 @@ def reference(x):
 def segmented_inclusive_scan(n: int) -> OpSpec:
     tile = 1024
     num_tiles = -(-n // tile)
-    kernels = f"""
+    kernels = (
+        f"""
 constexpr int SEG_TILE = {tile};  // elements per tile; blockDim.x == SEG_TILE in pass 1
-""" + """
+"""
+        + """
 // Pass 1: segmented Hillis-Steele scan of each tile in shared memory on (value, flag) pairs:
 // combining an earlier pair a with a later pair b gives (b.flag ? b.value : a.value + b.value,
 // a.flag | b.flag). Writes the tile-local result to y, the tile's last value to tile_vals and the
@@ -637,10 +724,14 @@ __global__ void segmented_add_carry_kernel(float* __restrict__ y, const float* _
     if (i - b * SEG_TILE < tile_heads[b]) y[i] += tile_carry[b];
 }
 """
+    )
     return OpSpec(
-        op="segmented_inclusive_scan", name="Segmented_Inclusive_Prefix_Sum", category=CATEGORY, split="eval",
+        op="segmented_inclusive_scan",
+        name="Segmented_Inclusive_Prefix_Sum",
+        category=CATEGORY,
+        split="eval",
         description=f"Inclusive prefix sum of a float32 vector of {n} elements that restarts at every element whose "
-                    "head flag is 1.",
+        "head flag is 1.",
         level1=f"""
             Write CUDA kernels for a segmented inclusive prefix sum of a float32 vector x of n = {n} elements
             with int32 head flags (1 marks the first element of a segment, flags[0] = 1): y[i] = x[s] + ... +
@@ -672,38 +763,47 @@ __global__ void segmented_add_carry_kernel(float* __restrict__ y, const float* _
             "const int* __restrict__ tile_heads, int n)",
         ],
         launch="{k}segmented_tile_scan_kernel<<<num_tiles, 1024>>>(d_x, d_flags, d_y, d_tile_vals, d_tile_heads, n);\n"
-               "{k}segmented_tile_carry_kernel<<<1, 32>>>(d_tile_vals, d_tile_heads, num_tiles);\n"
-               "{k}segmented_add_carry_kernel<<<(n + 255) / 256, 256>>>(d_y, d_tile_vals, d_tile_heads, n);",
+        "{k}segmented_tile_carry_kernel<<<1, 32>>>(d_tile_vals, d_tile_heads, num_tiles);\n"
+        "{k}segmented_add_carry_kernel<<<(n + 255) / 256, 256>>>(d_y, d_tile_vals, d_tile_heads, n);",
         launch_note=f"Three kernels in order, over tiles of 1024 elements (num_tiles = (n + 1023) / 1024 = "
-                    f"{num_tiles}; "
-                    "scratch: tile_vals, float, and tile_heads, int, num_tiles entries each, zeroed): "
-                    "segmented_tile_scan_kernel with num_tiles blocks of 1024 threads; segmented_tile_carry_kernel "
-                    "with 1 block of 32 threads; segmented_add_carry_kernel with (n + 255) / 256 blocks of 256 "
-                    "threads. What pass 1 leaves in tile_vals and tile_heads is up to you, as long as passes 2 and 3 "
-                    "read it consistently.",
-        gen=_gen(f"""n = {n}
+        f"{num_tiles}; "
+        "scratch: tile_vals, float, and tile_heads, int, num_tiles entries each, zeroed): "
+        "segmented_tile_scan_kernel with num_tiles blocks of 1024 threads; segmented_tile_carry_kernel "
+        "with 1 block of 32 threads; segmented_add_carry_kernel with (n + 255) / 256 blocks of 256 "
+        "threads. What pass 1 leaves in tile_vals and tile_heads is up to you, as long as passes 2 and 3 "
+        "read it consistently.",
+        gen=_gen(
+            f"""n = {n}
 x = rng.uniform(-1.0, 1.0, n).astype(np.float32)
 # Segment lengths 1..3000: many segments cross tile boundaries, some cover whole tiles.
 starts = np.cumsum(rng.integers(1, 3001, n // 1000 + 1))
 flags = np.zeros(n, dtype=np.int32)
 flags[0] = 1
-flags[starts[starts < n]] = 1""", """
+flags[starts[starts < n]] = 1""",
+            """
 def reference(x, flags):
     inclusive = np.cumsum(x)
     head = np.maximum.accumulate(np.where(flags == 1, np.arange(len(x)), 0))  # last head at or before i
     before_head = np.concatenate([[0.0], inclusive])[head]  # sum of everything before that head
     return inclusive - before_head
-""", "y_ref = reference(x.astype(np.float64), flags).astype(np.float32)"),
-        atol=ROW_SUM_ATOL, rtol=ROW_SUM_RTOL,  # segments <= 3000 values in [-1, 1], as for row scans
+""",
+            "y_ref = reference(x.astype(np.float64), flags).astype(np.float32)",
+        ),
+        atol=ROW_SUM_ATOL,
+        rtol=ROW_SUM_RTOL,  # segments <= 3000 values in [-1, 1], as for row scans
     )
 
 
 def stream_compact_positive(n: int) -> OpSpec:
     tile = 1024
     num_tiles = -(-n // tile)
-    kernels = f"""
+    kernels = (
+        f"""
 constexpr int COMPACT_TILE = {tile};  // elements per tile; blockDim.x == COMPACT_TILE in passes 1 and 3
-""" + WARP_SCAN_INT + SCAN_TILE_TOTALS_INT + """
+"""
+        + WARP_SCAN_INT
+        + SCAN_TILE_TOTALS_INT
+        + """
 // Pass 1: count the kept elements of each tile with a counting barrier.
 __global__ void count_positive_kernel(const float* __restrict__ x, int* __restrict__ tile_counts, int n) {
     int i = blockIdx.x * COMPACT_TILE + threadIdx.x;
@@ -735,10 +835,14 @@ __global__ void compact_scatter_kernel(const float* __restrict__ x, const int* _
     if (keep) y[dst] = x[i];
 }
 """
+    )
     return OpSpec(
-        op="stream_compact_positive", name="Stream_Compaction_Positive", category=CATEGORY, split="eval",
+        op="stream_compact_positive",
+        name="Stream_Compaction_Positive",
+        category=CATEGORY,
+        split="eval",
         description=f"Copy the positive elements of a float32 vector of {n} elements to the front of the output in "
-                    "order, zero the rest, and output their count.",
+        "order, zero the rest, and output their count.",
         level1=f"""
             Write CUDA kernels that compact a float32 vector x of n = {n} elements: the elements with x[i] > 0
             go, in their original order, to y[0], y[1], ..., the rest of y is 0, and count[0] (int32) is the
@@ -767,23 +871,27 @@ __global__ void compact_scatter_kernel(const float* __restrict__ x, const int* _
             "float* __restrict__ y, int n)",
         ],
         launch="CUDA_CHECK(cudaMemset(d_y, 0, n * sizeof(float)));  // the slots past the kept elements stay 0\n"
-               "{k}count_positive_kernel<<<num_tiles, 1024>>>(d_x, d_tile_counts, n);\n"
-               "{k}scan_tile_counts_kernel<<<1, 1024>>>(d_tile_counts, d_count, num_tiles);\n"
-               "{k}compact_scatter_kernel<<<num_tiles, 1024>>>(d_x, d_tile_counts, d_y, n);",
+        "{k}count_positive_kernel<<<num_tiles, 1024>>>(d_x, d_tile_counts, n);\n"
+        "{k}scan_tile_counts_kernel<<<1, 1024>>>(d_tile_counts, d_count, num_tiles);\n"
+        "{k}compact_scatter_kernel<<<num_tiles, 1024>>>(d_x, d_tile_counts, d_y, n);",
         launch_note=f"The host first zeroes y with cudaMemset, then launches three kernels in order, over tiles of "
-                    f"1024 elements (num_tiles = (n + 1023) / 1024 = {num_tiles}; tile_counts is a zeroed int scratch "
-                    "buffer of num_tiles entries): count_positive_kernel with num_tiles blocks of 1024 threads (block "
-                    "b writes the number of positives in its tile to tile_counts[b]); scan_tile_counts_kernel with 1 "
-                    "block of 1024 threads (tile_counts becomes its exclusive scan, count[0] the total); "
-                    "compact_scatter_kernel with num_tiles blocks of 1024 threads (tile_offsets[b] is where block b's "
-                    "first kept element goes).",
-        gen=_gen(f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)", """
+        f"1024 elements (num_tiles = (n + 1023) / 1024 = {num_tiles}; tile_counts is a zeroed int scratch "
+        "buffer of num_tiles entries): count_positive_kernel with num_tiles blocks of 1024 threads (block "
+        "b writes the number of positives in its tile to tile_counts[b]); scan_tile_counts_kernel with 1 "
+        "block of 1024 threads (tile_counts becomes its exclusive scan, count[0] the total); "
+        "compact_scatter_kernel with num_tiles blocks of 1024 threads (tile_offsets[b] is where block b's "
+        "first kept element goes).",
+        gen=_gen(
+            f"n = {n}\nx = rng.standard_normal(n).astype(np.float32)",
+            """
 def reference(x):
     kept = x[x > 0]
     y = np.zeros_like(x)
     y[:len(kept)] = kept
     return y, np.array([len(kept)], dtype=np.int32)
-""", "y_ref, count_ref = reference(x)  # a copy: exact"),
+""",
+            "y_ref, count_ref = reference(x)  # a copy: exact",
+        ),
     )
 
 
@@ -814,7 +922,10 @@ __global__ void row_cumulative_product_kernel(const float* __restrict__ x, float
 }
 """
     return OpSpec(
-        op="row_cumulative_product", name="Row_Cumulative_Product", category=CATEGORY, split="eval",
+        op="row_cumulative_product",
+        name="Row_Cumulative_Product",
+        category=CATEGORY,
+        split="eval",
         description=f"Cumulative product along each row of a {rows}x{cols} float32 matrix of values near 1.",
         level1=f"""
             Write a CUDA kernel that computes the cumulative product of each row of a float32 matrix x with
@@ -827,20 +938,30 @@ __global__ void row_cumulative_product_kernel(const float* __restrict__ x, float
         level2=f"""
             Compute the cumulative product along each row of a {rows}x{cols} float32 matrix.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_cumulative_product_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int rows, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_cumulative_product_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int rows, int cols)"
+        ],
         launch="{k}row_cumulative_product_kernel<<<(rows + 3) / 4, 128>>>(d_x, d_y, rows, cols);",
         launch_note="row_cumulative_product_kernel is launched once with (rows + 3) / 4 blocks of 128 threads: one "
-                    "warp per row, warp w of block b handles row 4 * b + w; warps past the last row must do nothing.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\n"
-                 "# Near 1, so that 1k-long products stay within about [e^-3, e^3].\n"
-                 "x = rng.uniform(0.97, 1.03, (rows, cols)).astype(np.float32)", """
+        "warp per row, warp w of block b handles row 4 * b + w; warps past the last row must do nothing.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\n"
+            "# Near 1, so that 1k-long products stay within about [e^-3, e^3].\n"
+            "x = rng.uniform(0.97, 1.03, (rows, cols)).astype(np.float32)",
+            """
 def reference(x):
     return np.cumprod(x, axis=1)
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
         # ~1k float32 multiplications: relative rounding error ~1e-6 typical, ~6e-5 worst case.
-        atol=1e-5, rtol=1e-4,
+        atol=1e-5,
+        rtol=1e-4,
     )
 
 
@@ -880,7 +1001,10 @@ __global__ void row_suffix_sum_kernel(const float* __restrict__ x, float* __rest
 }
 """
     return OpSpec(
-        op="row_suffix_sum", name="Row_Suffix_Sum", category=CATEGORY, split="pretrain",
+        op="row_suffix_sum",
+        name="Row_Suffix_Sum",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Reverse (suffix) cumulative sum along each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the suffix sum of each row of a float32 matrix x with {rows} rows
@@ -893,17 +1017,27 @@ __global__ void row_suffix_sum_kernel(const float* __restrict__ x, float* __rest
             Compute the reverse cumulative sum (sum from each position to the end of the row) of a
             {rows}x{cols} float32 matrix.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_suffix_sum_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_suffix_sum_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int cols)"
+        ],
         launch="{k}row_suffix_sum_kernel<<<rows, 256>>>(d_x, d_y, cols);",
         launch_note="row_suffix_sum_kernel is launched once with one block per row (grid = rows) and 256 threads per "
-                    "block, no dynamic shared memory.",
-        gen=_gen(UNIFORM_ROWS.format(rows=rows, cols=cols), """
+        "block, no dynamic shared memory.",
+        gen=_gen(
+            UNIFORM_ROWS.format(rows=rows, cols=cols),
+            """
 def reference(x):
     return np.cumsum(x[:, ::-1], axis=1)[:, ::-1]
-""", "y_ref = reference(x.astype(np.float64)).astype(np.float32)"),
-        atol=ROW_SUM_ATOL, rtol=ROW_SUM_RTOL,
+""",
+            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        ),
+        atol=ROW_SUM_ATOL,
+        rtol=ROW_SUM_RTOL,
     )
 
 
@@ -937,7 +1071,10 @@ __global__ void row_cumulative_min_kernel(const float* __restrict__ x, float* __
 }
 """
     return OpSpec(
-        op="row_cumulative_min", name="Row_Cumulative_Min", category=CATEGORY, split="pretrain",
+        op="row_cumulative_min",
+        name="Row_Cumulative_Min",
+        category=CATEGORY,
+        split="pretrain",
         description=f"Running minimum along each row of a {rows}x{cols} float32 matrix.",
         level1=f"""
             Write a CUDA kernel that computes the cumulative minimum of each row of a float32 matrix x with
@@ -949,16 +1086,25 @@ __global__ void row_cumulative_min_kernel(const float* __restrict__ x, float* __
         level2=f"""
             Compute the cumulative minimum along each row of a {rows}x{cols} float32 matrix.
         """,
-        inputs=inputs, outputs=outputs, constants=constants, kernels=kernels,
-        signatures=["__global__ void row_cumulative_min_kernel(const float* __restrict__ x, float* __restrict__ y, "
-                    "int rows, int cols)"],
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        kernels=kernels,
+        signatures=[
+            "__global__ void row_cumulative_min_kernel(const float* __restrict__ x, float* __restrict__ y, "
+            "int rows, int cols)"
+        ],
         launch="{k}row_cumulative_min_kernel<<<(rows + 7) / 8, 256>>>(d_x, d_y, rows, cols);",
         launch_note="row_cumulative_min_kernel is launched once with (rows + 7) / 8 blocks of 256 threads: one warp "
-                    "per row, warp w of block b handles row 8 * b + w; warps past the last row must do nothing.",
-        gen=_gen(f"rows, cols = {rows}, {cols}\nx = rng.standard_normal((rows, cols)).astype(np.float32)", """
+        "per row, warp w of block b handles row 8 * b + w; warps past the last row must do nothing.",
+        gen=_gen(
+            f"rows, cols = {rows}, {cols}\nx = rng.standard_normal((rows, cols)).astype(np.float32)",
+            """
 def reference(x):
     return np.minimum.accumulate(x, axis=1)
-""", "y_ref = reference(x)  # min is exact: no float64 needed"),
+""",
+            "y_ref = reference(x)  # min is exact: no float64 needed",
+        ),
     )
 
 

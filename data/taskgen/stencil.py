@@ -10,6 +10,7 @@ Kernels vary in style: guarded one-thread-per-output, grid-stride loops, shared-
 with halos (padded tile loads, one __syncthreads reached by every thread), and a two-pass
 separable filter through a scratch buffer.
 """
+
 from __future__ import annotations
 
 from taskgen.core import Buffer, OpSpec, grid_stride_launch
@@ -17,7 +18,11 @@ from taskgen.core import Buffer, OpSpec, grid_stride_launch
 CATEGORY = "stencil"
 BLOCK = 256  # 1-D kernels
 GRID_STRIDE_BLOCKS = 1024  # grid-stride kernels launch a fixed grid and loop
-SIZES_1D = {"1048576": 1 << 20, "1500007": 1_500_007, "1000003": 1_000_003}  # odd sizes: no block divides them
+SIZES_1D = {
+    "1048576": 1 << 20,
+    "1500007": 1_500_007,
+    "1000003": 1_000_003,
+}  # odd sizes: no block divides them
 
 VEC_SIGNATURE = "(const float* __restrict__ x, float* __restrict__ y, int n)"
 IMG_SIGNATURE = "(const float* __restrict__ x, float* __restrict__ y, int rows, int cols)"
@@ -28,34 +33,50 @@ def _task(**kw) -> OpSpec:
 
 
 def _guarded_1d(fn: str, args: str) -> tuple[str, str]:
-    return (f"{{k}}{fn}<<<(n + {BLOCK - 1}) / {BLOCK}, {BLOCK}>>>({args});",
-            f"{fn} is launched once with (n + {BLOCK - 1}) / {BLOCK} blocks of {BLOCK} threads, one thread per "
-            f"output element; the last block is only partly used.")
+    return (
+        f"{{k}}{fn}<<<(n + {BLOCK - 1}) / {BLOCK}, {BLOCK}>>>({args});",
+        f"{fn} is launched once with (n + {BLOCK - 1}) / {BLOCK} blocks of {BLOCK} threads, one thread per "
+        f"output element; the last block is only partly used.",
+    )
 
 
 def _grid_2d(fn: str, args: str, bx: int, by: int, z: str = "") -> tuple[str, str]:
     """A 2-D grid of bx x by blocks over (cols, rows); `z` optionally names the grid's z extent."""
     gz = f", {z}" if z else ""
-    launch = (f"dim3 block({bx}, {by});\n"
-              f"dim3 grid((cols + {bx - 1}) / {bx}, (rows + {by - 1}) / {by}{gz});\n"
-              f"{{k}}{fn}<<<grid, block>>>({args});")
-    note = (f"{fn} is launched once with blocks of {bx} x {by} threads (x along columns, y along rows) and a grid "
-            f"of ((cols + {bx - 1}) / {bx}, (rows + {by - 1}) / {by}{gz}) blocks; blocks on the right and bottom "
-            f"edges are only partly inside the image.")
+    launch = (
+        f"dim3 block({bx}, {by});\n"
+        f"dim3 grid((cols + {bx - 1}) / {bx}, (rows + {by - 1}) / {by}{gz});\n"
+        f"{{k}}{fn}<<<grid, block>>>({args});"
+    )
+    note = (
+        f"{fn} is launched once with blocks of {bx} x {by} threads (x along columns, y along rows) and a grid "
+        f"of ((cols + {bx - 1}) / {bx}, (rows + {by - 1}) / {by}{gz}) blocks; blocks on the right and bottom "
+        f"edges are only partly inside the image."
+    )
     if z:
         note += f" blockIdx.z is the {z} index."
     return launch, note
 
 
 def _gen_1d(n: int, body: str, draw: str = "rng.uniform(-1.0, 1.0, n)") -> str:
-    return (f"n = {n}\nx = ({draw}).astype(np.float32)\n\n\n{body}\n\n\n"
-            "y_ref = reference(x.astype(np.float64)).astype(np.float32)  # float64 math, stored as float32")
+    return (
+        f"n = {n}\nx = ({draw}).astype(np.float32)\n\n\n{body}\n\n\n"
+        "y_ref = reference(x.astype(np.float64)).astype(np.float32)  # float64 math, stored as float32"
+    )
 
 
-def _gen_2d(rows: int, cols: int, body: str, x: str = "x", out: str = "y",
-            draw: str = "rng.uniform(-1.0, 1.0, (rows, cols))") -> str:
-    return (f"rows, cols = {rows}, {cols}\n{x} = ({draw}).astype(np.float32)\n\n\n{body}\n\n\n"
-            f"{out}_ref = reference({x}.astype(np.float64)).astype(np.float32)  # float64 math, stored as float32")
+def _gen_2d(
+    rows: int,
+    cols: int,
+    body: str,
+    x: str = "x",
+    out: str = "y",
+    draw: str = "rng.uniform(-1.0, 1.0, (rows, cols))",
+) -> str:
+    return (
+        f"rows, cols = {rows}, {cols}\n{x} = ({draw}).astype(np.float32)\n\n\n{body}\n\n\n"
+        f"{out}_ref = reference({x}.astype(np.float64)).astype(np.float32)  # float64 math, stored as float32"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,15 +89,18 @@ def _stencil1d_3pt(tag: str) -> OpSpec:
     fn = "stencil1d_3pt_kernel"
     launch, note = _guarded_1d(fn, "d_x, d_y, n")
     return _task(
-        op="stencil1d_3pt_smooth", name="Stencil_1D_3Point_Smooth", split="train", variant=tag,
+        op="stencil1d_3pt_smooth",
+        name="Stencil_1D_3Point_Smooth",
+        split="train",
+        variant=tag,
         description=f"Apply the 3-point smoothing stencil 0.25, 0.5, 0.25 with zero padding to a float32 vector "
-                    f"of {n} elements.",
+        f"of {n} elements.",
         level1=f"Write a CUDA kernel that computes y[i] = 0.25 * x[i-1] + 0.5 * x[i] + 0.25 * x[i+1] for every i of "
-               f"a float32 vector x of n = {n} elements. Boundary rule: zero padding, i.e. x[-1] and x[n] read as "
-               f"0. Use one thread per output with {BLOCK} threads per block and a bounds check i < n; read a "
-               f"neighbour only when its index is inside [0, n).",
+        f"a float32 vector x of n = {n} elements. Boundary rule: zero padding, i.e. x[-1] and x[n] read as "
+        f"0. Use one thread per output with {BLOCK} threads per block and a bounds check i < n; read a "
+        f"neighbour only when its index is inside [0, n).",
         level2=f"Compute y[i] = 0.25 x[i-1] + 0.5 x[i] + 0.25 x[i+1] for a float32 vector of {n} elements, "
-               f"treating x[-1] and x[n] as 0.",
+        f"treating x[-1] and x[n] as 0.",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -92,10 +116,14 @@ def _stencil1d_3pt(tag: str) -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{VEC_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_1d(n, "def reference(x):\n"
-                       "    xp = np.pad(x, 1)  # zero padding\n"
-                       "    return 0.25 * xp[:-2] + 0.5 * xp[1:-1] + 0.25 * xp[2:]"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_1d(
+            n,
+            "def reference(x):\n"
+            "    xp = np.pad(x, 1)  # zero padding\n"
+            "    return 0.25 * xp[:-2] + 0.5 * xp[1:-1] + 0.25 * xp[2:]",
+        ),
     )
 
 
@@ -105,13 +133,15 @@ def _stencil1d_5pt() -> OpSpec:
     launch, note = grid_stride_launch(fn, "d_x, d_y, n", "n", GRID_STRIDE_BLOCKS, BLOCK)
     formula = "y[i] = (-x[i-2] + 16 x[i-1] - 30 x[i] + 16 x[i+1] - x[i+2]) / 12"
     return _task(
-        op="stencil1d_5pt_second_derivative", name="Stencil_1D_5Point_Second_Derivative", split="train",
+        op="stencil1d_5pt_second_derivative",
+        name="Stencil_1D_5Point_Second_Derivative",
+        split="train",
         description=f"Apply the fourth-order 5-point second-derivative stencil with clamped indices to a float32 "
-                    f"vector of {n} elements.",
+        f"vector of {n} elements.",
         level1=f"Write a CUDA kernel that computes {formula} for every i of a float32 vector x of n = {n} elements. "
-               f"Boundary rule: clamp, i.e. a neighbour index j is replaced by min(max(j, 0), n - 1). Use a "
-               f"grid-stride loop over a fixed grid of {GRID_STRIDE_BLOCKS} blocks of {BLOCK} threads; clamp the "
-               f"four neighbour indices with min/max.",
+        f"Boundary rule: clamp, i.e. a neighbour index j is replaced by min(max(j, 0), n - 1). Use a "
+        f"grid-stride loop over a fixed grid of {GRID_STRIDE_BLOCKS} blocks of {BLOCK} threads; clamp the "
+        f"four neighbour indices with min/max.",
         level2=f"Compute {formula} for a float32 vector of {n} elements, clamping neighbour indices to [0, n-1].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
@@ -129,10 +159,14 @@ def _stencil1d_5pt() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{VEC_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_1d(n, "def reference(x):\n"
-                       "    xp = np.pad(x, 2, mode=\"edge\")  # clamp = edge replication\n"
-                       "    return (-xp[:-4] + 16 * xp[1:-3] - 30 * xp[2:-2] + 16 * xp[3:-1] - xp[4:]) / 12.0"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_1d(
+            n,
+            "def reference(x):\n"
+            '    xp = np.pad(x, 2, mode="edge")  # clamp = edge replication\n'
+            "    return (-xp[:-4] + 16 * xp[1:-3] - 30 * xp[2:-2] + 16 * xp[3:-1] - xp[4:]) / 12.0",
+        ),
     )
 
 
@@ -142,18 +176,21 @@ def _conv1d(tag: str) -> OpSpec:
     sig = "(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int n)"
     formula = "y[i] = sum_{j=0..8} w[j] * x[i + j - 4]"
     return _task(
-        op="conv1d_width9_clamp_tiled", name="Conv1D_Width9_Shared_Tile", split="train", variant=tag,
+        op="conv1d_width9_clamp_tiled",
+        name="Conv1D_Width9_Shared_Tile",
+        split="train",
+        variant=tag,
         description=f"Convolve a float32 vector of {n} elements with a 9-tap filter (cross-correlation, clamped "
-                    f"boundary).",
+        f"boundary).",
         level1=f"Write a CUDA kernel that computes the 1-D convolution {formula} (cross-correlation: the filter is "
-               f"not flipped) of a float32 vector x of n = {n} elements with a 9-tap float32 filter w. Boundary "
-               f"rule: clamp, i.e. x[j] for j < 0 reads x[0] and for j >= n reads x[n-1]. Use a shared-memory tile: "
-               f"each block of 256 threads computes 256 consecutive outputs, first loads x[start - 4 .. start + "
-               f"259] (256 + 8 values, halo of 4 on each side, clamped indices) and the 9 filter taps into shared "
-               f"memory, calls __syncthreads() once (reached by all threads), then each thread with a valid output "
-               f"sums over the tile.",
+        f"not flipped) of a float32 vector x of n = {n} elements with a 9-tap float32 filter w. Boundary "
+        f"rule: clamp, i.e. x[j] for j < 0 reads x[0] and for j >= n reads x[n-1]. Use a shared-memory tile: "
+        f"each block of 256 threads computes 256 consecutive outputs, first loads x[start - 4 .. start + "
+        f"259] (256 + 8 values, halo of 4 on each side, clamped indices) and the 9 filter taps into shared "
+        f"memory, calls __syncthreads() once (reached by all threads), then each thread with a valid output "
+        f"sums over the tile.",
         level2=f"Compute {formula} for a float32 vector x of {n} elements and a 9-tap filter w (no flip), with x "
-               f"indices clamped to [0, n-1].",
+        f"indices clamped to [0, n-1].",
         inputs=[Buffer("x", "float32", (n,)), Buffer("w", "float32", (9,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -186,14 +223,14 @@ def _conv1d(tag: str) -> OpSpec:
         signatures=[f"__global__ void {fn}{sig}"],
         launch=f"{{k}}{fn}<<<(n + 255) / 256, 256>>>(d_x, d_w, d_y, n);",
         launch_note=f"{fn} is launched once with (n + 255) / 256 blocks of 256 threads, one thread per output; the "
-                    f"last block is only partly used, and no dynamic shared memory is passed.",
+        f"last block is only partly used, and no dynamic shared memory is passed.",
         gen=f"n = {n}\n"
-            "x = rng.uniform(-1.0, 1.0, n).astype(np.float32)\n"
-            "w = rng.uniform(-0.5, 0.5, 9).astype(np.float32)\n\n\n"
-            "def reference(x, w):\n"
-            "    xp = np.pad(x, 4, mode=\"edge\")  # clamp = edge replication\n"
-            "    return sum(w[j] * xp[j:j + len(x)] for j in range(9))  # y[i] = sum_j w[j] x[i + j - 4]\n\n\n"
-            "y_ref = reference(x.astype(np.float64), w.astype(np.float64)).astype(np.float32)",
+        "x = rng.uniform(-1.0, 1.0, n).astype(np.float32)\n"
+        "w = rng.uniform(-0.5, 0.5, 9).astype(np.float32)\n\n\n"
+        "def reference(x, w):\n"
+        '    xp = np.pad(x, 4, mode="edge")  # clamp = edge replication\n'
+        "    return sum(w[j] * xp[j:j + len(x)] for j in range(9))  # y[i] = sum_j w[j] x[i + j - 4]\n\n\n"
+        "y_ref = reference(x.astype(np.float64), w.astype(np.float64)).astype(np.float32)",
     )
 
 
@@ -203,12 +240,14 @@ def _laplacian2d() -> OpSpec:
     launch, note = _grid_2d(fn, "d_x, d_y, rows, cols", 32, 8)
     formula = "y[r][c] = x[r-1][c] + x[r+1][c] + x[r][c-1] + x[r][c+1] - 4 x[r][c]"
     return _task(
-        op="laplacian2d_5pt", name="Laplacian_2D_5Point", split="train",
+        op="laplacian2d_5pt",
+        name="Laplacian_2D_5Point",
+        split="train",
         description=f"Apply the 5-point discrete Laplacian with zero padding to a {rows}x{cols} float32 grid.",
         level1=f"Write a CUDA kernel that computes the 5-point Laplacian {formula} on a row-major float32 grid x of "
-               f"{rows} rows and {cols} columns. Boundary rule: zero padding, a neighbour outside the grid reads as "
-               f"0. Use one thread per cell with 2-D blocks of 32 x 8 threads (x along columns for coalescing), a "
-               f"bounds check on both coordinates, and read a neighbour only when it is inside the grid.",
+        f"{rows} rows and {cols} columns. Boundary rule: zero padding, a neighbour outside the grid reads as "
+        f"0. Use one thread per cell with 2-D blocks of 32 x 8 threads (x along columns for coalescing), a "
+        f"bounds check on both coordinates, and read a neighbour only when it is inside the grid.",
         level2=f"Compute {formula} on a {rows}x{cols} float32 grid, treating cells outside the grid as 0.",
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("y", "float32", (rows, cols))],
@@ -229,10 +268,15 @@ def _laplacian2d() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{IMG_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_2d(rows, cols, "def reference(x):\n"
-                                "    xp = np.pad(x, 1)  # zero padding\n"
-                                "    return xp[:-2, 1:-1] + xp[2:, 1:-1] + xp[1:-1, :-2] + xp[1:-1, 2:] - 4 * x"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_2d(
+            rows,
+            cols,
+            "def reference(x):\n"
+            "    xp = np.pad(x, 1)  # zero padding\n"
+            "    return xp[:-2, 1:-1] + xp[2:, 1:-1] + xp[1:-1, :-2] + xp[1:-1, 2:] - 4 * x",
+        ),
     )
 
 
@@ -243,18 +287,20 @@ def _conv2d_3x3() -> OpSpec:
     launch, note = _grid_2d(fn, "d_x, d_w, d_y, rows, cols", 16, 16)
     formula = "y[r][c] = sum_{a=0..2, b=0..2} w[a][b] * x[r + a - 1][c + b - 1]"
     return _task(
-        op="conv2d_3x3_zero_pad_tiled", name="Conv2D_3x3_Shared_Tile", split="train",
+        op="conv2d_3x3_zero_pad_tiled",
+        name="Conv2D_3x3_Shared_Tile",
+        split="train",
         description=f"Convolve a {rows}x{cols} float32 image with a 3x3 filter (cross-correlation, zero padding) "
-                    f"using shared-memory tiles.",
+        f"using shared-memory tiles.",
         level1=f"Write a CUDA kernel that computes the 2-D convolution {formula} (cross-correlation: the filter is "
-               f"not flipped) of a row-major float32 image x of {rows} rows and {cols} columns with a 3x3 float32 "
-               f"filter w (row-major, 9 values). Boundary rule: zero padding, pixels outside the image read as 0. "
-               f"Use 16 x 16 thread blocks, one thread per output pixel; each block first loads an 18 x 18 "
-               f"shared-memory tile (its 16 x 16 pixels plus a 1-pixel halo, 0 for pixels outside the image, "
-               f"loaded cooperatively with a strided loop) and the 9 taps, calls __syncthreads() once with all "
-               f"threads, then threads inside the image compute their output from the tile.",
+        f"not flipped) of a row-major float32 image x of {rows} rows and {cols} columns with a 3x3 float32 "
+        f"filter w (row-major, 9 values). Boundary rule: zero padding, pixels outside the image read as 0. "
+        f"Use 16 x 16 thread blocks, one thread per output pixel; each block first loads an 18 x 18 "
+        f"shared-memory tile (its 16 x 16 pixels plus a 1-pixel halo, 0 for pixels outside the image, "
+        f"loaded cooperatively with a strided loop) and the 9 taps, calls __syncthreads() once with all "
+        f"threads, then threads inside the image compute their output from the tile.",
         level2=f"Compute {formula} for a {rows}x{cols} float32 image x and a 3x3 filter w (no flip), treating "
-               f"pixels outside the image as 0.",
+        f"pixels outside the image as 0.",
         inputs=[Buffer("x", "float32", (rows, cols)), Buffer("w", "float32", (3, 3))],
         outputs=[Buffer("y", "float32", (rows, cols))],
         constants=f"const int rows = {rows};\nconst int cols = {cols};",
@@ -291,15 +337,16 @@ def _conv2d_3x3() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{sig}"],
-        launch=launch, launch_note=note,
+        launch=launch,
+        launch_note=note,
         gen=f"rows, cols = {rows}, {cols}\n"
-            "x = rng.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32)\n"
-            "w = rng.uniform(-0.5, 0.5, (3, 3)).astype(np.float32)\n\n\n"
-            "def reference(x, w):\n"
-            "    xp = np.pad(x, 1)  # zero padding\n"
-            "    nr, nc = x.shape\n"
-            "    return sum(w[a, b] * xp[a:a + nr, b:b + nc] for a in range(3) for b in range(3))\n\n\n"
-            "y_ref = reference(x.astype(np.float64), w.astype(np.float64)).astype(np.float32)",
+        "x = rng.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32)\n"
+        "w = rng.uniform(-0.5, 0.5, (3, 3)).astype(np.float32)\n\n\n"
+        "def reference(x, w):\n"
+        "    xp = np.pad(x, 1)  # zero padding\n"
+        "    nr, nc = x.shape\n"
+        "    return sum(w[a, b] * xp[a:a + nr, b:b + nc] for a in range(3) for b in range(3))\n\n\n"
+        "y_ref = reference(x.astype(np.float64), w.astype(np.float64)).astype(np.float32)",
     )
 
 
@@ -308,17 +355,21 @@ def _sobel() -> OpSpec:
     fn = "sobel_magnitude_kernel"
     sig = "(const float* __restrict__ img, float* __restrict__ mag, int rows, int cols)"
     launch, note = _grid_2d(fn, "d_img, d_mag, rows, cols", 16, 16)
-    math = ("gx = (p[r-1][c+1] + 2 p[r][c+1] + p[r+1][c+1]) - (p[r-1][c-1] + 2 p[r][c-1] + p[r+1][c-1]), "
-            "gy = (p[r+1][c-1] + 2 p[r+1][c] + p[r+1][c+1]) - (p[r-1][c-1] + 2 p[r-1][c] + p[r-1][c+1]), "
-            "mag[r][c] = sqrt(gx^2 + gy^2)")
+    math = (
+        "gx = (p[r-1][c+1] + 2 p[r][c+1] + p[r+1][c+1]) - (p[r-1][c-1] + 2 p[r][c-1] + p[r+1][c-1]), "
+        "gy = (p[r+1][c-1] + 2 p[r+1][c] + p[r+1][c+1]) - (p[r-1][c-1] + 2 p[r-1][c] + p[r-1][c+1]), "
+        "mag[r][c] = sqrt(gx^2 + gy^2)"
+    )
     return _task(
-        op="sobel_gradient_magnitude", name="Sobel_Gradient_Magnitude", split="train",
+        op="sobel_gradient_magnitude",
+        name="Sobel_Gradient_Magnitude",
+        split="train",
         description=f"Compute the Sobel gradient magnitude of a {rows}x{cols} float32 image with clamped borders.",
         level1=f"Write a CUDA kernel that computes the Sobel gradient magnitude of a row-major float32 image p of "
-               f"{rows} rows and {cols} columns: {math}. Boundary rule: clamp, i.e. a row index is clamped to "
-               f"[0, rows-1] and a column index to [0, cols-1] (edge replication). Use one thread per pixel with "
-               f"16 x 16 blocks and a bounds check; a small __device__ helper that loads a pixel at clamped "
-               f"coordinates keeps the kernel readable; use sqrtf.",
+        f"{rows} rows and {cols} columns: {math}. Boundary rule: clamp, i.e. a row index is clamped to "
+        f"[0, rows-1] and a column index to [0, cols-1] (edge replication). Use one thread per pixel with "
+        f"16 x 16 blocks and a bounds check; a small __device__ helper that loads a pixel at clamped "
+        f"coordinates keeps the kernel readable; use sqrtf.",
         level2=f"For a {rows}x{cols} float32 image p with clamped (edge-replicated) borders compute {math}.",
         inputs=[Buffer("img", "float32", (rows, cols))],
         outputs=[Buffer("mag", "float32", (rows, cols))],
@@ -350,41 +401,53 @@ def _sobel() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{sig}"],
-        launch=launch, launch_note=note,
-        gen=_gen_2d(rows, cols,
-                    "def reference(p):\n"
-                    "    q = np.pad(p, 1, mode=\"edge\")  # clamp = edge replication\n"
-                    "    h, w = p.shape\n"
-                    "\n"
-                    "    def at(dr, dc):  # p[r + dr][c + dc] for every (r, c)\n"
-                    "        return q[1 + dr:1 + dr + h, 1 + dc:1 + dc + w]\n"
-                    "\n"
-                    "    gx = (at(-1, 1) + 2 * at(0, 1) + at(1, 1)) - (at(-1, -1) + 2 * at(0, -1) + at(1, -1))\n"
-                    "    gy = (at(1, -1) + 2 * at(1, 0) + at(1, 1)) - (at(-1, -1) + 2 * at(-1, 0) + at(-1, 1))\n"
-                    "    return np.sqrt(gx * gx + gy * gy)",
-                    x="img", out="mag", draw="rng.uniform(0.0, 1.0, (rows, cols))"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_2d(
+            rows,
+            cols,
+            "def reference(p):\n"
+            '    q = np.pad(p, 1, mode="edge")  # clamp = edge replication\n'
+            "    h, w = p.shape\n"
+            "\n"
+            "    def at(dr, dc):  # p[r + dr][c + dc] for every (r, c)\n"
+            "        return q[1 + dr:1 + dr + h, 1 + dc:1 + dc + w]\n"
+            "\n"
+            "    gx = (at(-1, 1) + 2 * at(0, 1) + at(1, 1)) - (at(-1, -1) + 2 * at(0, -1) + at(1, -1))\n"
+            "    gy = (at(1, -1) + 2 * at(1, 0) + at(1, 1)) - (at(-1, -1) + 2 * at(-1, 0) + at(-1, 1))\n"
+            "    return np.sqrt(gx * gx + gy * gy)",
+            x="img",
+            out="mag",
+            draw="rng.uniform(0.0, 1.0, (rows, cols))",
+        ),
     )
 
 
 def _jacobi() -> OpSpec:
     rows, cols = 1024, 1024
     fn = "jacobi_poisson_step_kernel"
-    sig = ("(const float* __restrict__ u, const float* __restrict__ f, float* __restrict__ u_new, int rows, "
-           "int cols, float h2)")
-    launch, note = grid_stride_launch(fn, "d_u, d_f, d_u_new, rows, cols, h2", "rows * cols", GRID_STRIDE_BLOCKS, BLOCK)
+    sig = (
+        "(const float* __restrict__ u, const float* __restrict__ f, float* __restrict__ u_new, int rows, "
+        "int cols, float h2)"
+    )
+    launch, note = grid_stride_launch(
+        fn, "d_u, d_f, d_u_new, rows, cols, h2", "rows * cols", GRID_STRIDE_BLOCKS, BLOCK
+    )
     formula = "u_new[r][c] = 0.25 * (u[r-1][c] + u[r+1][c] + u[r][c-1] + u[r][c+1] + h2 * f[r][c])"
     return _task(
-        op="jacobi_poisson_step", name="Jacobi_Poisson_Step", split="train",
+        op="jacobi_poisson_step",
+        name="Jacobi_Poisson_Step",
+        split="train",
         description=f"Perform one Jacobi iteration for the 2-D Poisson equation on a {rows}x{cols} float32 grid "
-                    f"with fixed boundary values.",
+        f"with fixed boundary values.",
         level1=f"Write a CUDA kernel that performs one Jacobi sweep for -laplace(u) = f on a row-major {rows}x{cols} "
-               f"float32 grid: for interior cells (0 < r < rows-1 and 0 < c < cols-1) {formula}, with h2 = 1/1024 "
-               f"(passed as a float argument); boundary cells (first/last row and column) keep their value, "
-               f"u_new = u (Dirichlet boundary). Read only u and f, write only u_new. Use a grid-stride loop over "
-               f"the flattened index i = r * cols + c with a fixed grid of {GRID_STRIDE_BLOCKS} blocks of {BLOCK} "
-               f"threads.",
+        f"float32 grid: for interior cells (0 < r < rows-1 and 0 < c < cols-1) {formula}, with h2 = 1/1024 "
+        f"(passed as a float argument); boundary cells (first/last row and column) keep their value, "
+        f"u_new = u (Dirichlet boundary). Read only u and f, write only u_new. Use a grid-stride loop over "
+        f"the flattened index i = r * cols + c with a fixed grid of {GRID_STRIDE_BLOCKS} blocks of {BLOCK} "
+        f"threads.",
         level2=f"One Jacobi iteration on a {rows}x{cols} float32 grid: interior cells get {formula} with "
-               f"h2 = 1/1024; boundary cells are copied from u.",
+        f"h2 = 1/1024; boundary cells are copied from u.",
         inputs=[Buffer("u", "float32", (rows, cols)), Buffer("f", "float32", (rows, cols))],
         outputs=[Buffer("u_new", "float32", (rows, cols))],
         constants=f"const int rows = {rows};\nconst int cols = {cols};\nconst float h2 = 1.0f / 1024.0f;",
@@ -405,17 +468,18 @@ def _jacobi() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{sig}"],
-        launch=launch, launch_note=note,
+        launch=launch,
+        launch_note=note,
         gen=f"rows, cols = {rows}, {cols}\n"
-            "h2 = 1.0 / 1024.0  # exact in float32\n"
-            "u = rng.uniform(0.0, 1.0, (rows, cols)).astype(np.float32)\n"
-            "f = rng.uniform(-50.0, 50.0, (rows, cols)).astype(np.float32)\n\n\n"
-            "def reference(u, f):\n"
-            "    out = u.copy()  # boundary cells keep their value\n"
-            "    neighbours = u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:]\n"
-            "    out[1:-1, 1:-1] = 0.25 * (neighbours + h2 * f[1:-1, 1:-1])\n"
-            "    return out\n\n\n"
-            "u_new_ref = reference(u.astype(np.float64), f.astype(np.float64)).astype(np.float32)",
+        "h2 = 1.0 / 1024.0  # exact in float32\n"
+        "u = rng.uniform(0.0, 1.0, (rows, cols)).astype(np.float32)\n"
+        "f = rng.uniform(-50.0, 50.0, (rows, cols)).astype(np.float32)\n\n\n"
+        "def reference(u, f):\n"
+        "    out = u.copy()  # boundary cells keep their value\n"
+        "    neighbours = u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:]\n"
+        "    out[1:-1, 1:-1] = 0.25 * (neighbours + h2 * f[1:-1, 1:-1])\n"
+        "    return out\n\n\n"
+        "u_new_ref = reference(u.astype(np.float64), f.astype(np.float64)).astype(np.float32)",
     )
 
 
@@ -430,17 +494,19 @@ def _box_blur_5x5() -> OpSpec:
     launch, note = _grid_2d(fn, "d_x, d_y, rows, cols", 16, 16)
     formula = "y[r][c] = (1/25) * sum_{a=-2..2, b=-2..2} x[r + a][c + b]"
     return _task(
-        op="box_blur_5x5", name="Box_Blur_5x5", split="eval",
+        op="box_blur_5x5",
+        name="Box_Blur_5x5",
+        split="eval",
         description=f"Blur a {rows}x{cols} float32 image with a 5x5 box filter (mean of the window, clamped "
-                    f"borders).",
+        f"borders).",
         level1=f"Write a CUDA kernel that computes the 5x5 box blur {formula} of a row-major float32 image x of "
-               f"{rows} rows and {cols} columns. Boundary rule: clamp, a row index is clamped to [0, rows-1] and a "
-               f"column index to [0, cols-1]; the divisor is always 25. Use 16 x 16 thread blocks and a 20 x 20 "
-               f"shared-memory tile (the block's pixels plus a 2-pixel halo on each side, loaded cooperatively "
-               f"with a strided loop at clamped coordinates), one __syncthreads() reached by all threads, then one "
-               f"output per thread inside the image.",
+        f"{rows} rows and {cols} columns. Boundary rule: clamp, a row index is clamped to [0, rows-1] and a "
+        f"column index to [0, cols-1]; the divisor is always 25. Use 16 x 16 thread blocks and a 20 x 20 "
+        f"shared-memory tile (the block's pixels plus a 2-pixel halo on each side, loaded cooperatively "
+        f"with a strided loop at clamped coordinates), one __syncthreads() reached by all threads, then one "
+        f"output per thread inside the image.",
         level2=f"Compute {formula} for a {rows}x{cols} float32 image, clamping row and column indices into the "
-               f"image.",
+        f"image.",
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("y", "float32", (rows, cols))],
         constants=f"const int rows = {rows};\nconst int cols = {cols};",
@@ -474,13 +540,17 @@ def _box_blur_5x5() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{IMG_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_2d(rows, cols,
-                    "def reference(x):\n"
-                    "    xp = np.pad(x, 2, mode=\"edge\")  # clamp = edge replication\n"
-                    "    h, w = x.shape\n"
-                    "    return sum(xp[a:a + h, b:b + w] for a in range(5) for b in range(5)) / 25.0",
-                    draw="rng.uniform(0.0, 1.0, (rows, cols))"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_2d(
+            rows,
+            cols,
+            "def reference(x):\n"
+            '    xp = np.pad(x, 2, mode="edge")  # clamp = edge replication\n'
+            "    h, w = x.shape\n"
+            "    return sum(xp[a:a + h, b:b + w] for a in range(5) for b in range(5)) / 25.0",
+            draw="rng.uniform(0.0, 1.0, (rows, cols))",
+        ),
     )
 
 
@@ -489,17 +559,21 @@ def _stencil3d_7pt() -> OpSpec:
     fn = "laplacian3d_7pt_kernel"
     sig = "(const float* __restrict__ x, float* __restrict__ y, int depth, int rows, int cols)"
     launch, note = _grid_2d(fn, "d_x, d_y, depth, rows, cols", 32, 8, z="depth")
-    formula = ("y[z][r][c] = x[z-1][r][c] + x[z+1][r][c] + x[z][r-1][c] + x[z][r+1][c] + x[z][r][c-1] + "
-               "x[z][r][c+1] - 6 x[z][r][c]")
+    formula = (
+        "y[z][r][c] = x[z-1][r][c] + x[z+1][r][c] + x[z][r-1][c] + x[z][r+1][c] + x[z][r][c-1] + "
+        "x[z][r][c+1] - 6 x[z][r][c]"
+    )
     return _task(
-        op="laplacian3d_7pt", name="Laplacian_3D_7Point", split="eval",
+        op="laplacian3d_7pt",
+        name="Laplacian_3D_7Point",
+        split="eval",
         description=f"Apply the 7-point 3-D discrete Laplacian with zero padding to a {depth}x{rows}x{cols} "
-                    f"float32 volume.",
+        f"float32 volume.",
         level1=f"Write a CUDA kernel that computes the 7-point Laplacian {formula} on a float32 volume x of shape "
-               f"({depth}, {rows}, {cols}) stored row-major (index (z * rows + r) * cols + c). Boundary rule: zero "
-               f"padding, a neighbour outside the volume reads as 0. Use one thread per voxel: 2-D blocks of 32 x 8 "
-               f"threads over (c, r), one grid layer per z slice (blockIdx.z = z), bounds checks on r and c, and "
-               f"read a neighbour only when it is inside the volume.",
+        f"({depth}, {rows}, {cols}) stored row-major (index (z * rows + r) * cols + c). Boundary rule: zero "
+        f"padding, a neighbour outside the volume reads as 0. Use one thread per voxel: 2-D blocks of 32 x 8 "
+        f"threads over (c, r), one grid layer per z slice (blockIdx.z = z), bounds checks on r and c, and "
+        f"read a neighbour only when it is inside the volume.",
         level2=f"Compute {formula} on a {depth}x{rows}x{cols} float32 volume, treating voxels outside it as 0.",
         inputs=[Buffer("x", "float32", (depth, rows, cols))],
         outputs=[Buffer("y", "float32", (depth, rows, cols))],
@@ -525,20 +599,21 @@ def _stencil3d_7pt() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{sig}"],
-        launch=launch, launch_note=note,
+        launch=launch,
+        launch_note=note,
         gen=f"depth, rows, cols = {depth}, {rows}, {cols}\n"
-            "x = rng.uniform(-1.0, 1.0, (depth, rows, cols)).astype(np.float32)\n\n\n"
-            "def reference(x):\n"
-            "    p = np.pad(x, 1)  # zero padding\n"
-            "    core = (slice(1, -1),) * 3\n"
-            "    total = -6 * x\n"
-            "    for axis in range(3):\n"
-            "        for shift in (0, 2):  # the neighbour before and after along `axis`\n"
-            "            sl = list(core)\n"
-            "            sl[axis] = slice(shift, shift + x.shape[axis])\n"
-            "            total = total + p[tuple(sl)]\n"
-            "    return total\n\n\n"
-            "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
+        "x = rng.uniform(-1.0, 1.0, (depth, rows, cols)).astype(np.float32)\n\n\n"
+        "def reference(x):\n"
+        "    p = np.pad(x, 1)  # zero padding\n"
+        "    core = (slice(1, -1),) * 3\n"
+        "    total = -6 * x\n"
+        "    for axis in range(3):\n"
+        "        for shift in (0, 2):  # the neighbour before and after along `axis`\n"
+        "            sl = list(core)\n"
+        "            sl[axis] = slice(shift, shift + x.shape[axis])\n"
+        "            total = total + p[tuple(sl)]\n"
+        "    return total\n\n\n"
+        "y_ref = reference(x.astype(np.float64)).astype(np.float32)",
     )
 
 
@@ -548,18 +623,20 @@ def _gaussian_separable() -> OpSpec:
     sig_cols = "(const float* __restrict__ tmp, float* __restrict__ out, int rows, int cols)"
     taps = "[1, 4, 6, 4, 1] / 16"
     return _task(
-        op="gaussian_blur_5tap_separable", name="Gaussian_Blur_5Tap_Separable", split="eval",
+        op="gaussian_blur_5tap_separable",
+        name="Gaussian_Blur_5Tap_Separable",
+        split="eval",
         description=f"Blur a {rows}x{cols} float32 image with the separable 5x5 binomial (Gaussian) filter "
-                    f"{taps} per axis, clamped borders.",
+        f"{taps} per axis, clamped borders.",
         level1=f"Write two CUDA kernels that blur a row-major float32 image img of {rows} rows and {cols} columns "
-               f"with the 5-tap binomial filter g = {taps} along each axis. Pass 1 (gauss5_rows_kernel): "
-               f"tmp[r][c] = sum_{{k=-2..2}} g[k+2] * img[r][c+k]. Pass 2 (gauss5_cols_kernel): out[r][c] = "
-               f"sum_{{k=-2..2}} g[k+2] * tmp[r+k][c]. Boundary rule: clamp, a column index is clamped to "
-               f"[0, cols-1] in pass 1 and a row index to [0, rows-1] in pass 2 (edge replication). tmp is a float32 "
-               f"scratch image of the same shape. Use one thread per pixel, 32 x 8 blocks, bounds checks, and the "
-               f"exact weights 0.0625, 0.25, 0.375.",
+        f"with the 5-tap binomial filter g = {taps} along each axis. Pass 1 (gauss5_rows_kernel): "
+        f"tmp[r][c] = sum_{{k=-2..2}} g[k+2] * img[r][c+k]. Pass 2 (gauss5_cols_kernel): out[r][c] = "
+        f"sum_{{k=-2..2}} g[k+2] * tmp[r+k][c]. Boundary rule: clamp, a column index is clamped to "
+        f"[0, cols-1] in pass 1 and a row index to [0, rows-1] in pass 2 (edge replication). tmp is a float32 "
+        f"scratch image of the same shape. Use one thread per pixel, 32 x 8 blocks, bounds checks, and the "
+        f"exact weights 0.0625, 0.25, 0.375.",
         level2=f"Blur a {rows}x{cols} float32 image with the separable filter g = {taps} (outer product g g^T), "
-               f"clamping row and column indices into the image.",
+        f"clamping row and column indices into the image.",
         inputs=[Buffer("img", "float32", (rows, cols))],
         outputs=[Buffer("out", "float32", (rows, cols))],
         scratch=[Buffer("tmp", "float32", (rows, cols))],
@@ -593,7 +670,10 @@ def _gaussian_separable() -> OpSpec:
             }}
         }}
         """,
-        signatures=[f"__global__ void gauss5_rows_kernel{sig_rows}", f"__global__ void gauss5_cols_kernel{sig_cols}"],
+        signatures=[
+            f"__global__ void gauss5_rows_kernel{sig_rows}",
+            f"__global__ void gauss5_cols_kernel{sig_cols}",
+        ],
         launch="""
         dim3 block(32, 8);
         dim3 grid((cols + 31) / 32, (rows + 7) / 8);
@@ -601,17 +681,22 @@ def _gaussian_separable() -> OpSpec:
         {k}gauss5_cols_kernel<<<grid, block>>>(d_tmp, d_out, rows, cols);
         """,
         launch_note="gauss5_rows_kernel (img -> tmp) is launched first, then gauss5_cols_kernel (tmp -> out), both "
-                    "with blocks of 32 x 8 threads (x along columns) and a grid of ((cols + 31) / 32, "
-                    "(rows + 7) / 8) blocks; tmp is a float32 scratch buffer of rows * cols elements.",
-        gen=_gen_2d(rows, cols,
-                    "def reference(img):\n"
-                    "    g = np.array([1.0, 4.0, 6.0, 4.0, 1.0]) / 16.0\n"
-                    "    h, w = img.shape\n"
-                    "    p = np.pad(img, ((0, 0), (2, 2)), mode=\"edge\")  # clamp columns\n"
-                    "    tmp = sum(g[k] * p[:, k:k + w] for k in range(5))\n"
-                    "    p = np.pad(tmp, ((2, 2), (0, 0)), mode=\"edge\")  # clamp rows\n"
-                    "    return sum(g[k] * p[k:k + h, :] for k in range(5))",
-                    x="img", out="out", draw="rng.uniform(0.0, 1.0, (rows, cols))"),
+        "with blocks of 32 x 8 threads (x along columns) and a grid of ((cols + 31) / 32, "
+        "(rows + 7) / 8) blocks; tmp is a float32 scratch buffer of rows * cols elements.",
+        gen=_gen_2d(
+            rows,
+            cols,
+            "def reference(img):\n"
+            "    g = np.array([1.0, 4.0, 6.0, 4.0, 1.0]) / 16.0\n"
+            "    h, w = img.shape\n"
+            '    p = np.pad(img, ((0, 0), (2, 2)), mode="edge")  # clamp columns\n'
+            "    tmp = sum(g[k] * p[:, k:k + w] for k in range(5))\n"
+            '    p = np.pad(tmp, ((2, 2), (0, 0)), mode="edge")  # clamp rows\n'
+            "    return sum(g[k] * p[k:k + h, :] for k in range(5))",
+            x="img",
+            out="out",
+            draw="rng.uniform(0.0, 1.0, (rows, cols))",
+        ),
     )
 
 
@@ -620,14 +705,16 @@ def _median3() -> OpSpec:
     fn = "median3_filter_kernel"
     launch, note = _guarded_1d(fn, "d_x, d_y, n")
     return _task(
-        op="median3_filter_1d", name="Median3_Filter_1D", split="eval",
+        op="median3_filter_1d",
+        name="Median3_Filter_1D",
+        split="eval",
         description=f"Apply a 3-point median filter with clamped indices to a float32 vector of {n} elements.",
         level1=f"Write a CUDA kernel that computes y[i] = median(x[i-1], x[i], x[i+1]) for every i of a float32 "
-               f"vector x of n = {n} elements. Boundary rule: clamp, x[-1] reads x[0] and x[n] reads x[n-1]. Use "
-               f"one thread per element with {BLOCK} threads per block and a bounds check; the median of three is "
-               f"max(min(a, b), min(max(a, b), c)) with fminf/fmaxf (no sorting, no branches).",
+        f"vector x of n = {n} elements. Boundary rule: clamp, x[-1] reads x[0] and x[n] reads x[n-1]. Use "
+        f"one thread per element with {BLOCK} threads per block and a bounds check; the median of three is "
+        f"max(min(a, b), min(max(a, b), c)) with fminf/fmaxf (no sorting, no branches).",
         level2=f"Compute y[i] = median(x[i-1], x[i], x[i+1]) for a float32 vector of {n} elements, clamping the "
-               f"neighbour indices to [0, n-1].",
+        f"neighbour indices to [0, n-1].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -644,11 +731,15 @@ def _median3() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{VEC_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_1d(n, "def reference(x):\n"
-                       "    xp = np.pad(x, 1, mode=\"edge\")  # clamp = edge replication\n"
-                       "    return np.median(np.stack([xp[:-2], xp[1:-1], xp[2:]]), axis=0)",
-                    draw="rng.standard_normal(n)"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_1d(
+            n,
+            "def reference(x):\n"
+            '    xp = np.pad(x, 1, mode="edge")  # clamp = edge replication\n'
+            "    return np.median(np.stack([xp[:-2], xp[1:-1], xp[2:]]), axis=0)",
+            draw="rng.standard_normal(n)",
+        ),
     )
 
 
@@ -662,14 +753,16 @@ def _central_diff() -> OpSpec:
     fn = "central_diff_kernel"
     launch, note = grid_stride_launch(fn, "d_x, d_y, n", "n", GRID_STRIDE_BLOCKS, BLOCK)
     return _task(
-        op="central_difference_1d", name="Central_Difference_1D", split="pretrain",
+        op="central_difference_1d",
+        name="Central_Difference_1D",
+        split="pretrain",
         description=f"Compute the central difference (x[i+1] - x[i-1]) / 2 with clamped indices of a float32 "
-                    f"vector of {n} elements.",
+        f"vector of {n} elements.",
         level1=f"Write a CUDA kernel that computes y[i] = 0.5 * (x[i+1] - x[i-1]) for every i of a float32 vector x "
-               f"of n = {n} elements. Boundary rule: clamp, x[-1] reads x[0] and x[n] reads x[n-1]. Use a "
-               f"grid-stride loop over a fixed grid of {GRID_STRIDE_BLOCKS} blocks of {BLOCK} threads.",
+        f"of n = {n} elements. Boundary rule: clamp, x[-1] reads x[0] and x[n] reads x[n-1]. Use a "
+        f"grid-stride loop over a fixed grid of {GRID_STRIDE_BLOCKS} blocks of {BLOCK} threads.",
         level2=f"Compute y[i] = (x[i+1] - x[i-1]) / 2 for a float32 vector of {n} elements, clamping neighbour "
-               f"indices to [0, n-1].",
+        f"indices to [0, n-1].",
         inputs=[Buffer("x", "float32", (n,))],
         outputs=[Buffer("y", "float32", (n,))],
         constants=f"const int n = {n};",
@@ -682,10 +775,14 @@ def _central_diff() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{VEC_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_1d(n, "def reference(x):\n"
-                       "    xp = np.pad(x, 1, mode=\"edge\")  # clamp = edge replication\n"
-                       "    return 0.5 * (xp[2:] - xp[:-2])"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_1d(
+            n,
+            "def reference(x):\n"
+            '    xp = np.pad(x, 1, mode="edge")  # clamp = edge replication\n'
+            "    return 0.5 * (xp[2:] - xp[:-2])",
+        ),
     )
 
 
@@ -695,12 +792,14 @@ def _max_filter_3x3() -> OpSpec:
     launch, note = _grid_2d(fn, "d_x, d_y, rows, cols", 32, 8)
     formula = "y[r][c] = max over a, b in {-1, 0, 1} of x[r + a][c + b]"
     return _task(
-        op="max_filter_3x3", name="Max_Filter_3x3", split="pretrain",
+        op="max_filter_3x3",
+        name="Max_Filter_3x3",
+        split="pretrain",
         description=f"Apply a 3x3 maximum filter (grayscale dilation) with clamped borders to a {rows}x{cols} "
-                    f"float32 image.",
+        f"float32 image.",
         level1=f"Write a CUDA kernel that computes the 3x3 maximum filter {formula} of a row-major float32 image x "
-               f"of {rows} rows and {cols} columns. Boundary rule: clamp, row and column indices are clamped into "
-               f"the image. Use one thread per pixel with 32 x 8 blocks, a bounds check, and fmaxf.",
+        f"of {rows} rows and {cols} columns. Boundary rule: clamp, row and column indices are clamped into "
+        f"the image. Use one thread per pixel with 32 x 8 blocks, a bounds check, and fmaxf.",
         level2=f"Compute {formula} for a {rows}x{cols} float32 image, clamping indices into the image.",
         inputs=[Buffer("x", "float32", (rows, cols))],
         outputs=[Buffer("y", "float32", (rows, cols))],
@@ -723,25 +822,38 @@ def _max_filter_3x3() -> OpSpec:
         }}
         """,
         signatures=[f"__global__ void {fn}{IMG_SIGNATURE}"],
-        launch=launch, launch_note=note,
-        gen=_gen_2d(rows, cols,
-                    "def reference(x):\n"
-                    "    xp = np.pad(x, 1, mode=\"edge\")  # clamp = edge replication\n"
-                    "    h, w = x.shape\n"
-                    "    return np.max([xp[a:a + h, b:b + w] for a in range(3) for b in range(3)], axis=0)",
-                    draw="rng.standard_normal((rows, cols))"),
+        launch=launch,
+        launch_note=note,
+        gen=_gen_2d(
+            rows,
+            cols,
+            "def reference(x):\n"
+            '    xp = np.pad(x, 1, mode="edge")  # clamp = edge replication\n'
+            "    h, w = x.shape\n"
+            "    return np.max([xp[a:a + h, b:b + w] for a in range(3) for b in range(3)], axis=0)",
+            draw="rng.standard_normal((rows, cols))",
+        ),
     )
 
 
 def specs() -> list[OpSpec]:
     return [
         # train: 7 ops, two of them at a power-of-two size and an odd size
-        _stencil1d_3pt("1048576"), _stencil1d_3pt("1500007"),
+        _stencil1d_3pt("1048576"),
+        _stencil1d_3pt("1500007"),
         _stencil1d_5pt(),
-        _conv1d("1048576"), _conv1d("1000003"),
-        _laplacian2d(), _conv2d_3x3(), _sobel(), _jacobi(),
+        _conv1d("1048576"),
+        _conv1d("1000003"),
+        _laplacian2d(),
+        _conv2d_3x3(),
+        _sobel(),
+        _jacobi(),
         # eval
-        _box_blur_5x5(), _stencil3d_7pt(), _gaussian_separable(), _median3(),
+        _box_blur_5x5(),
+        _stencil3d_7pt(),
+        _gaussian_separable(),
+        _median3(),
         # pretrain
-        _central_diff(), _max_filter_3x3(),
+        _central_diff(),
+        _max_filter_3x3(),
     ]

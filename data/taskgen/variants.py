@@ -23,38 +23,191 @@ How: identifier-level substitution over the spec's text fields, one mapping per 
 The result is an ordinary OpSpec with its own id (`<task id>~v<j>`): rendered by render_task, its
 reference kernels compile in its own harness (tests/test_sft_variants.py compiles a sample).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import random
 import re
 
-from cuset_common import signature_parts
+from cuset_common.tasks import signature_parts
 from taskgen import FAMILIES
 from taskgen.core import OpSpec, render_task
 
 # Element counts for resizable copies: powers of two and sizes that no block divides, 64k to 3M.
-COPY_SIZES = (65_536, 262_144, 500_000, 786_433, 1_000_003, 1_048_576, 1_500_007, 2_000_000, 2_097_152, 3_000_017)
+COPY_SIZES = (
+    65_536,
+    262_144,
+    500_000,
+    786_433,
+    1_000_003,
+    1_048_576,
+    1_500_007,
+    2_000_000,
+    2_097_152,
+    3_000_017,
+)
 
 # Word pools. Neutral on purpose: no op name (a held-out op's name must never enter training
 # data), no C/C++ keyword or CUDA builtin. A drawn name that is already a word of the task (say
 # `len` where gen.py calls len()) is drawn again, and one draw in five gets a digit, so that a
 # task with many names of one role still finds fresh ones.
-KERNEL_VERBS = ("apply", "compute", "run", "process", "transform", "update", "eval", "fused", "stage", "launch",
-                "work", "step", "pass", "calc", "exec", "solve", "emit", "build", "make", "handle")
-KERNEL_NOUNS = ("values", "items", "elems", "buffer", "tensor", "grid", "field", "batch", "vec", "mat", "chunk",
-                "part", "span", "job", "task", "block", "entries", "cells", "samples", "points")
+KERNEL_VERBS = (
+    "apply",
+    "compute",
+    "run",
+    "process",
+    "transform",
+    "update",
+    "eval",
+    "fused",
+    "stage",
+    "launch",
+    "work",
+    "step",
+    "pass",
+    "calc",
+    "exec",
+    "solve",
+    "emit",
+    "build",
+    "make",
+    "handle",
+)
+KERNEL_NOUNS = (
+    "values",
+    "items",
+    "elems",
+    "buffer",
+    "tensor",
+    "grid",
+    "field",
+    "batch",
+    "vec",
+    "mat",
+    "chunk",
+    "part",
+    "span",
+    "job",
+    "task",
+    "block",
+    "entries",
+    "cells",
+    "samples",
+    "points",
+)
 HELPER_VERBS = ("combine", "fold", "merge", "accum", "gather_up", "collect", "pool", "join", "tally", "blend")
-HELPER_NOUNS = ("lanes", "warp_vals", "group", "team", "threads", "vals", "partial", "pair", "local", "row_vals")
-CONST_WORDS = ("THREADS", "NT", "TB", "WIDTH_T", "SPAN_N", "GROUP_N", "CHUNK_N", "STEP_N", "LANES_N", "PER_BLOCK",
-               "T_SIZE", "EDGE", "SIDE", "DEPTH_N", "UNROLL", "BLK", "WORK", "SEG", "PAD_N", "CAP")
-INPUT_NAMES = ("src", "inp", "in_vals", "source", "xs", "input", "data_in", "vin", "p", "q", "lhs", "rhs", "arr",
-               "vals", "mat_in", "tab", "u_in", "in0", "in1", "in2", "first", "second", "left", "right")
-OUTPUT_NAMES = ("dst", "res", "result", "outp", "out_vals", "dest", "ys", "target", "vout", "out0", "out1",
-                "sink", "store", "answer", "o")
-SCRATCH_NAMES = ("tmp", "scratch", "work_buf", "aux", "staging", "spill", "temp_vals", "mid", "carry_buf", "parts")
-INT_NAMES = ("len", "count_n", "num", "total", "sz", "nelem", "n_items", "extent", "dim_a", "dim_b", "dim_c",
-             "dim_d", "span_len", "limit", "nn", "m_dim", "k_dim", "h_dim", "w_dim", "size_n")
+HELPER_NOUNS = (
+    "lanes",
+    "warp_vals",
+    "group",
+    "team",
+    "threads",
+    "vals",
+    "partial",
+    "pair",
+    "local",
+    "row_vals",
+)
+CONST_WORDS = (
+    "THREADS",
+    "NT",
+    "TB",
+    "WIDTH_T",
+    "SPAN_N",
+    "GROUP_N",
+    "CHUNK_N",
+    "STEP_N",
+    "LANES_N",
+    "PER_BLOCK",
+    "T_SIZE",
+    "EDGE",
+    "SIDE",
+    "DEPTH_N",
+    "UNROLL",
+    "BLK",
+    "WORK",
+    "SEG",
+    "PAD_N",
+    "CAP",
+)
+INPUT_NAMES = (
+    "src",
+    "inp",
+    "in_vals",
+    "source",
+    "xs",
+    "input",
+    "data_in",
+    "vin",
+    "p",
+    "q",
+    "lhs",
+    "rhs",
+    "arr",
+    "vals",
+    "mat_in",
+    "tab",
+    "u_in",
+    "in0",
+    "in1",
+    "in2",
+    "first",
+    "second",
+    "left",
+    "right",
+)
+OUTPUT_NAMES = (
+    "dst",
+    "res",
+    "result",
+    "outp",
+    "out_vals",
+    "dest",
+    "ys",
+    "target",
+    "vout",
+    "out0",
+    "out1",
+    "sink",
+    "store",
+    "answer",
+    "o",
+)
+SCRATCH_NAMES = (
+    "tmp",
+    "scratch",
+    "work_buf",
+    "aux",
+    "staging",
+    "spill",
+    "temp_vals",
+    "mid",
+    "carry_buf",
+    "parts",
+)
+INT_NAMES = (
+    "len",
+    "count_n",
+    "num",
+    "total",
+    "sz",
+    "nelem",
+    "n_items",
+    "extent",
+    "dim_a",
+    "dim_b",
+    "dim_c",
+    "dim_d",
+    "span_len",
+    "limit",
+    "nn",
+    "m_dim",
+    "k_dim",
+    "h_dim",
+    "w_dim",
+    "size_n",
+)
 FLOAT_NAMES = ("coef", "factor", "scale_f", "thr", "param", "kval", "mult", "level", "gain", "bias_f")
 
 # Prose words that look like a one-letter identifier but are English (checked per occurrence).
@@ -85,8 +238,11 @@ def _unique(names) -> list[str]:
 def find_roles(spec: OpSpec) -> Roles:
     """Kernel, helper, constant and parameter names of `spec`, read from its kernels and signatures."""
     kernels, params = [], {}
-    buffers = {b.name: role for role, bs in (("input", spec.inputs), ("output", spec.outputs),
-                                              ("scratch", spec.scratch)) for b in bs}
+    buffers = {
+        b.name: role
+        for role, bs in (("input", spec.inputs), ("output", spec.outputs), ("scratch", spec.scratch))
+        for b in bs
+    }
     for sig in spec.signatures:
         kernel, types, names = signature_parts(sig)
         kernels.append(kernel)
@@ -98,10 +254,15 @@ def find_roles(spec: OpSpec) -> Roles:
             else:
                 params.setdefault(name, "float" if re.search(r"\b(float|double)\b", ctype) else "int")
     code = spec.kernels
-    helpers = re.findall(rf"^\s*__device__[\w\s]*?\b(?:void|bool|int|float|unsigned|double)\s+({_IDENT})\s*\(",
-                         code, flags=re.M)
+    helpers = re.findall(
+        rf"^\s*__device__[\w\s]*?\b(?:void|bool|int|float|unsigned|double)\s+({_IDENT})\s*\(",
+        code,
+        flags=re.M,
+    )
     constants = re.findall(rf"^\s*constexpr\s+[\w\s]+?\s({_IDENT})\s*=", code, flags=re.M)
-    return Roles(kernels=_unique(kernels), helpers=_unique(helpers), constants=_unique(constants), params=params)
+    return Roles(
+        kernels=_unique(kernels), helpers=_unique(helpers), constants=_unique(constants), params=params
+    )
 
 
 def _kernel_name(rng: random.Random) -> str:
@@ -120,20 +281,28 @@ def _kernel_name(rng: random.Random) -> str:
 
 def _helper_name(rng: random.Random) -> str:
     verb, noun = rng.choice(HELPER_VERBS), rng.choice(HELPER_NOUNS)
-    return f"{verb}_{noun}" if rng.random() < 0.7 else f"{verb}{noun.replace('_', ' ').title().replace(' ', '')}"
+    return (
+        f"{verb}_{noun}" if rng.random() < 0.7 else f"{verb}{noun.replace('_', ' ').title().replace(' ', '')}"
+    )
 
 
 def _from_pool(pool: tuple[str, ...]):
     def draw(rng: random.Random) -> str:
         name = rng.choice(pool)
         return name if rng.random() < 0.8 else f"{name}{rng.randrange(2, 10)}"
+
     return draw
 
 
 DRAW = {
-    "kernel": _kernel_name, "helper": _helper_name, "constant": _from_pool(CONST_WORDS),
-    "input": _from_pool(INPUT_NAMES), "output": _from_pool(OUTPUT_NAMES), "scratch": _from_pool(SCRATCH_NAMES),
-    "int": _from_pool(INT_NAMES), "float": _from_pool(FLOAT_NAMES),
+    "kernel": _kernel_name,
+    "helper": _helper_name,
+    "constant": _from_pool(CONST_WORDS),
+    "input": _from_pool(INPUT_NAMES),
+    "output": _from_pool(OUTPUT_NAMES),
+    "scratch": _from_pool(SCRATCH_NAMES),
+    "int": _from_pool(INT_NAMES),
+    "float": _from_pool(FLOAT_NAMES),
 }
 
 
@@ -145,8 +314,12 @@ def draw_mapping(spec: OpSpec, roles: Roles, rng: random.Random, forbidden: set[
     """
     taken = set().union(*(_words(v) for v in _text_fields(render_task(spec))))
     mapping: dict[str, str] = {}
-    wanted = ([(k, "kernel") for k in roles.kernels] + [(h, "helper") for h in roles.helpers]
-              + [(c, "constant") for c in roles.constants] + list(roles.params.items()))
+    wanted = (
+        [(k, "kernel") for k in roles.kernels]
+        + [(h, "helper") for h in roles.helpers]
+        + [(c, "constant") for c in roles.constants]
+        + list(roles.params.items())
+    )
     for old, role in wanted:
         for _ in range(1000):
             new = DRAW[role](rng)
@@ -188,12 +361,14 @@ def rename_code(text: str, mapping: dict[str, str]) -> str:
 
 def _is_english(text: str, m: re.Match) -> bool:
     """True where a one-letter name is the English article or the multiplication sign of prose."""
-    name, before, after = m.group(1), text[:m.start()].rstrip(), text[m.end():]
+    name, before, after = m.group(1), text[: m.start()].rstrip(), text[m.end() :]
     if name in ARTICLE_NAMES:
         nxt = re.match(r" ([A-Za-z][\w-]*)", after)
         return bool(nxt) and nxt.group(1) not in ("and", "or", "is", "are", "has")
     if name in TIMES_NAMES:
-        return bool(before) and (before[-1].isdigit() or before[-1] == ")") and bool(re.match(r" [\d(]", after))
+        return (
+            bool(before) and (before[-1].isdigit() or before[-1] == ")") and bool(re.match(r" [\d(]", after))
+        )
     return False
 
 
@@ -211,13 +386,21 @@ def apply_mapping(spec: OpSpec, mapping: dict[str, str], copy: str) -> OpSpec:
         return [dataclasses.replace(b, name=mapping.get(b.name, b.name)) for b in bs]
 
     return dataclasses.replace(
-        spec, copy=copy,
-        description=rename_prose(spec.description, full), level1=rename_prose(spec.level1, full),
-        level2=rename_prose(spec.level2, full), launch_note=rename_prose(spec.launch_note, full),
-        inputs=buffers(spec.inputs), outputs=buffers(spec.outputs), scratch=buffers(spec.scratch),
-        constants=rename_code(spec.constants, full), kernels=rename_code(spec.kernels, full),
-        signatures=[rename_code(s, full) for s in spec.signatures], launch=rename_code(spec.launch, full),
-        gen=rename_code(spec.gen, full))
+        spec,
+        copy=copy,
+        description=rename_prose(spec.description, full),
+        level1=rename_prose(spec.level1, full),
+        level2=rename_prose(spec.level2, full),
+        launch_note=rename_prose(spec.launch_note, full),
+        inputs=buffers(spec.inputs),
+        outputs=buffers(spec.outputs),
+        scratch=buffers(spec.scratch),
+        constants=rename_code(spec.constants, full),
+        kernels=rename_code(spec.kernels, full),
+        signatures=[rename_code(s, full) for s in spec.signatures],
+        launch=rename_code(spec.launch, full),
+        gen=rename_code(spec.gen, full),
+    )
 
 
 def check_variant(old: OpSpec, new: OpSpec, roles: Roles, mapping: dict[str, str]) -> None:
@@ -225,8 +408,12 @@ def check_variant(old: OpSpec, new: OpSpec, roles: Roles, mapping: dict[str, str
     problems = []
     sigs, kernels, launch = "\n".join(new.signatures), new.kernels, new.launch
     for k in roles.kernels:
-        for where, text in (("signatures", sigs), ("kernels", kernels), ("launch", launch),
-                            ("launch note", new.launch_note)):
+        for where, text in (
+            ("signatures", sigs),
+            ("kernels", kernels),
+            ("launch", launch),
+            ("launch note", new.launch_note),
+        ):
             if mapping[k] not in _words(text):
                 problems.append(f"kernel {mapping[k]} (was {k}) missing from the {where}")
     for name in roles.helpers + roles.constants:
@@ -236,8 +423,13 @@ def check_variant(old: OpSpec, new: OpSpec, roles: Roles, mapping: dict[str, str
         if mapping[p] not in _words(sigs) or mapping[p] not in _words(kernels):
             problems.append(f"parameter {mapping[p]} (was {p}) missing from the signatures or kernels")
     leftover = _pattern(mapping)
-    for where, text in (("kernels", kernels), ("signatures", sigs), ("launch", launch),
-                        ("constants", new.constants), ("gen", new.gen)):
+    for where, text in (
+        ("kernels", kernels),
+        ("signatures", sigs),
+        ("launch", launch),
+        ("constants", new.constants),
+        ("gen", new.gen),
+    ):
         found = sorted({m.group(1) for m in leftover.finditer(text)})
         if found:
             problems.append(f"old names {found} left in the {where}")
@@ -253,7 +445,9 @@ def resized(spec: OpSpec, rng: random.Random) -> OpSpec:
         built = at_size(spec, n) if at_size else None
         if built is not None:
             if (built.op, built.split, built.task_id) != (spec.op, spec.split, spec.task_id):
-                raise ValueError(f"{spec.task_id}: {family.__name__}.at_size built {built.task_id} ({built.split})")
+                raise ValueError(
+                    f"{spec.task_id}: {family.__name__}.at_size built {built.task_id} ({built.split})"
+                )
             return built
     return spec
 
