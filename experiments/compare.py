@@ -352,8 +352,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.eval_base = preset.get("eval_base", False) if args.eval_base is None else args.eval_base
     args.model = args.model or str(preset.get("model", TINY_MODEL))
     args.data = args.data or preset.get("data", SFT_KERNEL_FILE)
-    if args.model == str(SMOLLM2_MODEL) and not (SMOLLM2_MODEL / "config.json").is_file():
-        raise UserError(f"{SMOLLM2_MODEL}: not built; run `python data/build_smollm2.py` (about a minute)")
     forwarded = {stage: getattr(args, f"{stage}_args") for stage in FORWARDED}  # as typed (None: preset's)
     for stage, given in forwarded.items():
         setattr(
@@ -455,7 +453,11 @@ def check_before_work(args, forwarded: dict[str, str | None]) -> None:
     base_steps, runs = plan(args)
     if args.save_record is not None:
         check_record_folder(args.save_record, args.out, step_groups(args, base_steps, runs))
-    elif not args.report_only:
+    elif not args.report_only:  # a record's table needs no model
+        if args.model == str(SMOLLM2_MODEL) and not (SMOLLM2_MODEL / "config.json").is_file():
+            raise UserError(
+                f"{SMOLLM2_MODEL}: not built; run `python data/build_smollm2.py` (about a minute)"
+            )
         check_model_source(args.model)
     for step in base_steps + [s for r in runs for s in r["steps"]]:
         if (refusal := stage_refusal(step["stage"], step["argv"])) is not None:
