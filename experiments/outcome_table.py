@@ -24,18 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common.cli import UserError, run_main  # noqa: E402
 from cuset_common.files import read_appended_jsonl, write_text_atomic  # noqa: E402
+from harness.outcomes import APART, OUTCOMES, TASK_ERROR, UNSUPPORTED  # noqa: E402
 
-ORDER = (
-    "pass",
-    "wrong_output",
-    "runtime_error",
-    "timeout",
-    "compile_error",
-    "no_code",
-    "missing",
-    "unsupported",
-    "task_error",
-)
+# pass first, then the other verdicts from the last step of the protocol back to the first, then the rows
+# counted apart (OUTCOMES runs from the first step to pass)
+ORDER = (*reversed(OUTCOMES), *APART)
 SHOWN_IDS = 12  # task ids listed per reason before "..."
 
 
@@ -48,12 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def reason(row: dict) -> str:
     """Why a row did not pass, in a few words that rows with the same cause share."""
     log, outcome = row.get("log", ""), row["outcome"]
-    if outcome == "unsupported":
+    if outcome == UNSUPPORTED:
         found = re.search(r"emulator: (?:line \d+: )?([^(\n]+)", log)
         return found.group(1).strip() if found else "emulator: " + first_line(log)
-    if outcome == "task_error" and row.get("cause") == "reference judged F":
+    if outcome == TASK_ERROR and row.get("cause") == "reference judged F":
         return "compare.py judged the task's own reference F"
-    if outcome == "task_error":
+    if outcome == TASK_ERROR:
         module = re.search(r"No module named '([\w.]+)'", log)
         if module:
             return f"gen.py imports {module.group(1).split('.')[0]}, not installed"

@@ -5,10 +5,12 @@ emulator's runtime header (harness/emu/cuda_runtime.h) first on the include path
 CUDA maps onto that header directly (keywords are macros, intrinsics are functions); only
 what C++ cannot spell is rewritten here:
 
-    k<<<grid, block, smem, stream>>>(a, b)   ->  cuset_emu::launch(cuset_emu::Config(grid, block, smem, stream),
-                                                                   [&](auto&&... p) { k(p...); }, a, b)
+    k<<<grid, block, smem, stream>>>(a, b)
+        ->  cuset_emu::launch(cuset_emu::Config(grid, block, smem, stream),
+                              [&](auto&&... p) { k(p...); }, a, b)
     __shared__ float t[16][17];               ->  auto& t = cuset_emu::shared_var<float[16][17]>([]{});
-    extern __shared__ float s[];              ->  auto s = reinterpret_cast<float (*)>(cuset_emu::dynamic_smem());
+    extern __shared__ float s[];
+        ->  auto s = reinterpret_cast<float (*)>(cuset_emu::dynamic_smem());
 
 Comments and string literals are masked before searching, so `<<<` in them is left alone.
 Features the emulator does not model (library calls, half precision, inline PTX, tensor
@@ -188,8 +190,8 @@ def launch_edits(src: str, m: str) -> list[tuple[int, int, str]]:
         end = _match_forward(m, k)
         args = src[k + 1 : end - 1]
         text = (
-            f"::cuset_emu::launch(::cuset_emu::Config({config}), [&](auto&&... cuset_a) {{ {name}(cuset_a...); }}"
-            + (f", {args})" if args.strip() else ")")
+            f"::cuset_emu::launch(::cuset_emu::Config({config}), "
+            f"[&](auto&&... cuset_a) {{ {name}(cuset_a...); }}" + (f", {args})" if args.strip() else ")")
         )
         edits.append((start, end, text))
     return edits

@@ -266,11 +266,9 @@ def generation_record(
 
 
 def default_threads() -> int:
-    """Torch threads for generating on a CPU: the CPUs this process may use, less one. Decoding one token
-    at a time gains little from a second thread (SmolLM2-135M, 2 idle cores: 11.3 tok/s on 1 thread,
-    11.0 on 2) and loses much beside another busy process, whose core the threads
-    then wait for: one prompt at a time on 2 threads drops from 8.5 to 3.4 tok/s there, stage 04 on 1
-    thread from 16.4 to 15.5 (docs/performance.md, bench/generate.py)."""
+    """Torch threads for generating on a CPU: the CPUs this process may use, less one. Decoding a token
+    does too little work per weight read for a second thread to gain much, and beside another busy process
+    the threads would wait for the core it holds (measured in docs/performance.md, bench/generate.py)."""
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 

@@ -224,9 +224,8 @@ def parse_timing(log: str, nonce: str) -> dict:
     if found == 0:
         return {}
     if found > 1 or m is None or m.group(1) != nonce:
-        return {
-            "timing_void": f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"
-        }
+        why = f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"
+        return {"timing_void": why}
     cand, ref = float(m.group(2)), float(m.group(3))
     return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
 

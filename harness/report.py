@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cuset_common.files import write_text_atomic
@@ -33,19 +32,6 @@ class Progress:
         )
         if self.done >= self.total:
             print(file=sys.stderr)
-
-
-def mapped(what: str, fn, items: list, jobs: int) -> list:
-    """[fn(x) for x in items], `jobs` at a time, with a progress line."""
-    progress = Progress(what, len(items))
-
-    def one(x):
-        out = fn(x)
-        progress()
-        return out
-
-    with ThreadPoolExecutor(jobs) as pool:
-        return list(pool.map(one, items))
 
 
 NOTES = {  # what summary.md says when a run has rows of a kind

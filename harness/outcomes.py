@@ -1,0 +1,22 @@
+"""The outcomes of stage 04's rows, defined once: the protocol in 04_eval_kernels.py gives each row one, its
+summary counts them, and experiments/compare.py and experiments/outcome_table.py read them.
+
+A row the protocol judges ends in one of OUTCOMES, listed in the order of the step that decides it
+(docs/evaluation.md, "Protocol"):
+
+    missing        --solutions has no answer for the job
+    no_code        the reply holds no code block to compile
+    compile_error  nvcc refuses the program (or does not finish within --compile-timeout)
+    runtime_error  the program exits with an error
+    timeout        the program does not exit within its budget
+    wrong_output   the task's compare.py judges what the program wrote F
+    pass           ... and T
+
+Two more carry no verdict on the program, and are counted apart, outside pass@k (APART).
+"""
+
+OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
+NOT_COMPILED = OUTCOMES[:3]  # the outcomes of a row whose program was never built
+UNSUPPORTED = "unsupported"  # nvcc compiles it, but the CPU emulator cannot run it
+TASK_ERROR = "task_error"  # gen.py failed, or compare.py rejects the task's own reference
+APART = (UNSUPPORTED, TASK_ERROR)
