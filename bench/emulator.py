@@ -1,5 +1,5 @@
-"""How long the CPU emulator takes on every reference program (issue 10's speed budget: the
-170-task x 2-mode reference run under 10 minutes on 2 cores).
+"""How long the CPU emulator takes on every reference program (its speed budget: the 170-task x
+2-mode reference run in under 10 minutes on 2 cores).
 
 For each task and mode: translate the reference (harness/emulate.py), build it with g++ against
 the runtime header (precompiled once, as stage 04 does), run gen.py once per task, time the
@@ -100,7 +100,8 @@ def main() -> int:
     # CPU seconds do not depend on what else the machine runs; wall seconds do
     print(
         f"\n{passed}/{len(rows)} pass; wall {wall:.0f} s with {args.jobs} jobs, {cpu:.0f} CPU s "
-        f"(g++, programs, gen.py, compare.py); builds {sum(r[2] for r in rows):.0f} s, runs {sum(r[3] for r in rows):.0f} s "
+        f"(g++, programs, gen.py, compare.py); builds {sum(r[2] for r in rows):.0f} s, "
+        f"runs {sum(r[3] for r in rows):.0f} s "
         f"in all (wall); slowest run {slowest[3]:.1f} s ({slowest[0]}, {slowest[1]})"
     )
     return 0 if passed == len(rows) else 1

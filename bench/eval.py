@@ -1,4 +1,4 @@
-"""Stage 04's speed against honest anchors (issue 15): its parallel, sandboxed nvcc compiles against
+"""Stage 04's speed against honest anchors: its parallel, sandboxed nvcc compiles against
 nvcc run one program at a time without a sandbox, what the sandbox costs per compile, and the time
 per row of a whole `--reference` run under the CPU emulator (nvcc, g++ build, gen.py, run, compare).
 
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     sources = [t["bench.cu"] for t in load_tasks(TASKS_FILE)[:n]]
     print(f"# bench/eval.py{' --quick' if args.quick else ''}: {n} reference programs, nvcc {' '.join(arch)}")
     print(
-        f"machine: {cpus_available()} CPUs available, GPU: {gpu or 'none'}; {time.strftime('%Y-%m-%d %H:%M UTC')}"
+        f"machine: {cpus_available()} CPUs available, GPU: {gpu or 'none'}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC')}"
     )
     runner = ev.choose_runner(False, ev.resolve_backend("auto", gpu))
     with tempfile.TemporaryDirectory(prefix="cuset-bench-eval-") as tmp:

@@ -22,7 +22,7 @@ extra memory is measured once per variant in a forked child (bench/common.py say
 
     python bench/profile.py                 # full: a few minutes on 2 CPU cores
     python bench/profile.py --quick         # CI smoke: tiny sizes, one round, checks only that it runs
-    python bench/profile.py --device cuda   # on a GPU (both run under bf16 autocast there, the stage's default)
+    python bench/profile.py --device cuda   # on a GPU (both under bf16 autocast, the stage's default)
 """
 
 from __future__ import annotations

@@ -238,7 +238,8 @@ def bench_head(stage, tok, args) -> None:
     hidden = AutoConfig.from_pretrained(TINY_MODEL).hidden_size
     print(
         f"\n### output layer: forward + backward of the sft loss, one sample of {len(sample['input_ids']):,} "
-        f"tokens ({len(sample['input_ids']) - sample['start']:,} scored), the tiny model's body (hidden {hidden})\n"
+        f"tokens ({len(sample['input_ids']) - sample['start']:,} scored), "
+        f"the tiny model's body (hidden {hidden})\n"
     )
     rows = []
     for vocab in args.vocabs:

@@ -247,7 +247,8 @@ def args_to_json(args) -> dict:
 def check_resume_args(
     saved: dict, now: dict, may_change: set[str], where: Path, restart: str = "another --out, or --force"
 ) -> None:
-    """--resume continues one run: refuse other arguments than the ones it started with (issue 9, item 5).
+    """--resume continues one run: refuse other arguments than the ones it started with, since a result
+    made half under one configuration and half under another is neither's.
 
     may_change: arguments that do not change the result (logging, --stop-after, --resume itself);
     restart: how this stage starts a run afresh instead.

@@ -136,6 +136,6 @@ def resolve_precision(choice: str, device: str) -> str:
 # How close a training step's loss under bf16 autocast stays to fp32's, relative: bf16 keeps 8 significant
 # bits (machine epsilon 2^-7); autocast rounds the matrix products' inputs to it and accumulates, takes the
 # log-probs and the loss in float32, so a step's loss carries the error of a few such roundings.
-# torch.testing's default rtol for bfloat16 is two epsilons, 2^-6, and so is this bound. The weights then drift
-# apart by as much per step; docs/performance.md shows the drift over a few steps stays inside it.
+# torch.testing's default rtol for bfloat16 is two epsilons, 2^-6, and so is this bound. The weights then
+# drift apart by as much per step; docs/performance.md shows the drift over a few steps stays inside it.
 BF16_LOSS_RTOL = 2.0**-6

@@ -108,8 +108,8 @@ def close_turn(tokenizer, response: str, content: str) -> str:
     including its end-of-turn token, nothing after it.
 
     ChatML writes `<|im_end|>\n` after a turn; generation stops at `<|im_end|>`, so the `\n` is never
-    predicted and must not be trained or profiled either (issue 9, item 6). A template that closes the turn
-    without any special token keeps its closing text minus trailing whitespace.
+    predicted and must not be trained or profiled either. A template that closes the turn without any
+    special token keeps its closing text minus trailing whitespace.
     """
     body = response.find(content) + len(content) if content and content in response else 0
     tail = response[body:]
@@ -149,7 +149,7 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
     if start == 0 and spans:
         start, spans = 1, spans[1:]
     # a prompt that alone fills max_length leaves no response token: nothing of it is worth a forward
-    # pass, so it is cut to max_length too and the stages skip and count the sample (issue 9, item 4)
+    # pass, so it is cut to max_length too and the stages skip and count the sample
     return {
         "input_ids": (prompt_ids + resp_ids[:room])[:max_length],
         "response_start": min(start, max_length),

@@ -190,7 +190,7 @@ def output_head(model):
 
 
 def check_head_is_plain(model, input_ids, stage: str) -> None:
-    """Refuse a model whose logits are not `last_hidden_state @ W.T + b` (issue 9, item 2).
+    """Refuse a model whose logits are not `last_hidden_state @ W.T + b`.
 
     The stages apply the output layer themselves, in chunks over response positions only, so a model
     that scales (Granite's logits_scaling) or soft-caps (Gemma 2) its logits would be scored and trained

@@ -10,7 +10,7 @@ names from its prompt without them (experiments/compare.py --preset cpu-real).
     python data/build_sft.py --check        # exit 1 if the committed files are stale
 
 train.jsonl: one record per (train task, prompt level 1-3), standalone mode: the user turn is
-built by cuset_common.build_prompt (the same builder stage 04 uses), the assistant turn is
+built by cuset_common.tasks.build_prompt (the same builder stage 04 uses), the assistant turn is
 the task's reference program in one ```cpp block.
 
 train_kernel.jsonl: the kernel-mode data, one record per train task, the level cycling

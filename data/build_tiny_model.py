@@ -24,10 +24,11 @@ Deterministic: the same tasks file, CCCL headers, arguments and thread count giv
 tokenizer and the same weights (on the same CPU type). bf16 autocast is on by default only where
 the CPU computes bfloat16 natively; the bundled model was built with it on, so pass --bf16 to
 reproduce it. --max-minutes is a wall-clock safety cap; a build that hits it stops early, says so,
-and is no longer the deterministic default.
+and is no longer the deterministic default. A full build takes about 11 minutes on one core of a CPU
+with AVX512-BF16, about 12 in float32 on 2 idle cores of one without.
 
-    python data/build_tiny_model.py                                  # full build (~11 min, one core, AVX512-BF16)
-    python data/build_tiny_model.py --threads 2                      # CPU without it: float32, ~12 min on 2 idle cores
+    python data/build_tiny_model.py                                  # full build
+    python data/build_tiny_model.py --threads 2                      # float32 on a CPU without bf16
     python data/build_tiny_model.py --steps 60 --out /tmp/tiny       # quick check (~2 min)
     python data/build_tiny_model.py --cuda-include /opt/cuda/include # toolkit elsewhere
 
@@ -734,8 +735,9 @@ def train(
             tok_s = step * args.batch_size * args.seq_len / elapsed
             history["train"].append((step, float(np.mean(recent))))
             print(
-                f"step {step:5d}/{args.steps} | loss {np.mean(recent):.3f} | lr {lr_at(step - 1, args):.2e} | "
-                f"{tok_s:,.0f} tok/s | {fmt_time(elapsed)} elapsed, ETA {fmt_time(elapsed / step * (args.steps - step))}",
+                f"step {step:5d}/{args.steps} | loss {np.mean(recent):.3f} | "
+                f"lr {lr_at(step - 1, args):.2e} | {tok_s:,.0f} tok/s | {fmt_time(elapsed)} elapsed, "
+                f"ETA {fmt_time(elapsed / step * (args.steps - step))}",
                 flush=True,
             )
             recent = []
@@ -803,9 +805,10 @@ def measure(
     sample_task = next(t for t in eval_tasks if t.get("kernel_mode"))
     sample = greedy_sample(model, tok, sample_task, args.sample_tokens)
     print(
-        f"held-out NLL per token (per byte): eval programs {bench_nll:.3f} ({bench_nll * bench_n / bench_bytes:.4f}) "
-        f"over {bench_n:,} tokens, eval kernels {kernel_nll:.3f} ({kernel_nll * kernel_n / kernel_bytes:.4f}) over "
-        f"{kernel_n:,} tokens; uniform ln({len(tok)}) = {math.log(len(tok)):.3f}"
+        f"held-out NLL per token (per byte): eval programs {bench_nll:.3f} "
+        f"({bench_nll * bench_n / bench_bytes:.4f}) over {bench_n:,} tokens, eval kernels {kernel_nll:.3f} "
+        f"({kernel_nll * kernel_n / kernel_bytes:.4f}) over {kernel_n:,} tokens; "
+        f"uniform ln({len(tok)}) = {math.log(len(tok)):.3f}"
     )
     print(f"greedy sample (eval task {sample_task['id']}, level 1, kernel mode):\n{sample}\n")
     return {
@@ -866,15 +869,26 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def nll_row(q: dict, name: str, label: str) -> str:
+    """One row of the model card's held-out NLL table, from the quality fields `<name>_...`."""
+    return (
+        f"| {label} | {q[f'{name}_tokens']:,} | {q[f'{name}_bytes']:,} | {q[f'{name}_nll']:.3f} "
+        f"| {q[f'{name}_nll_per_byte']:.4f} |"
+    )
+
+
 def model_card(r: dict) -> str:
-    c, m, t, q = r["corpus"], r["model"], r["training"], r["quality"]
+    """The model's README.md, from its build report. A backslash at the end of a template line joins
+    the next one to it, for card lines longer than the source's 110 columns."""
+    c, m, t, q, a = r["corpus"], r["model"], r["training"], r["quality"], r["args"]
     pool, headers = c["sources"][0], c["sources"][1:]
     rows = [
-        f"| {pool['source']} | `{pool['location']}` | {pool['license']} | 1 ({pool['tasks']} tasks) | {pool['bytes']:,} |"
+        f"| {pool['source']} | `{pool['location']}` | {pool['license']} | 1 ({pool['tasks']} tasks) "
+        f"| {pool['bytes']:,} |"
     ]
     rows += [
-        f"| {h['source']} | `{h['location']}` | {h['license']} ({', '.join(f'`{e}`: {n}' for e, n in h['evidence'].items())}) "
-        f"| {h['files']} | {h['bytes']:,} |"
+        f"| {h['source']} | `{h['location']}` | {h['license']} "
+        f"({', '.join(f'`{e}`: {n}' for e, n in h['evidence'].items())}) | {h['files']} | {h['bytes']:,} |"
         for h in headers
         if h["files"]
     ]
@@ -883,6 +897,9 @@ def model_card(r: dict) -> str:
     )
     val_files, val_bytes = sum(h["val_files"] for h in headers), sum(h["val_bytes"] for h in headers)
     spare_files = sum(h["available_files"] - h["files"] - h["val_files"] for h in headers)
+    header_files, header_bytes = sum(h["files"] for h in headers), sum(h["bytes"] for h in headers)
+    bf16 = "on" if a["bf16"] else "off"
+    stopped_early = ", STOPPED EARLY by --max-minutes" if t["stopped_early"] else ""
     return f"""# tiny-cuda-lm
 
 A tiny CUDA base model bundled with CuSeT so that every stage runs offline on a CPU in minutes.
@@ -907,12 +924,15 @@ Per-file licences are in `build_report.json`.
 
 - Pretrain pool (sha256 of the tasks file `{c["tasks_sha256"][:16]}...`): {c["pretrain_tasks"]} tasks ->
   {c["pool_code_docs"]} code documents (bench.cu, reference kernels) and {c["pool_chats"]} chat examples
-  (levels 1-3, standalone and kernel mode, prompts from `cuset_common.build_messages`, answers in one
-  ```cpp block), {pool["tokens"]:,} tokens, drawn for {r["args"]["pool_weight"]:.0%} of the training windows.
-- CCCL headers from `{c["cuda_include"]}/cccl` (CUDA {c["cuda_version"]}, CCCL {c["cccl_version"]}), device code
-  first, up to {r["args"]["header_bytes"]:,} bytes: {sum(h["files"] for h in headers)} files, {sum(h["bytes"] for h in headers):,} bytes,
+  (levels 1-3, standalone and kernel mode, prompts from `cuset_common.tasks.build_messages`, answers in one
+  ```cpp block), {pool["tokens"]:,} tokens, drawn for {a["pool_weight"]:.0%} of the training \
+windows.
+- CCCL headers from `{c["cuda_include"]}/cccl` (CUDA {c["cuda_version"]}, CCCL {c["cccl_version"]}), \
+device code
+  first, up to {a["header_bytes"]:,} bytes: {header_files} files, {header_bytes:,} bytes,
   {c["header_train_tokens"]:,} tokens; {val_files} other
-  permissive files ({val_bytes:,} bytes) held out for validation; {spare_files} permissive files over the budget unused.
+  permissive files ({val_bytes:,} bytes) held out for validation; {spare_files} permissive files over the \
+budget unused.
 - Left out, licence not established as permissive: {left_out or "none"}.
 - Never trained on: the reference programs and kernels of the `train` ({c["train_tasks"]} tasks) and `eval`
   ({c["eval_tasks"]} tasks) splits.
@@ -921,27 +941,29 @@ Per-file licences are in `build_report.json`.
 
 {m["architecture"]}: {m["params"]:,} parameters, vocabulary {m["vocab_size"]} (byte-level BPE trained on
 the corpus; special tokens `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (end of turn = eos)),
-hidden {m["hidden"]}, {m["layers"]} layers, {m["heads"]} heads ({m["kv_heads"]} key/value heads), MLP {m["ffn"]},
+hidden {m["hidden"]}, {m["layers"]} layers, {m["heads"]} heads ({m["kv_heads"]} key/value heads), \
+MLP {m["ffn"]},
 tied embeddings, float32 weights ({r["weights_bytes"] / 1e6:.1f} MB). ChatML chat template.
 
 ## Training
 
-Seed {r["args"]["seed"]}, {t["steps_done"]} steps of {r["args"]["batch_size"]} x {r["args"]["seq_len"]} tokens
-({t["tokens_seen"]:,} tokens), AdamW, peak lr {r["args"]["lr"]}, warmup {r["args"]["warmup"]}, cosine to 10%,
-bf16 autocast {"on" if r["args"]["bf16"] else "off"}, CPU threads: {r["args"]["threads"]}, {fmt_time(t["train_seconds"])} of training
-({fmt_time(r["build_seconds"])} for the whole build){", STOPPED EARLY by --max-minutes" if t["stopped_early"] else ""}.
+Seed {a["seed"]}, {t["steps_done"]} steps of {a["batch_size"]} x {a["seq_len"]} tokens
+({t["tokens_seen"]:,} tokens), AdamW, peak lr {a["lr"]}, warmup {a["warmup"]}, cosine to 10%,
+bf16 autocast {bf16}, CPU threads: {a["threads"]}, {fmt_time(t["train_seconds"])} of training
+({fmt_time(r["build_seconds"])} for the whole build){stopped_early}.
 Final train loss {t["final_train_loss"]:.3f}, validation loss ({t["val_name"]}) {t["final_val_loss"]:.3f}.
 
 ## Quality
 
-Mean NLL (nats, float32) on never-seen CUDA, per token (against uniform ln({m["vocab_size"]}) = {q["uniform_nll"]:.3f})
+Mean NLL (nats, float32) on never-seen CUDA, per token (against uniform \
+ln({m["vocab_size"]}) = {q["uniform_nll"]:.3f})
 and per byte of text (the same total over the UTF-8 bytes: does not depend on the tokenizer, so it
 compares models with different tokenizers):
 
 | held-out text | tokens | bytes | NLL per token | NLL per byte |
 |---|---|---|---|---|
-| `eval` split reference programs (bench.cu) | {q["eval_bench_tokens"]:,} | {q["eval_bench_bytes"]:,} | {q["eval_bench_nll"]:.3f} | {q["eval_bench_nll_per_byte"]:.4f} |
-| `eval` split reference kernels only | {q["eval_kernel_tokens"]:,} | {q["eval_kernel_bytes"]:,} | {q["eval_kernel_nll"]:.3f} | {q["eval_kernel_nll_per_byte"]:.4f} |
+{nll_row(q, "eval_bench", "`eval` split reference programs (bench.cu)")}
+{nll_row(q, "eval_kernel", "`eval` split reference kernels only")}
 
 The programs share host boilerplate with the pretrain pool, so their NLL is lower than the
 kernels'. Greedy answer to the level-1 kernel-mode prompt of eval task `{q["sample_task"]}`:
@@ -1030,7 +1052,8 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"model: Llama, {n_params:,} params, hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
-        f"({args.kv_heads} kv), ffn {args.ffn}; {args.steps} steps x {args.batch_size} x {args.seq_len} tokens; "
+        f"({args.kv_heads} kv), ffn {args.ffn}; "
+        f"{args.steps} steps x {args.batch_size} x {args.seq_len} tokens; "
         f"uniform loss ln({len(tok)}) = {math.log(len(tok)):.3f}"
     )
     history = train(model, args, streams, weights, val_windows, corpus.val_name, deadline)
@@ -1066,7 +1089,8 @@ def main(argv: list[str] | None = None) -> int:
     t = report["training"]
     print(
         f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB) in {fmt_time(time.time() - t0)}: "
-        f"{t['steps_done']} steps, train loss {t['final_train_loss']:.3f}, val loss {t['final_val_loss']:.3f}, "
+        f"{t['steps_done']} steps, train loss {t['final_train_loss']:.3f}, "
+        f"val loss {t['final_val_loss']:.3f}, "
         f"eval-program NLL {quality['eval_bench_nll']:.3f} vs uniform {quality['uniform_nll']:.3f}"
         + (" [STOPPED EARLY: not the deterministic build]" if t["stopped_early"] else "")
     )

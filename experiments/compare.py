@@ -141,8 +141,8 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
         "eval": ["--levels", "1", "--backend", "emulate"],
         "standalone": ["--max-new-tokens", "512"],
     },
-    # The scratch run of the issue that asked for this preset: sft on the 102 records, 12 steps of 8 at lr
-    # 1e-4, wrote kernels of which 14/40 compiled and 4/40 passed at level 1 (docs/comparison.md).
+    # lr 1e-4 for one epoch (12 steps of 8): already enough for sft on SmolLM2-135M to write kernels that
+    # compile and a few that pass (docs/comparison.md, "The real model on a CPU").
     "cpu-real": {
         "model": SMOLLM2_MODEL,
         "data": SFT_KERNEL_ORIGINALS_FILE,
@@ -193,17 +193,16 @@ pass@5), backend auto. For a real model on a GPU: docs/comparison.md estimates i
 the bundled tiny model on 2 CPU cores: sft, profit and cuset x 2 seeds (6 runs); stage 03
 --max-steps 100 (800 of the 1,020 training samples, batches of 8); stage 04 level 1 of the 40 eval tasks
 under the emulate backend in both modes, standalone answers cut at 512 new tokens (its references are
-longer: on the tiny model standalone mode only exercises the path). Measured end to end on 2 idle cores
-(2026-11-30): 30 min 22 s (base stages 78 s; per run 244-341 s: stage 03 176-203 s, stage 01 on the
-held-out data 7-11 s, stage 04 28-80 s per mode).""",
+longer: on the tiny model standalone mode only exercises the path). About half an hour on 2 idle cores,
+most of it stage 03 (docs/comparison.md has the measured times).""",
     "cpu-real": """\
 SmolLM2-135M-Instruct (data/build_smollm2.py) on 2 CPU cores: the base model, then sft, profit, cuset
 on snapped regions and cuset on unsnapped ones (cuset.no-snap: snapped regions cover about half of this
 model's response tokens) x 2 seeds; stage 03 on the 102 kernel-mode train records without renamed copies,
 1 epoch (12 steps of 8) at lr 1e-4; stage 04 in kernel mode only, levels 1-3 of the 40 eval tasks (120
-prompts, greedy) under the emulate backend. About 50 minutes a run at one torch thread beside a second
-run (2026-12-02; docs/comparison.md has the measured times), seed by seed: split it across processes and
-sessions with --runs and keep what finished with --save-record.""",
+prompts, greedy) under the emulate backend. Most of an hour a run at one torch thread beside a second run
+(docs/comparison.md has the measured times), seed by seed: split it across processes and sessions with
+--runs and keep what finished with --save-record.""",
     "cpu-power": """\
 SmolLM2-135M-Instruct (data/build_smollm2.py): the base model, then sft, dft, profit, cuset and its two
 ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode train records, 4 epochs at
@@ -254,8 +253,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--data",
         type=Path,
         default=None,
-        help=f"training SFT JSONL of stages 01-03 (default: the preset's; {SFT_KERNEL_FILE.relative_to(ROOT)} "
-        "but for cpu-real and cpu-power)",
+        help="training SFT JSONL of stages 01-03 (default: the preset's; "
+        f"{SFT_KERNEL_FILE.relative_to(ROOT)} but for cpu-real and cpu-power)",
     )
     a(
         "--eval-data",
@@ -292,7 +291,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--eval-base",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="stage 04 on the untrained base model too (default: the preset's; on for cpu-real and cpu-power)",
+        help="stage 04 on the untrained base model too "
+        "(default: the preset's; on for cpu-real and cpu-power)",
     )
     a(
         "--max-length",
@@ -306,7 +306,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             default=None,
             help=f"extra arguments of the {stage} stage, one string (default: the preset's)"
             if stage != "standalone"
-            else "extra arguments of stage 04 in standalone mode only, after --eval-args (default: the preset's)",
+            else "extra arguments of stage 04 in standalone mode only, after --eval-args "
+            "(default: the preset's)",
         )
     a(
         "--bootstrap",

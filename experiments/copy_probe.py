@@ -1,4 +1,4 @@
-"""Does a model copy from its prompt? Two measurements behind issue 13's compile rate.
+"""Does a model copy from its prompt? Two measurements behind the kernel-mode compile rate.
 
 In kernel mode the prompt gives each kernel's exact signature; a kernel that compiles must repeat its
 names (the kernel's, its parameters'). A model can only get a name right that it has not seen in
@@ -223,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         f"repeated after {args.gap}; chance ~ 1/{len(tokenizer)})"
     )
     print(
-        f"prompt names in the answers ({result['records']} records): {result['name_tokens']} tokens, mean p(gold) "
-        f"{fmt(result['mean_name_p'])}, argmax right {fmt(result['mean_name_hit'])}; other tokens: mean p(gold) "
-        f"{fmt(result['mean_other_p'])}, argmax right {fmt(result['mean_other_hit'])}"
+        f"prompt names in the answers ({result['records']} records): {result['name_tokens']} tokens, "
+        f"mean p(gold) {fmt(result['mean_name_p'])}, argmax right {fmt(result['mean_name_hit'])}; "
+        f"other tokens: mean p(gold) {fmt(result['mean_other_p'])}, "
+        f"argmax right {fmt(result['mean_other_hit'])}"
     )
     print(
         f"whole signatures right under argmax: {result['signatures_right']}/{result['signatures']}"

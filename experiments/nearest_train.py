@@ -12,7 +12,7 @@ evaluates the file like any other completions:
         --split eval --backend emulate
     python experiments/nearest_train.py --help
 
-Two readings. Its compile rate is what copying names buys a model that only memorises (issue 13): the
+Two readings. Its compile rate is what copying names buys a model that only memorises: the
 bundled tiny model has no such copy and compiles nothing. Its pass rate checks the split the other way
 round: a train answer that computes an eval task's op would mean the op leaked.
 """
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     write_jsonl_atomic(args.out, rows)
     print(
-        f"{len(rows) // len(LEVELS)} of {len(wanted)} {args.split} tasks answered from a train task of the same "
-        f"signature shape ({same_category} of the same category); wrote {args.out}"
+        f"{len(rows) // len(LEVELS)} of {len(wanted)} {args.split} tasks answered from a train task "
+        f"of the same signature shape ({same_category} of the same category); wrote {args.out}"
     )
     return 0
 

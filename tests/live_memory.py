@@ -1,13 +1,14 @@
-"""Bytes of live tensor storage, counted op by op: what stage 03's memory plan predicts, unblurred by allocators.
+"""Bytes of live tensor storage, counted op by op: what stage 03's memory plan predicts, unblurred by
+allocators.
 
-Resident memory (RSS) adds what the C allocator keeps or returns, which differs from machine to machine (a plan
-checked against RSS passed at 0.93 on one machine and failed at 0.81 on another). This counter sees every tensor
-an operator returns (a TorchDispatchMode), remembers each storage once through a weak reference (a storage dies
-with its last tensor, and the weak reference says so), and follows storages resized in place (FSDP2 frees and
-re-allocates gathered weights with UntypedStorage.resize_, which no operator sees). Tensors that exist before it
-starts are counted once registered with `add`. Kernels' own scratch buffers never reach Python and are not
-counted: the plan does not count them either. The count depends only on the operators run, not on the machine,
-the allocator or the thread count.
+Resident memory (RSS) adds what the C allocator keeps or returns, which differs from machine to machine (a
+plan checked against RSS passed at 0.93 on one machine and failed at 0.81 on another). This counter sees every
+tensor an operator returns (a TorchDispatchMode), remembers each storage once through a weak reference (a
+storage dies with its last tensor, and the weak reference says so), and follows storages resized in place
+(FSDP2 frees and re-allocates gathered weights with UntypedStorage.resize_, which no operator sees). Tensors
+that exist before it starts are counted once registered with `add`. Kernels' own scratch buffers never reach
+Python and are not counted: the plan does not count them either. The count depends only on the operators run,
+not on the machine, the allocator or the thread count.
 """
 
 from __future__ import annotations

@@ -239,7 +239,8 @@ def test_stage_03_keeps_its_own_run_unless_told_resume_or_force(world, capsys):
 def test_force_keeps_the_previous_artifact_when_the_new_run_fails(
     world, stage, model, says, tmp_path, capsys
 ):
-    """As in the issue: --force used to delete the previous result before the new run was even checked."""
+    """--force checks the new run before it touches the previous result: a run refused for a bad number or
+    for bad weights leaves the previous artifact as it was."""
     shutil.copytree(TINY_MODEL, tmp_path / "damaged")
     weights = (TINY_MODEL / "model.safetensors").read_bytes()
     (tmp_path / "damaged" / "model.safetensors").write_bytes(weights[:4096])  # cut: a damaged download
@@ -270,7 +271,7 @@ def stage_main(out: Path, start_over: bool, fails: bool):
 
 
 def test_force_puts_the_previous_artifact_back_if_main_fails_and_deletes_it_once_main_succeeds(tmp_path):
-    """The mechanism under --force in stages 03 and 04 (cuset_common.open_out and finishes_out)."""
+    """The mechanism under --force in stages 03 and 04 (cuset_common.artifacts: open_out and finishes_out)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("the previous artifact")
@@ -693,7 +694,8 @@ def config_at_odds(tmp_path: Path, change: dict) -> Path:
 
 @pytest.mark.parametrize("stage", ["01", "02"])
 def test_a_link_to_the_stages_own_artifact_as_out_is_followed(world, stage, tmp_path):
-    """As in the issue: the new artifact used to replace the link, then rmtree crashed on the moved link."""
+    """A link to the stage's own artifact as --out is followed: the new artifact lands in the real folder
+    and the link stays a link, so whatever pointed at the result still does."""
     real, link = linked_copy(world, stage, tmp_path / "out")
     assert STAGE[stage].main([*map(str, ARGS[stage](world)), "--out", str(link)]) == 0
     assert still_linked(real, link)
@@ -706,8 +708,9 @@ def test_a_link_to_the_stages_own_artifact_as_out_is_followed(world, stage, tmp_
 def test_force_through_a_link_then_a_failed_force_on_the_real_folder_keeps_the_last_result(
     world, stage, tmp_path, capsys
 ):
-    """As in the issue: the first --force moved the link aside, the second deleted the previous result.
-    Stage 04's failure comes after its run folder was opened (the previous run set aside, then put back)."""
+    """A --force through a link keeps the link a link, and a refused --force on the real folder after it
+    keeps that run's result. Stage 04's failure comes after its run folder was opened (the previous run
+    set aside, then put back)."""
     real, link = linked_copy(world, stage, tmp_path / "out")
     assert STAGE[stage].main([*map(str, ARGS[stage](world)), "--force", "--out", str(link)]) == 0
     assert still_linked(real, link)
@@ -721,9 +724,9 @@ def test_force_through_a_link_then_a_failed_force_on_the_real_folder_keeps_the_l
 
 
 def test_a_killed_force_through_a_link_keeps_the_previous_checkpoint_beside_the_real_folder(world, tmp_path):
-    """As in the issue: a --force of stage 03 through a link, killed while training, lost the previous
-    checkpoint. It waits in the real folder's hidden sibling, and a later --force on the real folder that
-    finishes deletes it only then."""
+    """A --force of stage 03 through a link, killed while training, keeps the previous checkpoint: it
+    waits in the real folder's hidden sibling, and a later --force on the real folder that finishes
+    deletes it only then."""
     real, link = linked_copy(world, "03", tmp_path / "out")
     before, aside = snapshot(real), aside_dir(real)
     argv = [
@@ -805,8 +808,9 @@ def make_read_only(path: Path):
     ids=["01-meta", "02-meta", "02-folder", "03-folder", "04-folder", "04-results"],
 )
 def test_a_read_only_out_or_file_in_it_is_refused_before_the_work(world, stage, what, tmp_path, capsys):
-    """As in the issue: a read-only artifact was replaced, then a PermissionError followed (02), and stage
-    04 checked only the parent of --out."""
+    """A read-only artifact, or a read-only file in it, is refused in one line before any work, rather than
+    replaced or failing halfway with a PermissionError; stage 04 checks --out itself, not only its
+    parent."""
     out = tmp_path / "out"
     shutil.copytree(world[MADE[stage]], out)
     undo = make_read_only(out / what)
@@ -938,8 +942,9 @@ COMPARE_BAD = {
 
 @pytest.mark.parametrize("case", COMPARE_BAD)
 def test_compare_refuses_a_bad_option_before_any_work(case, tmp_path, monkeypatch, capsys):
-    """As in the issue: --lr -1 used to run the base stages first, --stop-after -1 made out/base, a quote
-    raised ValueError, a bad preset printed a usage block, --save-record into --out raised SameFileError."""
+    """Each bad option is refused in one `error:` line before any work: before the base stages run and
+    before --out or a record is made or touched, with no usage block and no traceback (an unclosed
+    quote, a record folder inside --out)."""
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "comparison.md").write_text("an earlier comparison\n")
     (tmp_path / "notes.txt").write_text("the user's notes\n")

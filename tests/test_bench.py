@@ -1,4 +1,4 @@
-"""The bench scripts (issue 15) in --quick mode, as CI runs them: they run and print their tables.
+"""The bench scripts in --quick mode, as CI runs them: they run and print their tables.
 
 Only that: --quick sizes are too small (and CI machines too shared) for the figures to mean anything,
 so nothing here asserts a speed or a memory figure. The full-mode tables are in docs/performance.md.
@@ -72,8 +72,8 @@ def test_generate_bench_quick_prints_the_limits_and_its_table():
     assert out.startswith("# bench/generate.py --quick") and "machine: " in out
     assert "GEMM fp32" in out and "memory read" in out and "ceiling: 5.2M parameters" in out
     assert (
-        "| machine | variant | engine | dtype | tokens | load s | generation s | tokens per s | speed vs anchor "
-        "| of the ceiling |"
+        "| machine | variant | engine | dtype | tokens | load s | generation s | tokens per s "
+        "| speed vs anchor | of the ceiling |"
     ) in out
     for variant in ("model.generate, fp32, 8 prompts per call (anchor)", "stage 04, own loop, fp32"):
         assert f"| as it is | {variant} |" in out

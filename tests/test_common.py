@@ -229,7 +229,7 @@ def test_the_head_check_reads_one_pass_and_refuses_soft_capped_logits():
 
 
 # ---------------------------------------------------------------------------------------
-# The per-sample threshold: one definition (cuset_common.sample_threshold), used by stages 02 and 03
+# The per-sample threshold: one definition (cuset_common.method.sample_threshold), used by stages 02 and 03
 # ---------------------------------------------------------------------------------------
 
 
@@ -268,7 +268,7 @@ def test_sample_threshold_matches_the_per_row_loop(seed, monkeypatch):
     for dtype in (torch.float32, torch.float64):
         for rho, tau_max in ((0.2, 0.5), (0.0, 0.3), (1.0, 1.0), (0.37, 0.05)):
             want = naive_threshold(p.to(dtype), valid, rho, tau_max)
-            with monkeypatch.context() as m:  # no .item(): no device sync per row (issue 9, item 7)
+            with monkeypatch.context() as m:  # no .item(): on a GPU it would wait for the device per row
                 m.setattr(torch.Tensor, "item", lambda self: pytest.fail("sample_threshold called .item()"))
                 got = sample_threshold(p.to(dtype), valid, rho, tau_max)
             torch.testing.assert_close(got, want, atol=0, rtol=0)

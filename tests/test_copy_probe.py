@@ -1,4 +1,4 @@
-"""experiments/copy_probe.py: does a model copy names from its prompt (issue 13)?
+"""experiments/copy_probe.py: does a model copy names from its prompt, as a kernel that compiles must?
 
 The probe's numbers are checked against the definitions they claim: name extraction on known
 signatures, teacher-forced probabilities against a naive one-prefix-at-a-time loop on the bundled

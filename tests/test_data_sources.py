@@ -240,8 +240,8 @@ COLUMNS = (
             FIELDS,
             ("Passed?=yes",),
             (
-                "--data-where keeps none of the 10 rows of {file} (Passed?=yes alone keeps 0 (Passed? is bool)); a "
-                "boolean column takes true or false"
+                "--data-where keeps none of the 10 rows of {file} "
+                "(Passed?=yes alone keeps 0 (Passed? is bool)); a boolean column takes true or false"
             ),
         ),
         (
@@ -253,7 +253,8 @@ COLUMNS = (
         (
             "answer=kernel.cu,prompt=Torch Module",
             (),
-            "--data-fields 'answer=kernel.cu': expected ROLE=COLUMN with ROLE one of prompt, response, system",
+            "--data-fields 'answer=kernel.cu': "
+            "expected ROLE=COLUMN with ROLE one of prompt, response, system",
         ),
         ("prompt=Port {Torch Module,response=kernel.cu", (), "not a template of {COLUMN} names"),
         (

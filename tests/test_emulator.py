@@ -1,8 +1,8 @@
-"""The CPU emulation backend (issue 10) on tiny programs: the translator (harness/emulate.py) on
-launch syntax, templates, shared memory, macros, comments and strings; the runtime
-(harness/emu/cuda_runtime.h) on barriers, warp intrinsics, atomics, events, launch limits,
-poisoned memory, the race-revealing schedule and texture reads (harness/emu/textures.h). Every
-program is really built with g++ and run; the texture program also with nvcc on a GPU, where one is."""
+"""The CPU emulation backend on tiny programs: the translator (harness/emulate.py) on launch syntax,
+templates, shared memory, macros, comments and strings; the runtime (harness/emu/cuda_runtime.h) on
+barriers, warp intrinsics, atomics, events, launch limits, poisoned memory, the race-revealing
+schedule and texture reads (harness/emu/textures.h). Every program is really built with g++ and run;
+the texture program also with nvcc on a GPU, where one is."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def test_mask_blanks_comments_and_strings_but_keeps_length_and_lines():
     assert m.count("<<<") == 1 and "1'000" in m
 
 
+# The CUDA programs below keep their own lines (noqa: E501): wrapping them would change the programs.
 LAUNCHES = r"""
 namespace ns {
 template <typename T, int K>
@@ -82,7 +83,7 @@ int main() {
     printf("%d %d %s\n", h[0], h[255], text);
     return 0;
 }
-"""
+"""  # noqa: E501
 
 
 def test_launch_syntax_variants_templates_macros_and_pointers(tmp_path):
@@ -195,7 +196,7 @@ int main() {
     for (int i = 0; i < 2048; ++i) bad += h[i] != (i % 1024 + 1) % 1024;
     printf("bad=%d count=%d and=%d or=%d\n", bad, c[0], c[1], c[2]);
 }
-"""
+"""  # noqa: E501
 
 
 def test_barrier_semantics_on_a_1024_thread_block(tmp_path):
@@ -254,7 +255,7 @@ int main() {
     }
     printf("bad=%d\n", bad);
 }
-"""
+"""  # noqa: E501
 
 
 def test_warp_shuffles_ballots_and_votes(tmp_path):
@@ -289,7 +290,7 @@ int main() {
     printf("%d %d %d %d %d %d %d %d %u %u %llu %g %g\n", ia, is, imin, imax, icas, iand, ior, ixor, uinc, udec,
            ull >> 32, f, d);
 }
-"""
+"""  # noqa: E501
 
 
 def test_atomics_from_4096_threads_on_several_os_threads(tmp_path):
@@ -338,7 +339,7 @@ int main() {
     cudaOccupancyMaxPotentialBlockSize(&min_grid, &block, reads, 0, 256);
     printf("%d %d %g\n", block, int(min(size_t(5), 3)), max(2.5f, 3));  // CUDA's mixed-type min/max
 }
-"""
+"""  # noqa: E501
 
 
 def test_launch_limits_poison_copies_properties_and_events(tmp_path):
@@ -483,7 +484,7 @@ int main() {
     printf("\n");
     cudaDestroyTextureObject(px_t); cudaFreeArray(px); cudaFreeArray(fa);
 }
-"""
+"""  # noqa: E501
 # clamp (0, 1) and (3, 2); border: zeros; texel (3, 2) as unit floats (51 * 5 = 255); linear blends of
 # 0 10 20 30 around x - 0.5; wrapped normalized coordinates 1.1 -> texel 0, -0.3 -> texel 2; fetches 15, 0
 TEXTURE_READS = "0 1 1 51 3 2 5 255 0 0 0.0117647 0.00784314 0.0196078 1 5 20 0 30 0 20 15 0"

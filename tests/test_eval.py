@@ -1,7 +1,7 @@
-"""Stage 04 (issues 6, 10): metrics, code extraction, references, resume, the real sandbox path
-against hostile host-side programs, and the full protocol with verdicts: on the GPU where one is
-present, under CPU emulation everywhere (subtly wrong kernels, races, warp shuffles, unsupported
-features, AddressSanitizer)."""
+"""Stage 04: metrics, code extraction, references, resume, the real sandbox path against hostile
+host-side programs, and the full protocol with verdicts: on the GPU where one is present, under CPU
+emulation everywhere (subtly wrong kernels, races, warp shuffles, unsupported features,
+AddressSanitizer)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from harness.generation import (
     stop_when_complete,
     stop_when_looping,
 )
+from harness.outcomes import APART, OUTCOMES
 from harness.programs import LOG_KEEP, WORK_PREFIX
 
 ev = load_script("04_eval_kernels.py")
@@ -407,7 +408,7 @@ def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(completions) == len(rows) == 2 * 2 * 2
     assert all(c["completion"].strip() for c in completions)
-    assert {r["outcome"] for r in rows} <= {*ev.OUTCOMES, *ev.APART}
+    assert {r["outcome"] for r in rows} <= {*OUTCOMES, *APART}
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["by_level"]) == {"L1", "L3"}
 
@@ -462,7 +463,10 @@ ENDLESS = "int main() { volatile unsigned long n = 0; for (;;) ++n; }"
 FORK_BOMB = "#include <unistd.h>\nint main() { for (;;) fork(); }"
 SEGFAULT = "int main() { volatile int* p = nullptr; *p = 1; return 0; }"
 EXIT_3 = "#include <cstdlib>\nint main() { exit(3); }"
-FLOOD = '#include <cstdio>\nint main() { for (int i = 0; i < 400000; ++i) puts("all work and no play makes a kernel"); }'
+FLOOD = (
+    "#include <cstdio>\n"
+    'int main() { for (int i = 0; i < 400000; ++i) puts("all work and no play makes a kernel"); }'
+)
 
 
 def steal_program(ref_paths: list[str]) -> str:

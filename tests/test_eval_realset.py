@@ -1,8 +1,8 @@
-"""Stage 04 on real-CUDABench-shaped tasks (issues 11, 28): the task check on each way the real
-set names its reference files, task-level errors, large and undeclared outputs, integer outputs,
-programs that plant links, forged kernel timings, resume of the same run only, and bad input. The
-programs are host-only C++ (run the same way on the GPU backend and under emulation), except the
-timing tests, which use a real kernel-mode harness."""
+"""Stage 04 on real-CUDABench-shaped tasks: the task check on each way the real set names its
+reference files, task-level errors, large and undeclared outputs, integer outputs, programs that
+plant links, forged kernel timings, resume of the same run only, and bad input. The programs are
+host-only C++ (run the same way on the GPU backend and under emulation), except the timing tests,
+which use a real kernel-mode harness."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ PROGRAMS = {
     f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
     "undeclared": 'int main() { int32_t x[1024]; load("data/x.bin", x, 1024);\n'
     '  for (int i = 0; i < 1024; ++i) x[i] *= 2; save("data/out.bin", x, 1024); return 0; }\n',
-    "int_types": 'int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; load("data/x.bin", x, 1024);\n'
+    "int_types": "int main() { int32_t x[1024]; int64_t w[1024]; uint32_t u[1024]; "
+    'load("data/x.bin", x, 1024);\n'
     "  for (int i = 0; i < 1024; ++i) { w[i] = (int64_t)x[i] << 33; u[i] = (uint32_t)x[i] * 3000000u; }\n"
     '  save("data/wide.bin", w, 1024); save("data/u.bin", u, 1024); return 0; }\n',
     "broken_compare": "int main() { return 0; }\n",
@@ -168,7 +169,8 @@ def naming_task(tid: str, outputs: list[tuple]) -> dict:
     )
     compare = (
         "import os\nimport numpy as np\ndef ok(out, ref, dtype):\n"
-        "    return os.path.isfile(out) and np.array_equal(np.fromfile(out, dtype), np.fromfile(ref, dtype))\n"
+        "    return os.path.isfile(out) and "
+        "np.array_equal(np.fromfile(out, dtype), np.fromfile(ref, dtype))\n"
     )
     compare += (
         "print('T' if all(["
@@ -450,7 +452,8 @@ CONSTRUCTOR_FORGERY = f'static int forged_ = (printf("{FORGED}\\n"), fflush(stdo
 # reads the nonce from stdin before main does and prints a line carrying it
 NONCE_THIEF = (
     "#include <unistd.h>\nstatic int stolen_ = [] { char n[80] = {0}; fgets(n, sizeof n, stdin);\n"
-    '  n[strcspn(n, "\\n")] = 0; printf("CUSET_TIMING nonce=%s candidate_ms=0.000001 reference_ms=1000\\n", n);\n'
+    '  n[strcspn(n, "\\n")] = 0; '
+    'printf("CUSET_TIMING nonce=%s candidate_ms=0.000001 reference_ms=1000\\n", n);\n'
     "  fflush(stdout); return 0; }();\n"
 )
 

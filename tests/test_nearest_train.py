@@ -1,4 +1,4 @@
-"""experiments/nearest_train.py: the memorise-and-copy baseline (issue 13).
+"""experiments/nearest_train.py: the memorise-and-copy baseline of the kernel-mode compile rate.
 
 Its answers must carry the eval task's exact signatures (else its compile rate says nothing about
 copying), and stage 04 must score them for real: every answer compiles in its eval harness, and none

@@ -347,7 +347,7 @@ def test_record_forms_truncation_and_no_response(tmp_path, model_and_tokenizer):
 
 
 def test_plain_template_without_chat_template(tmp_path, profiled):
-    """A tokenizer without a chat template gets cuset_common.PLAIN_PROMPT_TEMPLATE (and eos closes the
+    """A tokenizer without a chat template gets cuset_common.data.PLAIN_PROMPT_TEMPLATE (and eos closes the
     answer)."""
     model = tmp_path / "no-template"
     shutil.copytree(TINY_MODEL, model, ignore=shutil.ignore_patterns("chat_template.jinja"))

@@ -32,7 +32,8 @@ NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid and running as nobody need root")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
-# One program, many attacks: each argument `action:arg` prints `action:arg=ok` or `=<the error>`.
+# One program, many attacks: each argument `action:arg` prints `action:arg=ok` or `=<the error>`. Its
+# lines, and the driver's below, are the programs' own (noqa: E501): wrapping them would change them.
 HOSTILE = r"""
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
         fflush(stdout);
     }
 }
-"""
+"""  # noqa: E501
 
 # Runs one sandboxed command as its user (nobody) with the system python: stdlib and sandbox.py only.
 DRIVER = r"""
@@ -131,7 +132,7 @@ else:
         print(json.dumps({"code": code, "log": log}))
     except SandboxError as e:
         print(json.dumps({"sandbox_error": str(e), "kind": type(e).__name__}))
-"""
+"""  # noqa: E501
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +160,8 @@ def as_nobody(*argv: str) -> subprocess.CompletedProcess:
 
 
 class Sandbox:
-    """Runs commands sandboxed in fresh folders as `who`; each folder has a world-readable task file next to it."""
+    """Runs commands sandboxed in fresh folders as `who`; each folder has a world-readable task file next
+    to it."""
 
     def __init__(self, base: Path, who: str):
         self.base, self.who = base, who
@@ -207,7 +209,8 @@ def sandbox(request, base) -> Sandbox:
 
 @pytest.fixture(scope="session")
 def listeners():
-    """A filesystem unix socket under /tmp, an abstract one and a TCP port on 127.0.0.1, all open to anyone."""
+    """A filesystem unix socket under /tmp, an abstract one and a TCP port on 127.0.0.1, all open to
+    anyone."""
     path = f"/tmp/cuset-test-{uuid.uuid4().hex[:8]}.sock"
     fs, abstract, tcp = (socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX), socket.socket())
     fs.bind(path)

@@ -1,4 +1,5 @@
-"""Renamed copies of train tasks in the kernel-mode SFT data (issue 13, data/taskgen/variants.py).
+"""Renamed copies of train tasks in the kernel-mode SFT data (data/taskgen/variants.py), practice at
+copying names from the prompt, which a kernel must do to compile.
 
 A copy is only useful if it is a correct task of its own (its reference kernels compile in its
 own renamed harness, its gen.py writes the renamed files) whose names agree across prompt,

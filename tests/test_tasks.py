@@ -1,4 +1,4 @@
-"""The bundled task suite and SFT data (issues 2, 10): schema, splits, reproducibility,
+"""The bundled task suite and SFT data: schema, splits, reproducibility,
 gen.py/compare.py behaviour, and every reference program and harness passing its own check:
 everywhere, each compiled by nvcc, and run under CPU emulation through stage 04 (every standalone
 program, the eval split's harnesses); on the GPU where one is present, every one of both run."""
@@ -208,7 +208,7 @@ def test_nvcc_is_available():
 
 
 def reference_rows_under_emulation(out: Path, mode: str, split: str) -> list[dict]:
-    """Stage 04 on the references of `split` in `mode`: its nvcc flags, the CPU emulator, gen.py, compare.py."""
+    """Stage 04 on the references of `split` in `mode`: its nvcc flags, CPU emulator, gen.py, compare.py."""
     ev = load_script("04_eval_kernels.py")
     assert (
         ev.main(

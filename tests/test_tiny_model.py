@@ -158,7 +158,10 @@ LLVM_BANNER = (
     "// SPDX-License-Identifier: Apache-2.0 WITH LLVM-exception\n"
     "//===----------------------------------------------------------------------===//\n\n"
 )
-NVIDIA_BANNER = "/*\n * SPDX-FileCopyrightText: Copyright (c) 2021 NVIDIA CORPORATION.\n *\n * NVIDIA SOFTWARE LICENSE\n */\n"
+NVIDIA_BANNER = (
+    "/*\n * SPDX-FileCopyrightText: Copyright (c) 2021 NVIDIA CORPORATION.\n *\n"
+    " * NVIDIA SOFTWARE LICENSE\n */\n"
+)
 CODE = "// Warp-level sum.\n#pragma once\n__device__ float warp_sum(float v);\n"
 
 
@@ -179,11 +182,14 @@ def test_split_license_keeps_code_and_ordinary_comments(builder):
         (BSD_BANNER, "BSD-3-Clause"),
         (LLVM_BANNER, "Apache-2.0 WITH LLVM-exception"),
         (
-            '/*\n * Copyright 2008-2013 NVIDIA Corporation\n *\n *  Licensed under the Apache License, Version 2.0 (the "License");\n */\n',
+            "/*\n * Copyright 2008-2013 NVIDIA Corporation\n *\n"
+            ' *  Licensed under the Apache License, Version 2.0 (the "License");\n'
+            " */\n",
             "Apache-2.0",
         ),
         (
-            "// Copyright (c) 2018 NVIDIA Corporation\n// Distributed under the Boost Software License v1.0\n",
+            "// Copyright (c) 2018 NVIDIA Corporation\n"
+            "// Distributed under the Boost Software License v1.0\n",
             "BSL-1.0",
         ),
         (NVIDIA_BANNER, None),  # another licence
@@ -230,7 +236,8 @@ def test_headers_are_used_only_under_a_stated_permissive_licence_and_without_ban
 
 
 def test_builder_uses_bf16_autocast_only_where_the_cpu_has_it_unless_told(builder):
-    # Emulated bf16 trains ~2.3x slower than float32 (native_bf16's docstring), so it is not the default there.
+    # Emulated bf16 trains ~2.3x slower than float32 (native_bf16's docstring), so it is not the default
+    # there.
     assert builder.parse_args([]).bf16 is builder.native_bf16()
     assert builder.parse_args(["--bf16"]).bf16 is True and builder.parse_args(["--no-bf16"]).bf16 is False
 
