@@ -729,11 +729,17 @@ def generation_summary(args, jobs: list[tuple], run, generation: dict | None) ->
 
 
 def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Runner, run) -> None:
-    """Rows for the jobs still to do, in a work folder of their own. The same completion for the same task
-    is the same program (--reference at every level, repeated samples): it is built and run once and its
-    row copied to the other jobs."""
+    """Rows for the jobs still to do, in a work folder of their own. The same code for the same task is the
+    same program (--reference at every level, repeated samples, replies that differ only in their prose): it
+    is built and run once and its row copied to the other jobs."""
+
+    def program(job: tuple) -> tuple:
+        completion = run.completions[job]
+        code = extract_code(completion, args.mode) if completion is not None else None
+        return job[0], code if code is not None else completion  # no code: the same reply, the same row
+
     first: dict[tuple, tuple] = {}
-    unique = [j for j in todo if first.setdefault((j[0], run.completions[j]), j) == j]
+    unique = [j for j in todo if first.setdefault(program(j), j) == j]
     work = make_work_dir()
     try:
         evaluate(args, by_id, unique, arch, runner, work, run)
@@ -741,7 +747,7 @@ def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Ru
         shutil.rmtree(work, ignore_errors=True)
     for j in todo:
         if j not in run.rows:
-            run.record(j, run.rows[first[(j[0], run.completions[j])]] | {"level": j[1], "sample": j[2]})
+            run.record(j, run.rows[first[program(j)]] | {"level": j[1], "sample": j[2]})
 
 
 def write_run_summary(

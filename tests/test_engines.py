@@ -280,6 +280,33 @@ def test_generate_only_writes_completions_and_judges_nothing_then_scoring_builds
     assert len(rows) == 4 and all(rows[t, 1] == rows[t, 0] | {"sample": 1} for t, _ in rows)
 
 
+def test_replies_that_differ_only_in_prose_are_one_program_built_and_run_once(tmp_path, capsys):
+    """Three samples of one task: two carry the task's own kernels under different prose, one the kernels
+    with a changed body. Two programs are built and run (the progress line counts them); the two prose
+    variants share one verdict, each row still recorded under its own sample."""
+    task = next(t for t in load_tasks(TASKS_FILE) if t["split"] == "eval")  # --limit 1 takes it
+    kernels = task["kernel_mode"]["reference_kernels"]
+    replies = [
+        f"Here is the kernel.\n```cuda\n{kernels}\n```\n",
+        f"```cuda\n{kernels}\n```\nIt uses one thread per element.",
+        f"```cuda\n{kernels}\n// a comment makes it another program\n```",
+    ]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(
+        "".join(
+            json.dumps({"task_id": task["id"], "level": 1, "sample": i, "completion": r}) + "\n"
+            for i, r in enumerate(replies)
+        )
+    )
+    out = tmp_path / "ev"
+    argv = ["--solutions", str(answers), "--mode", "kernel", "--levels", "1", "--num-samples", "3"]
+    assert ev.main([*argv, "--limit", "1", "--no-task-check", "--out", str(out)]) == 0
+    assert "compile: 2/2" in capsys.readouterr().err
+    rows = {r["sample"]: r for r in read_jsonl(out / "results.jsonl")}
+    assert sorted(rows) == [0, 1, 2] and all(r["outcome"] == "pass" for r in rows.values())
+    assert rows[1] == rows[0] | {"sample": 1}
+
+
 def test_own_loop_samples_are_seeded_per_prompt(tmp_path):
     """--num-samples 3 at temperature 1: three different samples per prompt, drawn from seeds of the prompt's
     own (one prompt per batch here, so that padding changes no bit): the same --seed gives a prompt the same
