@@ -103,6 +103,15 @@ def machine_limits(threads: int, device: str = "cpu") -> dict[str, float]:
         torch.set_num_threads(previous)
 
 
+def limits_line(limits: dict[str, float], threads: int, native_bf16: bool) -> str:
+    """machine_limits as one line of a bench's output."""
+    return (
+        f"limits on {threads} thread(s): GEMM fp32 {limits['gemm_fp32'] / 1e9:,.1f} GFLOP/s, bf16 "
+        f"{limits['gemm_bf16'] / 1e9:,.1f} GFLOP/s (native bf16: {'yes' if native_bf16 else 'no'}); memory "
+        f"read {limits['memory_read'] / 1e9:,.1f} GB/s"
+    )
+
+
 def best_seconds(run: Callable[[], object], device: str, repeats: int = 5) -> float:
     """The fastest of `repeats` wall-clock runs of `run` after one untimed (the machine's best: a ceiling)."""
     run()

@@ -33,17 +33,18 @@ from pathlib import Path
 
 # the repo root instead of bench/, whose profile.py would shadow the standard library's (torch imports it)
 sys.path[0] = str(Path(__file__).resolve().parents[1])
-from bench.common import machine, machine_limits, print_table  # noqa: E402
+from bench.common import limits_line, machine, machine_limits, print_table  # noqa: E402
 from cuset_common.cli import (
     bf16_supported,  # noqa: E402
     load_script,
 )
 from cuset_common.data import end_of_turn_ids
+from cuset_common.models import model_parameters
 from cuset_common.paths import SMOLLM2_MODEL as SMOLLM2
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, load_tasks
 from harness.generation import default_threads  # noqa: E402
-from harness.vllm_generation import generate_vllm, model_parameters  # noqa: E402
+from harness.vllm_generation import generate_vllm  # noqa: E402
 
 BATCH = 8  # the anchor's prompts per model.generate call: stage 04's default --gen-batch-size
 STAGE04 = str(Path(__file__).resolve().parents[1] / "04_eval_kernels.py")
@@ -233,12 +234,7 @@ def print_limits(args) -> dict[str, float]:
     """Measure and print the limits and the model's ceilings; returns the ceilings {dtype: tokens/s}."""
     limits = machine_limits(args.threads)
     parameters = model_parameters(args.model)
-    native = "yes" if bf16_supported("cpu") else "no"
-    print(
-        f"limits on {args.threads} thread(s): GEMM fp32 {limits['gemm_fp32'] / 1e9:,.1f} GFLOP/s, bf16 "
-        f"{limits['gemm_bf16'] / 1e9:,.1f} GFLOP/s (native bf16: {native}); memory read "
-        f"{limits['memory_read'] / 1e9:,.1f} GB/s"
-    )
+    print(limits_line(limits, args.threads, bf16_supported("cpu")))
     if parameters is None:
         return {}
     ceiling = {

@@ -59,7 +59,9 @@ from bench.common import (
     add_run_args,
     clock,
     interleaved_times,
+    limits_line,
     machine,
+    machine_limits,
     median_ratio,
     peak_extra_memory,
     print_table,
@@ -67,9 +69,9 @@ from bench.common import (
     warm_up,
     wide_model,
 )
-from cuset_common.cli import BF16_LOSS_RTOL, load_script, pick_device
+from cuset_common.cli import BF16_LOSS_RTOL, bf16_supported, load_script, pick_device
 from cuset_common.data import load_sft
-from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.models import load_causal_lm, load_tokenizer, model_parameters
 from cuset_common.paths import SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL
 
 REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
@@ -297,6 +299,28 @@ def train_timed(stage, argv: list[str]) -> tuple[list[float], list[float], list[
     return [r["loss"] for r in rows], list(np.diff(marks)), [r["tokens"] for r in rows]
 
 
+def training_ceiling(args) -> dict[str, float]:
+    """Measure and print this machine's limits, and the training tokens per second they allow: a forward and
+    backward pass is about 6 FLOP per parameter and token (2 forward, 4 backward; attention left out), so
+    the GEMM rate over 6 N in each precision. Empty where the model's parameters cannot be counted."""
+    limits = machine_limits(args.threads, args.device)
+    print(limits_line(limits, args.threads, bf16_supported(args.device)))
+    parameters = model_parameters(args.precision_model)
+    if parameters is None:
+        return {}
+    ceiling = {p: limits[f"gemm_{p}"] / (6 * parameters) for p in ("fp32", "bf16")}
+    print(
+        f"ceiling: {parameters / 1e6:,.1f}M parameters, 6 FLOP each per trained token at the GEMM rate: "
+        f"fp32 {ceiling['fp32']:,.0f} tokens/s, bf16 {ceiling['bf16']:,.0f} tokens/s\n"
+    )
+    return ceiling
+
+
+def ceiling_share(rate: float, ceiling: dict[str, float], precision: str) -> str:
+    """The measured rate as a share of its precision's ceiling."""
+    return f"{rate / ceiling[precision]:.0%}" if precision in ceiling else "n/a"
+
+
 def bench_precision(stage, args) -> None:
     steps, batch = args.precision_steps, 2 if args.quick else 8
     found = {}
@@ -336,9 +360,15 @@ def bench_precision(stage, args) -> None:
         f"\n### precision: stage 03, {steps} steps of {batch} samples (max-length {PRECISION_LENGTH}) on "
         f"{Path(args.precision_model).name}, sft, lr 1e-4\n"
     )
+    ceiling = training_ceiling(args)
+    columns = ["precision", "step (CPU s, median after the 1st)", "tokens per CPU s", "vs fp32", "of ceiling"]
     print_table(
-        ["precision", "step (CPU s, median after the first)", "tokens per CPU s", "speed vs fp32"],
-        [[p, f"{per_step[p]:.2f}", f"{rate[p]:,.0f}", f"{rate[p] / rate['fp32']:.2f}x"] for p in found],
+        columns,
+        [
+            [p, f"{per_step[p]:.2f}", f"{rate[p]:,.0f}", f"{rate[p] / rate['fp32']:.2f}x"]
+            + [ceiling_share(rate[p], ceiling, p)]
+            for p in found
+        ],
     )
     rtol = BF16_LOSS_RTOL
     rows = [

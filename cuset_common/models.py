@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import math
+import struct
 from pathlib import Path
 
 from .cli import UserError
@@ -240,3 +243,23 @@ def check_head_is_plain(model, input_ids, stage: str) -> None:
             f"{diff:.2g}, where rounding allows {room:.2g} (logit scaling or soft-capping?); "
             f"{stage} applies the output layer itself and does not support this model"
         )
+
+
+def model_parameters(name: str) -> int | None:
+    """Parameters in a local model folder's safetensors files, read from their headers (no weights are
+    loaded); None where there are none or they cannot be read (a hub id, other weight formats, damage)."""
+    folder = Path(name).expanduser()
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    try:
+        return sum(tensor_sizes(path) for path in files) if files else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+def tensor_sizes(path: Path) -> int:
+    """The elements of all tensors in a safetensors file: its header is a little-endian u64 byte count, then
+    that much JSON, {name: {"shape": [...], ...}} beside "__metadata__"."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")

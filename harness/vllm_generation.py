@@ -21,10 +21,7 @@ afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
-import struct
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,7 +29,7 @@ from pathlib import Path
 
 from cuset_common.cli import UserError, pick_device, resolve_precision
 from cuset_common.data import end_of_turn_ids
-from cuset_common.models import load_tokenizer
+from cuset_common.models import load_tokenizer, model_parameters
 from harness.generation import (
     default_threads,
     distinct_samples,
@@ -86,26 +83,6 @@ def choose_engine(args, rows: int) -> tuple[str, str]:
     except UserError as e:
         return "hf", f"auto: {str(e).split(': ', 1)[1].split(';')[0]}"
     return "vllm", f"auto: at most {tokens:,} tokens to write, vLLM installed"
-
-
-def model_parameters(name: str) -> int | None:
-    """Parameters in a local model folder's safetensors files, read from their headers (no weights are
-    loaded); None where there are none or they cannot be read (a hub id, other weight formats, damage)."""
-    folder = Path(name).expanduser()
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    try:
-        return sum(tensor_sizes(path) for path in files) if files else None
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None
-
-
-def tensor_sizes(path: Path) -> int:
-    """The elements of all tensors in a safetensors file: its header is a little-endian u64 byte count, then
-    that much JSON, {name: {"shape": [...], ...}} beside "__metadata__"."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
 
 
 def generate_vllm(
