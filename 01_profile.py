@@ -77,7 +77,7 @@ import torch
 
 from cuset_common.artifacts import args_to_json, check_out_dir, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import ArgumentParser, check_ranges, pick_device, resolve_precision, run_main
-from cuset_common.data import encode_sample
+from cuset_common.data import encode_sample, right_pad
 from cuset_common.data_sources import add_data_arguments, data_checks, load_data
 from cuset_common.method import gold_logprob_entropy, head_logits
 from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
@@ -127,11 +127,7 @@ def score_batch(
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(confidence [n_i], entropy [n_i], argmax_correct [n_i] uint8) per sample of one right-padded batch."""
     lengths = [len(e["input_ids"]) for e in encs]
-    ids = torch.full((len(encs), max(lengths)), pad_id, dtype=torch.long)  # [B, L]
-    mask = torch.zeros_like(ids)  # [B, L]
-    for b, e in enumerate(encs):
-        ids[b, : lengths[b]] = torch.tensor(e["input_ids"])
-        mask[b, : lengths[b]] = 1
+    ids, mask = right_pad([e["input_ids"] for e in encs], pad_id)  # [B, L] each
     ids, mask = ids.to(device), mask.to(device)
     with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=use_bf16):
         hidden = body(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, L, H]

@@ -64,7 +64,7 @@ from cuset_common.artifacts import (
     tokenizer_fingerprint,
 )
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, resolve_precision, run_main
-from cuset_common.data import encode_sample
+from cuset_common.data import encode_sample, right_pad
 from cuset_common.data_sources import add_data_arguments, data_checks, load_data
 from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
@@ -274,17 +274,13 @@ def tokenize_dataset(
 
 def collate(samples: list[dict], pad_id: int, device: str) -> dict:
     """Right-padded batch. Position t predicts token t+1, so targets are input_ids shifted."""
-    length = max(len(s["input_ids"]) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
+    ids, attn = right_pad([s["input_ids"] for s in samples], pad_id)  # [B, L] each
+    b, length = ids.shape
     valid = torch.zeros((b, length - 1), dtype=torch.bool)  # over target positions
     region = torch.zeros((b, length - 1), dtype=torch.bool)
     p0 = torch.ones((b, length - 1), dtype=torch.float32)
     for i, s in enumerate(samples):
         n, start = len(s["input_ids"]), s["start"]
-        ids[i, :n] = torch.tensor(s["input_ids"])
-        attn[i, :n] = 1
         # response token j sits at position start + j and is predicted from position start + j - 1
         lo, hi = start - 1, n - 1
         valid[i, lo:hi] = True

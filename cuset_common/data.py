@@ -1,8 +1,11 @@
-"""SFT data: read any supported JSONL form, and tokenize a sample the same way in every stage."""
+"""SFT data: read any supported JSONL form, tokenize a sample the same way in every stage, and pad samples
+into one batch the same way in every stage."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from .cli import UserError
 from .files import read_jsonl
@@ -157,3 +160,15 @@ def encode_sample(tokenizer, record: dict, max_length: int) -> dict:
         "response_text": response_text,
         "truncated": truncated,
     }
+
+
+def right_pad(token_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, L] right-padded with pad_id, and their attention mask [B, L] (1 on real tokens), L the
+    longest sample. Right padding keeps every sample's positions as encode_sample made them."""
+    length = max(len(ids) for ids in token_ids)
+    ids = torch.full((len(token_ids), length), pad_id, dtype=torch.long)  # [B, L]
+    mask = torch.zeros_like(ids)  # [B, L]
+    for b, sample in enumerate(token_ids):
+        ids[b, : len(sample)] = torch.tensor(sample)
+        mask[b, : len(sample)] = 1
+    return ids, mask
