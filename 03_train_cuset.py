@@ -737,6 +737,9 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
     if dist.is_initialized():
+        # every process waits for rank 0's writing: one that tore its process group down while another still
+        # used it was aborted by gloo ("terminate called without an active exception"), seen on a busy machine
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 

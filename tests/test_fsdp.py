@@ -45,7 +45,7 @@ FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
 # the moment the plan is made (one process) or the model is sharded (--fsdp), with the model's own parameters
 # and buffers registered first, so that the peak is comparable with the plan's total.
 DRIVER = r"""
-import json, sys
+import json, os, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from conftest import load_script
 from live_memory import LiveTensorBytes
@@ -69,8 +69,16 @@ train.memory_plan, train.shard_fsdp = spy_plan, spy_shard
 assert train.main(sys.argv[2:]) == 0
 tracker.__exit__(None, None, None)
 rec["peak"] = tracker.peak
-print("MEMORY " + json.dumps(rec), flush=True)
+# a file per process, beside --out: the processes share stdout, where their lines can interleave
+out = sys.argv[sys.argv.index("--out") + 1]
+with open(f"{out}.memory-{os.environ.get('RANK', '0')}.json", "w") as f:
+    json.dump(rec, f)
 """
+
+
+def memory_records(out: Path) -> list[dict]:
+    """The driver's records of a run with --out `out`, one per process, by rank."""
+    return [json.loads(p.read_text()) for p in sorted(out.parent.glob(f"{out.name}.memory-*.json"))]
 
 
 def torchrun(script, argv, **popen):
@@ -156,9 +164,7 @@ def fsdp_run(data8, tmp_path_factory):
     )
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
-    records = [
-        json.loads(line[len("MEMORY ") :]) for line in stdout.splitlines() if line.startswith("MEMORY ")
-    ]
+    records = memory_records(out)
     assert len(records) == 2 and "memory plan per process (fsdp over 2" in stdout
     return out, records
 
@@ -276,9 +282,7 @@ def test_the_memory_plan_matches_measured_peak_memory(which, data8, tmp_path, re
         timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    rec = json.loads(
-        next(line for line in r.stdout.splitlines() if line.startswith("MEMORY "))[len("MEMORY ") :]
-    )
+    (rec,) = memory_records(Path(argv[argv.index("--out") + 1]))
     assert "memory plan per process (one process" in r.stdout and "optimizer" in r.stdout
     check_plan(rec)
 
