@@ -738,8 +738,9 @@ def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Ru
         code = extract_code(completion, args.mode) if completion is not None else None
         return job[0], code if code is not None else completion  # no code: the same reply, the same row
 
+    programs = {j: program(j) for j in todo}
     first: dict[tuple, tuple] = {}
-    unique = [j for j in todo if first.setdefault(program(j), j) == j]
+    unique = [j for j in todo if first.setdefault(programs[j], j) == j]
     work = make_work_dir()
     try:
         evaluate(args, by_id, unique, arch, runner, work, run)
@@ -747,7 +748,7 @@ def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Ru
         shutil.rmtree(work, ignore_errors=True)
     for j in todo:
         if j not in run.rows:
-            run.record(j, run.rows[first[program(j)]] | {"level": j[1], "sample": j[2]})
+            run.record(j, run.rows[first[programs[j]]] | {"level": j[1], "sample": j[2]})
 
 
 def write_run_summary(
