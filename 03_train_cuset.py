@@ -384,7 +384,9 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
     backpropagated (gradients add up), then clipping and the update. Returns the step's sums over all
     processes (objective_loss's stats, and the loss)."""
     args, size = t.args, t.args.micro_batch_size
-    mine = batch[t.rank :: t.world]  # this process's share of the global batch
+    # this process's share of the global batch, shortest first: micro-batches of similar lengths carry less
+    # padding, and their gradients add up to the same sum however the share is grouped
+    mine = sorted(batch[t.rank :: t.world], key=lambda s: len(s["input_ids"]))
     micro = [collate(mine[i : i + size], t.pad_id, t.device) for i in range(0, len(mine), size)]
     # N: response tokens of the whole global batch, before masking (docs/method.md "Objectives").
     n_all = sum(len(s["input_ids"]) - s["start"] for s in batch)
@@ -533,7 +535,12 @@ def add_schedule_arguments(ap: ArgumentParser) -> None:
     a("--epochs", type=float, default=1.0, help="passes over the data (default: %(default)s)")
     a("--max-steps", type=int, default=None, help="optimizer steps; overrides --epochs")
     a("--batch-size", type=int, default=8, help="global batch in samples per optimizer step")
-    a("--micro-batch-size", type=int, default=4, help="samples per forward pass on one process")
+    a(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="samples per forward pass on one process (default: 1 on a CPU, 4 on a GPU)",
+    )
     a("--optimizer", choices=("adamw", "sgd"), default="adamw", help="sgd: plain SGD, for equivalence tests")
     a("--lr", type=float, default=3e-4, help="peak learning rate (default: %(default)s)")
     a("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
@@ -633,6 +640,15 @@ def resolve_max_length(args, regions: dict | None) -> int:
     return max_length
 
 
+def resolve_micro_batch_size(args, device: str) -> int:
+    """--micro-batch-size, else 1 on a CPU and 4 on a GPU. On a CPU one sample of a few hundred tokens
+    already fills the core's matrix products, and the right padding of a larger micro-batch (and the
+    masked attention it needs) costs more than batching gains; stage 01 chooses so too
+    (docs/performance.md, "Micro-batches on a CPU"). Any size trains the same weights up to float
+    rounding (tests/test_train.py)."""
+    return args.micro_batch_size or (1 if torch.device(device).type == "cpu" else 4)
+
+
 def check_enough_samples(args, n_samples: int, skipped: int) -> None:
     if n_samples < args.batch_size:
         raise UserError(
@@ -686,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup_distributed(args.device, args.fsdp)
     precision = resolve_precision(args.precision, device)
+    args.micro_batch_size = resolve_micro_batch_size(args, device)
     if args.batch_size % (world * args.micro_batch_size):
         raise UserError(
             f"--batch-size {args.batch_size} must be a multiple of processes x "

@@ -3,7 +3,7 @@ the model's own `model(labels=...)` cross-entropy.
 
 Part 1, objectives. One optimizer step of stage 03's loop as one process runs it (its collate,
 GoldLogProbs, objective_loss; backward, grad clip, AdamW step) on the bundled tiny model, with its
-defaults (a micro-batch of 4, --chunk-size 1024), for every --objective, on the same batch: the
+defaults (--chunk-size 1024), for every --objective, on the same batch in one micro-batch: the
 first 4 bundled samples cut at --length tokens. Region masks and sample weights are synthetic (a seeded
 18% of response tokens in regions, weights uniform in [1, 3], about what stage 02 gives on the
 bundled data): the cost does not depend on their values, and the bench then needs no stage 01/02 run.
@@ -75,6 +75,7 @@ from cuset_common.models import load_causal_lm, load_tokenizer, model_parameters
 from cuset_common.paths import SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL
 
 REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
+PART1_SAMPLES = 4  # part 1's batch: one micro-batch (docs/performance.md records it so)
 PRECISION_LENGTH = 512  # part 3's --max-length: the kernel-mode records fit it
 
 
@@ -138,24 +139,20 @@ def objective_steps(
         model.parameters(), lr=1e-6
     )  # tiny: the weights barely move between variants
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
-    mbs = defaults.micro_batch_size
-    micro = [stage.collate(samples[i : i + mbs], pad_id, device) for i in range(0, len(samples), mbs)]
+    mb = stage.collate(samples, pad_id, device)  # one micro-batch of them all
     n_tokens = float(sum(len(s["input_ids"]) - s["start"] for s in samples))  # N, before masking
 
     def step(objective: str) -> float:
-        total = 0.0
-        for mb in micro:
-            with autocast:
-                logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-            loss, _ = stage.objective_loss(
-                logp, mb["valid"], mb["region"], mb["weight"], n_tokens, objective, **knobs
-            )
-            loss.backward()
-            total += loss.item()
+        with autocast:
+            logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
+        loss, _ = stage.objective_loss(
+            logp, mb["valid"], mb["region"], mb["weight"], n_tokens, objective, **knobs
+        )
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), defaults.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return total
+        return loss.item()
 
     step("sft")  # AdamW state exists from here on: part of what is loaded, for every objective alike
     return {obj: (lambda obj=obj: step(obj)) for obj in stage.OBJECTIVES}
@@ -202,8 +199,7 @@ def measure(found: dict[str, Callable[[], float]], model, args) -> tuple[dict, d
 
 def bench_objectives(stage, tok, args) -> None:
     model = load_causal_lm(str(TINY_MODEL), torch.float32).to(args.device).train()
-    defaults = stage.parse_args([])
-    samples = synthetic_samples(stage, tok, 2 if args.quick else defaults.micro_batch_size, args.length)
+    samples = synthetic_samples(stage, tok, 2 if args.quick else PART1_SAMPLES, args.length)
     found = objective_steps(stage, model, samples, tok.pad_token_id, args.device)
     _, times, memory = measure(found, model, args)
     tokens = sum(len(s["input_ids"]) for s in samples)
@@ -337,8 +333,6 @@ def bench_precision(stage, args) -> None:
                 str(steps),
                 "--batch-size",
                 str(batch),
-                "--micro-batch-size",
-                str(min(batch, 4)),
                 "--lr",
                 "1e-4",
                 "--max-length",

@@ -619,3 +619,14 @@ def test_a_model_folder_without_a_model_is_one_line_and_exit_2(
     )
     err = capsys.readouterr().err
     assert code == 2 and str(folder) in the_error_line(err)
+
+
+def test_on_a_cpu_a_micro_batch_is_one_sample_unless_told(tmp_path, small_data, capsys):
+    """--micro-batch-size unset: one sample per forward pass on a CPU (resolve_micro_batch_size), as the
+    meta records; a size given is kept."""
+    for given, expected in ((None, 1), (2, 2)):
+        out = tmp_path / f"mb-{given}"
+        extra = {"micro_batch_size": given} if given else {}
+        assert run(base_args(small_data, out, objective="sft", max_steps=1, batch_size=4, **extra)) == 0
+        assert json.loads((out / "meta.json").read_text())["args"]["micro_batch_size"] == expected
+        assert f"micro-batches of {expected})" in capsys.readouterr().out
