@@ -102,6 +102,7 @@ from harness.vllm_generation import (
     AUTO_MIN_PARAMETERS,
     AUTO_MIN_TOKENS,
     choose_engine,
+    engine_threads,
     generate_vllm,
     require_vllm,
 )
@@ -579,8 +580,8 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="threads for generating on a CPU, either engine (default: "
-        "the CPUs this process may use, less one: docs/performance.md)",
+        help="threads for generating on a CPU, either engine (default: the own loop the CPUs this process "
+        "may use less one, vLLM torch's thread count, OMP_NUM_THREADS where set: docs/performance.md)",
     )
     a(
         "--generate-only",
@@ -700,7 +701,7 @@ def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dic
     engine, why = choose_engine(args, prompts * args.num_samples)
     print(
         f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
-        f"threads {args.threads or default_threads()}"
+        f"threads {engine_threads(args) if engine == 'vllm' else args.threads or default_threads()}"
     )
     progress = Progress("generate (prompts)", prompts)
     complete = functools.partial(reply_complete, mode=args.mode)

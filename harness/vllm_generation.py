@@ -21,6 +21,7 @@ afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":
 from __future__ import annotations
 
 import contextlib
+import ctypes.util
 import os
 import time
 from collections import defaultdict
@@ -31,7 +32,6 @@ from cuset_common.cli import UserError, pick_device, resolve_precision
 from cuset_common.data import end_of_turn_ids
 from cuset_common.models import load_tokenizer, model_parameters
 from harness.generation import (
-    default_threads,
     distinct_samples,
     generation_record,
     prompt_ids,
@@ -134,14 +134,15 @@ def start_engine(args, precision: str, longest_prompt: int, prompts: int, compil
     unless `compiled`. A sequence also stops at the model's context (max_position_embeddings), which the own
     loop would run past."""
     version = require_vllm()
-    with engine_environment(args.threads or default_threads()):
+    from vllm.platforms import current_platform
+
+    cpu = current_platform.is_cpu()
+    with engine_environment(engine_threads(args), cpu):
         from vllm import LLM
-        from vllm.platforms import current_platform
 
         config = model_config(args.model)
         positions = getattr(config, "max_position_embeddings", None)
         context = min(longest_prompt + args.max_new_tokens, positions or float("inf"))
-        cpu = current_platform.is_cpu()
         sequences = prompts * distinct_samples(args)
         kv_bytes = kv_cache_bytes(config, precision, context, sequences) if cpu else None
         llm = LLM(
@@ -156,14 +157,29 @@ def start_engine(args, precision: str, longest_prompt: int, prompts: int, compil
     return llm, version, current_platform.device_type
 
 
+def engine_threads(args) -> int:
+    """--threads, else torch's thread count (OMP_NUM_THREADS where set, else the cores), at most the CPUs
+    this process may use. The own loop leaves a CPU free (generation.default_threads); vLLM decodes all
+    its sequences at once, and its matrix products are then large enough for every core (two threads
+    against one: docs/performance.md)."""
+    import torch
+
+    return args.threads or max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0))))
+
+
 @contextlib.contextmanager
-def engine_environment(threads: int):
+def engine_environment(threads: int, cpu: bool):
     """The environment vLLM's processes start with, put back once they have started. --threads on a CPU:
     VLLM_CPU_OMP_THREADS_BIND pins vLLM's OpenMP threads to that many CPUs, the first of those this
-    process may use (vLLM's own choice leaves the last for its scheduler's process). vLLM's INFO lines (a
-    hundred at start-up) are left out: VLLM_LOGGING_LEVEL=WARNING. A variable the user set is kept."""
+    process may use (vLLM's own choice leaves the last for its scheduler's process). On a CPU, tcmalloc
+    where the system has it: LD_PRELOAD (vLLM's CPU backend asks for it; docs/performance.md measures what
+    it gives). vLLM's INFO lines (a hundred at start-up) are left out: VLLM_LOGGING_LEVEL=WARNING. A
+    variable the user set is kept."""
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "VLLM_LOGGING_LEVEL": "WARNING"}
+    tcmalloc = tcmalloc_library()
+    if cpu and tcmalloc:
+        wanted["LD_PRELOAD"] = tcmalloc
     added = [name for name in wanted if name not in os.environ]
     os.environ.update({name: wanted[name] for name in added})
     try:
@@ -171,6 +187,12 @@ def engine_environment(threads: int):
     finally:
         for name in added:
             os.environ.pop(name, None)
+
+
+def tcmalloc_library() -> str | None:
+    """The system's tcmalloc by library name (the dynamic linker finds it where ldconfig does), or None
+    where it is not installed."""
+    return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
 
 
 def model_config(name: str):

@@ -24,7 +24,13 @@ from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
 from harness.generation import decode, left_padded, looping, prompt_ids, stop_rules
-from harness.vllm_generation import AUTO_MIN_TOKENS, choose_engine, extend_until_stop
+from harness.vllm_generation import (
+    AUTO_MIN_TOKENS,
+    choose_engine,
+    engine_environment,
+    extend_until_stop,
+    tcmalloc_library,
+)
 
 ev = load_script("04_eval_kernels.py")
 # Six kernel-mode prompts of level 1 whose greedy fp32 replies from the tiny model end in every way a reply
@@ -349,3 +355,25 @@ def test_own_loop_samples_are_seeded_per_prompt(tmp_path):
     assert len(a) == 12 and len(b) == 6 and all(a[j] == b[j] for j in b) and all(a[j] != c[j] for j in a)
     assert all(len({a[t, lv, s] for s in range(3)}) == 3 for t, lv, _ in a)
     assert json.loads((runs["a"] / "fingerprint.json").read_text())["seed"] == 3
+
+
+def test_vllm_starts_with_tcmalloc_on_a_cpu_and_the_environment_is_put_back(monkeypatch):
+    """engine_environment: on a CPU, vLLM's processes get the system's tcmalloc (LD_PRELOAD; .ci/run
+    installs it) and pinned threads; on a GPU no preload; a value the user set is kept; afterwards the
+    environment is as it was."""
+    for name in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    tcmalloc = tcmalloc_library()
+    if os.environ.get("CUSET_REQUIRE_VLLM") == "1":
+        assert tcmalloc and "tcmalloc" in tcmalloc
+    before = dict(os.environ)
+    with engine_environment(1, cpu=True):
+        assert os.environ.get("LD_PRELOAD") == tcmalloc
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == str(min(os.sched_getaffinity(0)))
+    with engine_environment(1, cpu=False):
+        assert "LD_PRELOAD" not in os.environ
+    monkeypatch.setenv("LD_PRELOAD", "libmine.so")
+    with engine_environment(1, cpu=True):
+        assert os.environ["LD_PRELOAD"] == "libmine.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    assert dict(os.environ) == before
