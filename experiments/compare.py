@@ -43,7 +43,8 @@ re-aggregates. A finished training's resume state (<ckpt>/resume/) is deleted: t
 Split across processes or sessions. `--runs sft-seed1,cuset-seed1` runs the base stages and those runs
 only, and writes no table (two processes with one torch thread each share 2 cores; give --no-eval-base to
 all but one, so that one evaluates the base model; keep their trainings apart where memory is short: stage
-03 on SmolLM2-135M holds about 11 GB, and two at once were killed on a 24 GB machine). `--save-record DIR`
+03 on SmolLM2-135M held about 11 GB with micro-batches of 4, and two at once were killed on a 24 GB
+machine; on a CPU it now plans 5.2 GiB, one sample a micro-batch). `--save-record DIR`
 copies every finished group (base, runs) into DIR without checkpoint weights (about 1 MB a run; commit it:
 a new machine starts without runs/), and `--report-only --out DIR` makes the table from such a record as
 it is, running nothing and checking no freshness (a record restored from git has no weights, and checkout
@@ -157,8 +158,8 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
         "standalone": [],
     },
     # Every objective x 3 seeds, greedy and sampled verdicts: a design sized to resolve a few points of
-    # pass@1 (docs/comparison.md, "The powered design"). Its training data, epochs and lr are placeholders
-    # until the pilot sets them.
+    # pass@1 (docs/comparison.md, "The powered design"). Training as cpu-real's: the pilot (docs/notebook.md)
+    # found no longer training that passes more prompts.
     "cpu-power": {
         "model": SMOLLM2_MODEL,
         "data": SFT_KERNEL_ORIGINALS_FILE,
@@ -167,7 +168,7 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
         "seeds": 3,
         "profile": [],
         "regions": [],
-        "train": ["--lr", "1e-4", "--epochs", "4"],  # placeholder: the pilot sets data and steps
+        "train": ["--lr", "1e-4", "--epochs", "1"],
         "evaluations": {
             "kernel": ["--num-samples", "1", "--temperature", "0"],
             "kernel-sampled": [
@@ -181,7 +182,7 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
                 "0",
             ],
         },
-        "eval": ["--levels", "1,2,3", "--backend", "emulate"],
+        "eval": ["--levels", "1,2,3", "--backend", "emulate", "--max-new-tokens", "512"],
         "standalone": [],
     },
 }
@@ -205,13 +206,14 @@ prompts, greedy) under the emulate backend. Most of an hour a run at one torch t
 --runs and keep what finished with --save-record.""",
     "cpu-power": """\
 SmolLM2-135M-Instruct (data/build_smollm2.py): the base model, then sft, dft, profit, cuset and its two
-ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode train records, 4 epochs at
-lr 1e-4 (placeholders until the pilot sets data and steps); stage 04 in kernel mode, levels 1-3 of the 40
-eval tasks (120 prompts) under the emulate backend, twice: `kernel` greedy (one reply per prompt) and
-`kernel-sampled`, 4 replies per prompt at temperature 0.8, top-p 0.95, sampling seed 0 (unbiased pass@1
-and pass@4). Paired intervals resample seeds and prompts. Split it across processes and sessions with
---runs and keep what finished with --save-record; `profit.t01` (--objectives) is the diagnostic of
-profit's threshold.""",
+ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode train records, 1 epoch
+(12 steps of 8) at lr 1e-4 (the pilot in docs/notebook.md: longer training lowers held-out NLL but passes
+no more prompts); stage 04 in kernel mode, levels 1-3 of the 40 eval tasks (120 prompts) under the emulate
+backend, replies cut at 512 new tokens (the longest that passed so far: 114), twice: `kernel` greedy (one
+reply per prompt) and `kernel-sampled`, 4 replies per prompt at temperature 0.8, top-p 0.95, sampling seed
+0 (unbiased pass@1 and pass@4). Paired intervals resample seeds and prompts. Split it across processes
+and sessions with --runs and keep what finished with --save-record; `profit.t01` (--objectives) is the
+diagnostic of profit's threshold.""",
 }
 PRESET_HELP = "\n".join(
     f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items()
