@@ -30,6 +30,7 @@ from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
 from harness.generation import decode, left_padded, looping, prompt_ids, stop_rules
+from harness.sandbox import _descendants, _live_processes
 from harness.vllm_generation import (
     AUTO_MIN_TOKENS,
     choose_engine,
@@ -401,39 +402,17 @@ def test_stage_04_stopped_with_sigterm_takes_vllms_processes_with_it(tmp_path, v
         )
     generating = wait_for(lambda: "prompts in vLLM" in log.read_text(), 300)  # its progress line
     assert generating, log.read_text()[-2000:]
-    started = descendants(stage.pid)
+    started = _descendants(stage.pid)
     assert "VLLM::Worker" in map(name, started)
     stage.send_signal(signal.SIGTERM)
     assert stage.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-2000:]
-    assert wait_for(lambda: not [p for p in started if alive(p)], 60), [name(p) for p in started if alive(p)]
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes below `pid` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, ...
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
+    assert wait_for(lambda: not started & _live_processes().keys(), 60), [name(p) for p in started]
 
 
 def name(pid: int) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().strip()
     return ""
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie."""
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return False
 
 
 def wait_for(condition, seconds: float):
