@@ -425,7 +425,9 @@ FAST_P = (0.0, 1.0, 1.5)  # fast_p: the share of rows that pass with a speedup o
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    """Unbiased pass@k from n samples of which c pass: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021). A prompt
+    judged on fewer than k samples (the others `unsupported`) gets pass@n, the most its samples say."""
+    k = min(k, n)
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)

@@ -56,6 +56,13 @@ def test_pass_at_k_matches_brute_force_enumeration(n, c, k):
     assert ev.pass_at_k(n, c, k) == pytest.approx(brute)
 
 
+@pytest.mark.parametrize("n,c", [(3, 0), (3, 1), (2, 2), (1, 0)])
+def test_a_prompt_judged_on_fewer_than_k_samples_gets_pass_at_n(n, c):
+    """--num-samples 4 with some samples `unsupported`: the prompt's pass@4 is what its n judged samples
+    say, pass@n (0 when none passed; a failing prompt once counted as passing here)."""
+    assert ev.pass_at_k(n, c, 4) == ev.pass_at_k(n, c, n) == (1.0 if c else 0.0)
+
+
 KERNEL = "__global__ void k(float* y) { y[threadIdx.x] = 1.0f; }"
 PROGRAM = KERNEL + "\nint main() { return 0; }"
 
