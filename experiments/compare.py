@@ -175,7 +175,7 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
                 "--num-samples",
                 "4",
                 "--temperature",
-                "0.8",
+                "0.2",
                 "--top-p",
                 "0.95",
                 "--seed",
@@ -210,10 +210,10 @@ ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode 
 (12 steps of 8) at lr 1e-4 (the pilot in docs/notebook.md: longer training lowers held-out NLL but passes
 no more prompts); stage 04 in kernel mode, levels 1-3 of the 40 eval tasks (120 prompts) under the emulate
 backend, replies cut at 512 new tokens (the longest that passed so far: 114), twice: `kernel` greedy (one
-reply per prompt) and `kernel-sampled`, 4 replies per prompt at temperature 0.8, top-p 0.95, sampling seed
-0 (unbiased pass@1 and pass@4). Paired intervals resample seeds and prompts. Split it across processes
-and sessions with --runs and keep what finished with --save-record; `profit.t01` (--objectives) is the
-diagnostic of profit's threshold.""",
+reply per prompt) and `kernel-sampled`, 4 replies per prompt at temperature 0.2, top-p 0.95, sampling seed
+0 (unbiased pass@1 and pass@4; docs/comparison.md says why 0.2). Paired intervals resample seeds and
+prompts. Split it across processes and sessions with --runs and keep what finished with --save-record;
+`profit.t01` (--objectives) is the diagnostic of profit's threshold.""",
 }
 PRESET_HELP = "\n".join(
     f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items()

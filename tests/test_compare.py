@@ -309,6 +309,8 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res, base = json.loads((out / "comparison.json").read_text()), out / "base"
     md = (out / "comparison.md").read_text()
+    sampled = compare.PRESETS["cpu-power"]["evaluations"]["kernel-sampled"]
+    temperature = float(sampled[sampled.index("--temperature") + 1])
     assert json.loads((base / "regions.no-snap" / "meta.json").read_text())["args"]["snap_lines"] is False
     ckpt_meta = json.loads((out / "cuset.no-snap-seed0" / "ckpt" / "meta.json").read_text())
     assert Path(ckpt_meta["args"]["regions"]) == base / "regions.no-snap"
@@ -320,7 +322,7 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
             folder = out / group / f"eval-{name}"
             fingerprint = json.loads((folder / "fingerprint.json").read_text())
             assert json.loads((folder / "summary.json").read_text())["num_samples"] == n, folder
-            assert fingerprint["temperature"] == (0.8 if n > 1 else 0.0)
+            assert fingerprint["temperature"] == (temperature if n > 1 else 0.0)
             rows = [json.loads(x) for x in (folder / "results.jsonl").read_text().splitlines()]
             assert sorted(x["sample"] for x in rows) == list(range(n))
             passed = np.mean([x["outcome"] == "pass" for x in rows])  # c / n of the one prompt
@@ -333,9 +335,7 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
         "| objective | kernel.compile_rate | kernel.pass@1 | kernel-sampled.compile_rate | "
         "kernel-sampled.pass@1 | kernel-sampled.pass@4 |"
     ) in kernel_table
-    assert (
-        "`kernel-sampled` (--num-samples 4 --temperature 0.8 --top-p 0.95 --seed 0; 4 replies" in kernel_table
-    )
+    assert f"`kernel-sampled` ({' '.join(sampled)}; 4 replies" in kernel_table
     assert set(res["paired"]) == {"cuset.no-snap", "base"}
     for o in res["paired"]:
         for name in ("kernel", "kernel-sampled"):
