@@ -363,8 +363,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
     preset_more = {k: n for k, n in preset.get("seeds_for", {}).items() if k in args.objectives}
-    args.seeds_for = parse_seeds_for(args.seeds_for, preset_more if args.seeds is None else {})
+    preset_more = preset_more if args.seeds is None else {}
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
+    args.seeds_for = parse_seeds_for(args.seeds_for, preset_more, args.objectives, args.seeds)
     args.evaluations = evaluations(args.evaluation, args.modes, preset)
     args.eval_base = preset.get("eval_base", False) if args.eval_base is None else args.eval_base
     args.model = args.model or str(preset.get("model", TINY_MODEL))
@@ -377,7 +378,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             split_args(f"--{stage}-args", given) if given is not None else list(preset[stage]),
         )
     check_objectives(args.objectives)
-    check_seeds_for(args)
     if args.eval_data is None:
         args.eval_data = HELD_OUT.get(args.data.resolve())
         if args.eval_data is None:
@@ -407,8 +407,11 @@ def check_objectives(objectives: list[str]) -> None:
         raise UserError("--objectives must include sft (the differences are to sft), each objective once")
 
 
-def parse_seeds_for(given: str | None, preset: dict[str, int]) -> dict[str, int]:
-    """--seeds-for sft=5,cuset=5 as {objective: seeds}; the preset's when not given."""
+def parse_seeds_for(
+    given: str | None, preset: dict[str, int], objectives: list[str], seeds: int
+) -> dict[str, int]:
+    """--seeds-for sft=5,cuset=5 as {objective: seeds} (the preset's when not given); each one among
+    --objectives, with at least --seeds seeds."""
     if given is None:
         return dict(preset)
     out = {}
@@ -418,18 +421,13 @@ def parse_seeds_for(given: str | None, preset: dict[str, int]) -> dict[str, int]
             raise UserError(
                 f"--seeds-for {given}: write objective=N, each objective once, e.g. sft=5,cuset=5"
             )
+        if label not in objectives or int(count) < seeds:
+            raise UserError(
+                f"--seeds-for {label}={count}: name one of --objectives ({','.join(objectives)}) "
+                f"with at least --seeds ({seeds}) seeds"
+            )
         out[label] = int(count)
     return out
-
-
-def check_seeds_for(args) -> None:
-    """Each objective of --seeds-for among --objectives, with at least --seeds seeds."""
-    for label, count in args.seeds_for.items():
-        if label not in args.objectives or count < args.seeds:
-            raise UserError(
-                f"--seeds-for {label}={count}: name one of --objectives ({','.join(args.objectives)}) "
-                f"with at least --seeds ({args.seeds}) seeds"
-            )
 
 
 def seed_count(args, label: str) -> int:
