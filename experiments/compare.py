@@ -166,6 +166,10 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
         "eval_base": True,
         "objectives": OBJECTIVES,
         "seeds": 3,
+        # The power calculation asks for more seeds of the pair the question is about: with 3 the interval
+        # of cuset - sft in pass@1 was 0.025 wide each side; 5 seeds narrow it to about 0.022
+        # (docs/notebook.md, "seed 2, dft, cuset-mask and the profit diagnostic").
+        "seeds_for": {"sft": 5, "cuset": 5},
         "profile": [],
         "regions": [],
         "train": ["--lr", "1e-4", "--epochs", "1"],
@@ -206,14 +210,15 @@ prompts, greedy) under the emulate backend. Most of an hour a run at one torch t
 --runs and keep what finished with --save-record.""",
     "cpu-power": """\
 SmolLM2-135M-Instruct (data/build_smollm2.py): the base model, then sft, dft, profit, cuset and its two
-ablations (cuset-mask, cuset-weight) x 3 seeds; stage 03 on the 102 kernel-mode train records, 1 epoch
-(12 steps of 8) at lr 1e-4 (the pilot in docs/notebook.md: longer training lowers held-out NLL but passes
-no more prompts); stage 04 in kernel mode, levels 1-3 of the 40 eval tasks (120 prompts) under the emulate
-backend, replies cut at 512 new tokens (the longest that passed so far: 114), twice: `kernel` greedy (one
-reply per prompt) and `kernel-sampled`, 4 replies per prompt at temperature 0.2, top-p 0.95, sampling seed
-0 (unbiased pass@1 and pass@4; docs/comparison.md says why 0.2). Paired intervals resample seeds and
-prompts. Split it across processes and sessions with --runs and keep what finished with --save-record;
-`profit.t01` (--objectives) is the diagnostic of profit's threshold.""",
+ablations (cuset-mask, cuset-weight) x 3 seeds, sft and cuset x 5 (the power calculation); stage 03 on
+the 102 kernel-mode train records, 1 epoch (12 steps of 8) at lr 1e-4 (the pilot in docs/notebook.md:
+longer training lowers held-out NLL but passes no more prompts); stage 04 in kernel mode, levels 1-3 of
+the 40 eval tasks (120 prompts) under the emulate backend, replies cut at 512 new tokens (the longest
+that passed so far: 114), twice: `kernel` greedy (one reply per prompt) and `kernel-sampled`, 4 replies
+per prompt at temperature 0.2, top-p 0.95, sampling seed 0 (unbiased pass@1 and pass@4;
+docs/comparison.md says why 0.2). Paired intervals resample seeds and prompts. Split it across processes
+and sessions with --runs and keep what finished with --save-record; `profit.t01` (--objectives) is the
+diagnostic of profit's threshold.""",
 }
 PRESET_HELP = "\n".join(
     f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items()
@@ -273,6 +278,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(default: the preset's)",
     )
     a("--seeds", type=int, default=None, help="seeds 0..N-1 per objective (default: the preset's)")
+    a(
+        "--seeds-for",
+        default=None,
+        help="more seeds for some objectives, e.g. sft=5,cuset=5: seeds 0..N-1 of each named one "
+        "(default: the preset's when --seeds is not given, else none)",
+    )
     a(
         "--modes",
         default=None,
@@ -351,7 +362,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     preset = PRESETS[args.preset]
     args.objectives = args.objectives.split(",") if args.objectives else list(preset["objectives"])
+    preset_more = {k: n for k, n in preset.get("seeds_for", {}).items() if k in args.objectives}
+    preset_more = preset_more if args.seeds is None else {}
     args.seeds = preset["seeds"] if args.seeds is None else args.seeds
+    args.seeds_for = parse_seeds_for(args.seeds_for, preset_more, args.objectives, args.seeds)
     args.evaluations = evaluations(args.evaluation, args.modes, preset)
     args.eval_base = preset.get("eval_base", False) if args.eval_base is None else args.eval_base
     args.model = args.model or str(preset.get("model", TINY_MODEL))
@@ -391,6 +405,44 @@ def check_objectives(objectives: list[str]) -> None:
         )
     if "sft" not in objectives or len(set(objectives)) < len(objectives):
         raise UserError("--objectives must include sft (the differences are to sft), each objective once")
+
+
+def parse_seeds_for(
+    given: str | None, preset: dict[str, int], objectives: list[str], seeds: int
+) -> dict[str, int]:
+    """--seeds-for sft=5,cuset=5 as {objective: seeds} (the preset's when not given); each one among
+    --objectives, with at least --seeds seeds."""
+    if given is None:
+        return dict(preset)
+    out = {}
+    for item in given.split(","):
+        label, _, count = item.partition("=")
+        if not count.isdigit() or label in out:
+            raise UserError(
+                f"--seeds-for {given}: write objective=N, each objective once, e.g. sft=5,cuset=5"
+            )
+        if label not in objectives or int(count) < seeds:
+            raise UserError(
+                f"--seeds-for {label}={count}: name one of --objectives ({','.join(objectives)}) "
+                f"with at least --seeds ({seeds}) seeds"
+            )
+        out[label] = int(count)
+    return out
+
+
+def seed_count(args, label: str) -> int:
+    return args.seeds_for.get(label, args.seeds)
+
+
+def most_seeds(args) -> int:
+    return max(seed_count(args, label) for label in args.objectives)
+
+
+def seeds_text(args) -> str:
+    """'3 seeds', or '3 seeds (sft 5, cuset 5)' where some objectives have more."""
+    more = [(label, n) for label, n in args.seeds_for.items() if n != args.seeds]
+    text = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
+    return text + (f" ({', '.join(f'{label} {n}' for label, n in more)})" if more else "")
 
 
 # The stage whose arguments each --<name>-args forwards (standalone: stage 04, after --eval-args).
@@ -626,8 +678,8 @@ def plan(args) -> tuple[list[dict], list[dict]]:
     steps += [eval_step(args, args.model, base, name) for name in args.evaluations if args.eval_base]
     runs = []
     # seed by seed: a stop midway leaves every objective's first seeds, comparable, not one objective's all
-    for seed in range(args.seeds):
-        for label in args.objectives:
+    for seed in range(most_seeds(args)):
+        for label in [label for label in args.objectives if seed < seed_count(args, label)]:
             objective, _, variant = label.partition(".")
             d = args.out / f"{label}-seed{seed}"
             ckpt, held = d / "ckpt", d / "profile-heldout"
@@ -838,7 +890,7 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     ]
     pending = [g for g in groups if not all(finished(s) for s in g[1])]
     print(
-        f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {args.seeds} seeds) + base stages; "
+        f"[compare] {len(runs)} runs ({', '.join(args.objectives)} x {seeds_text(args)}) + base stages; "
         f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}",
         flush=True,
     )
@@ -1300,7 +1352,7 @@ def paired_section(args, res: dict) -> list[str]:
         p = paired[o][c]
         return "n/a" if math.isnan(p["resolves"]) else f"{number(p['resolves'])} (SE {number(p['se'])})"
 
-    drawn = "seeds and units" if args.seeds > 1 else "units; one seed, so no seed draw"
+    drawn = "seeds and units" if most_seeds(args) > 1 else "units; one seed, so no seed draw"
     passes = [c for c in cols if c.endswith(".pass@1")]
     return [
         f"## Paired differences to sft (95% bootstrap interval; resampled: {drawn})",
@@ -1316,7 +1368,7 @@ def paired_section(args, res: dict) -> list[str]:
         + (
             " With one seed per objective the seed draw is a no-op: the intervals hold the units' "
             "variance, not the seed-to-seed one."
-            if args.seeds == 1
+            if most_seeds(args) == 1
             else ""
         )
         + (" `base` is one run: only sft's seeds are drawn against it." if args.eval_base else ""),
@@ -1346,7 +1398,7 @@ def paired_section(args, res: dict) -> list[str]:
 def markdown(args, res: dict, commands: list[str], figure_note: str) -> str:
     t, objs = res["table"], ["base", *args.objectives]
     token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
-    seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
+    seeds = seeds_text(args)
     variants = sorted({label.partition(".")[2] for label in args.objectives} - {""})
     lines = [
         f"# Comparison: {', '.join(args.objectives)} x {seeds} (preset {args.preset})",
@@ -1470,6 +1522,7 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset,
         "objectives": args.objectives,
         "seeds": args.seeds,
+        "seeds_for": args.seeds_for,
         "model": args.model,
         "data": str(args.data),
         "eval_data": str(args.eval_data),

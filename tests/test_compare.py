@@ -367,9 +367,26 @@ def test_a_training_variant_adds_its_stage_03_arguments_to_its_objective_only(tm
             compare.parse_args([*MICRO, "--objectives", f"sft,{label}", "--out", str(tmp_path)])
 
 
+def test_more_seeds_for_some_objectives_come_after_every_objective_s_first_seeds(tmp_path):
+    """--seeds-for sft=4 adds sft's seeds 2 and 3 after the seeds every objective has; the report counts
+    each objective's own seeds; a preset's --seeds-for gives way to a --seeds typed on the command line."""
+    args = compare.parse_args([*MICRO, "--seeds-for", "sft=4", "--out", str(tmp_path)])
+    assert [r["name"] for r in compare.plan(args)[1]] == [*RUNS, "sft-seed2", "sft-seed3"]
+    assert compare.seeds_text(args) == "2 seeds (sft 4)" and compare.most_seeds(args) == 4
+    power = ["--preset", "cpu-power", "--model", str(compare.TINY_MODEL), "--out", str(tmp_path)]
+    more = compare.PRESETS["cpu-power"]["seeds_for"]
+    assert compare.parse_args(power).seeds_for == more
+    assert compare.parse_args([*power, "--objectives", "sft,dft"]).seeds_for == {"sft": more["sft"]}
+    assert compare.parse_args([*power, "--seeds", "2"]).seeds_for == {}
+
+
 @pytest.mark.parametrize(
     "argv,msg",
     [
+        ([*MICRO, "--seeds-for", "sft"], "write objective=N"),
+        ([*MICRO, "--seeds-for", "sft=3,sft=4"], "each objective once"),
+        ([*MICRO, "--seeds-for", "profit=3"], "name one of --objectives (sft,cuset)"),
+        ([*MICRO, "--seeds-for", "cuset=1"], "with at least --seeds (2) seeds"),
         (["--objectives", "sft,bogus"], "unknown objective"),
         (["--objectives", "sft.no-snap"], "unknown objective"),
         (["--objectives", "sft,cuset.t01"], "unknown objective cuset.t01"),
