@@ -283,8 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--seeds-for",
         default=None,
         help="another seed count for some objectives, e.g. sft=5,cuset=5,profit.t01=1: seeds 0..N-1 "
-        "of each named one "
-        "(default: the preset's when --seeds is not given, else none)",
+        "of each named one (default: the preset's when --seeds is not given, else none)",
     )
     a(
         "--modes",
@@ -439,7 +438,7 @@ def most_seeds(args) -> int:
 
 
 def seeds_text(args) -> str:
-    """'3 seeds', or '3 seeds (sft 5, cuset 5)' where some objectives have more."""
+    """'3 seeds', or '3 seeds (sft 5, profit.t01 1)' where some objectives have another count."""
     more = [(label, n) for label, n in args.seeds_for.items() if n != args.seeds]
     text = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
     return text + (f" ({', '.join(f'{label} {n}' for label, n in more)})" if more else "")
