@@ -1389,6 +1389,8 @@ def paired_section(args, res: dict) -> list[str]:
             if passes
         ],
         *([""] if passes and paired else []),
+        "Every metric's resolvable difference, the SE it comes from in parentheses:",
+        "",
         *md_table(cols, list(paired), resolves),
         "",
     ]

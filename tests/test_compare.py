@@ -597,3 +597,4 @@ def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
     md = (record / "comparison.md").read_text()
     assert "| objective | kernel.compile_rate | kernel.pass@1 |" in md
     assert "resampled: seeds and units)" in md and "- cuset: resolves differences of " in md
+    assert "Every metric's resolvable difference" in md
