@@ -167,9 +167,10 @@ PRESETS = {  # per stage: arguments appended to its command line (--profile-args
         "objectives": OBJECTIVES,
         "seeds": 3,
         # The power calculation asks for more seeds of the pair the question is about: with 3 the interval
-        # of cuset - sft in pass@1 was 0.025 wide each side; 5 seeds narrow it to about 0.022
-        # (docs/notebook.md, "seed 2, dft, cuset-mask and the profit diagnostic"). profit.t01, the
-        # diagnostic of profit's threshold, is one run when --objectives names it.
+        # of cuset - sft in pass@1 was 0.025 wide each side, projected to about 0.022 with 5
+        # (docs/notebook.md, "seed 2, dft, cuset-mask and the profit diagnostic"; the record,
+        # docs/records/cpu-power/comparison.md, measures it). profit.t01, the diagnostic of profit's
+        # threshold, is one run when --objectives names it.
         "seeds_for": {"sft": 5, "cuset": 5, "profit.t01": 1},
         "profile": [],
         "regions": [],
@@ -219,7 +220,8 @@ that passed so far: 114), twice: `kernel` greedy (one reply per prompt) and `ker
 per prompt at temperature 0.2, top-p 0.95, sampling seed 0 (unbiased pass@1 and pass@4;
 docs/comparison.md says why 0.2). Paired intervals resample seeds and prompts. Split it across processes
 and sessions with --runs and keep what finished with --save-record; `profit.t01` (--objectives) is the
-diagnostic of profit's threshold, one seed.""",
+diagnostic of profit's threshold, one seed. About 20 minutes a run on 2 idle cores, 9 hours in all
+(docs/comparison.md has the measured times).""",
 }
 PRESET_HELP = "\n".join(
     f"{name}{' (default)' if name == 'full' else ''}: {note}" for name, note in PRESET_NOTES.items()
