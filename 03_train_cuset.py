@@ -23,7 +23,8 @@ Inputs -> outputs
                    cuset objectives), and with --mask-source profile the stage-01 profile it was labelled on
   -> --out (default data/artifacts/ckpt-<objective>):
      model.safetensors, config, tokenizer  the trained model (save_pretrained)
-     meta.json   args, precision, hashes of data and regions, library versions, final step
+     meta.json   args, precision, hashes of data and regions, library versions, final step, memory
+                 (the plan's total, and on a GPU the peak allocated)
      log.jsonl   one line per step: loss, nll, masked_share, region_share, weight_mean, lr, tokens
      resume/     model, optimizer, step, log and arguments, for --resume (one copy, also under --fsdp)
 
@@ -73,11 +74,15 @@ from cuset_common.paths import DATA, TINY_MODEL
 from training.checkpoint import check_resume, checkpoint_room, load_resume, save_final, save_resume
 from training.scale import (
     all_reduce_stats,
+    checkpoint_wait_group,
     format_memory_plan,
+    fsdp_mesh,
     fsdp_micro_batch,
     memory_plan,
+    memory_record,
     setup_distributed,
     shard_fsdp,
+    wait_for_checkpoint,
 )
 
 STAGE = "03_train_cuset"
@@ -361,6 +366,7 @@ class Training:
     net: torch.nn.Module  # GoldLogProbs over it, wrapped by DDP or sharded by FSDP2
     optimizer: torch.optim.Optimizer
     autocast: torch.autocast  # bf16 autocast, or disabled (--precision)
+    checkpoint_wait: object  # the group processes wait in while rank 0 writes (scale.py), None for one
 
 
 def mask_knobs(args) -> dict:
@@ -376,7 +382,7 @@ def count_kept(t: Training, micro: list[dict]) -> float:
             logp = t.net(mb["ids"], mb["attn"], mb["valid"])
         p = mb["p0"] if t.args.mask_source == "profile" else logp.float().exp()
         kept += keep_mask(t.args.objective, p, mb["valid"], mb["region"], **mask_knobs(t.args)).sum().item()
-    return float(all_reduce_stats({"kept": kept}, t.world)["kept"])
+    return float(all_reduce_stats({"kept": kept}, t.world, t.device)["kept"])
 
 
 def optimizer_step(t: Training, batch: list[dict]) -> dict:
@@ -420,7 +426,7 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
         torch.nn.utils.clip_grad_norm_(t.model.parameters(), args.grad_clip)
     t.optimizer.step()
     t.optimizer.zero_grad(set_to_none=True)
-    return all_reduce_stats(stats, t.world)
+    return all_reduce_stats(stats, t.world, t.device)
 
 
 def log_step(
@@ -472,6 +478,7 @@ def train(t: Training, samples: list[dict], step: int, log_lines: list[str]) -> 
         stopping = args.stop_after is not None and steps_run >= args.stop_after
         if step % args.save_every == 0 or step == total or stopping:
             save_resume(args.out, args, t.model, t.optimizer, step, log_lines, t.rank)
+            wait_for_checkpoint(t.checkpoint_wait)
     return step
 
 
@@ -658,17 +665,20 @@ def check_enough_samples(args, n_samples: int, skipped: int) -> None:
         )
 
 
-def place_model(model, args, world: int, device: str, max_length: int) -> tuple[torch.nn.Module, dict]:
+def place_model(
+    model, args, world: int, device: str, max_length: int, precision: str
+) -> tuple[torch.nn.Module, dict]:
     """(net, memory plan): the model in training mode under GoldLogProbs, on one process, under DDP, or
-    sharded by FSDP2 (its parameters become DTensor shards: the optimizer, made after, sees only those)."""
+    sharded by FSDP2 over --device's processes (its parameters become DTensor shards: the optimizer, made
+    after, sees only those)."""
     if args.grad_checkpointing:  # renamed in transformers 5; 4.x has only the old name
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.config.use_cache = False
     model.train()
     net = GoldLogProbs(model, args.chunk_size)
-    plan = memory_plan(model, args, world, device, max_length)
+    plan = memory_plan(model, args, world, device, max_length, precision)
     if args.fsdp:
-        shard_fsdp(net, args)
+        shard_fsdp(net, args, fsdp_mesh(device, world))
     elif world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
             net, device_ids=[device] if device.startswith("cuda") else None
@@ -676,8 +686,11 @@ def place_model(model, args, world: int, device: str, max_length: int) -> tuple[
     return net, plan
 
 
-def checkpoint_meta(args, step: int, tok_fp: str, data_id: dict, max_length: int, precision: str) -> dict:
-    """The final checkpoint's meta.json fields: what was trained, from what inputs, and how far."""
+def checkpoint_meta(
+    args, step: int, tok_fp: str, data_id: dict, max_length: int, precision: str, memory: dict
+) -> dict:
+    """The final checkpoint's meta.json fields: what was trained, from what inputs, how far, and the memory
+    planned beside the peak measured on a GPU (memory_record)."""
     regions_file = args.regions / "tensors.safetensors"
     trained_on_regions = regions_file.exists() and args.objective in REGION_OBJECTIVES
     return {
@@ -694,6 +707,7 @@ def checkpoint_meta(args, step: int, tok_fp: str, data_id: dict, max_length: int
         "max_length": max_length,
         "precision": precision,  # --precision resolved on this device: fp32 or bf16
         "final_step": step,
+        "memory": memory,
     }
 
 
@@ -701,6 +715,7 @@ def checkpoint_meta(args, step: int, tok_fp: str, data_id: dict, max_length: int
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup_distributed(args.device, args.fsdp)
+    checkpoint_wait = checkpoint_wait_group(world)
     precision = resolve_precision(args.precision, device)
     args.micro_batch_size = resolve_micro_batch_size(args, device)
     if args.batch_size % (world * args.micro_batch_size):
@@ -730,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         open_out(args.out, start_over=not args.resume)
 
     # The model on the processes, its optimizer, and where the run stands (a resumed run: its step and log).
-    net, plan = place_model(model, args, world, device, max_length)
+    net, plan = place_model(model, args, world, device, max_length, precision)
     optimizer_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
     optimizer = optimizer_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     step, log_lines = load_resume(args, model, optimizer, rank) if args.resume else (0, [])
@@ -744,22 +759,36 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(format_memory_plan(plan, args, world), flush=True)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    run = Training(args, rank, world, device, tokenizer.pad_token_id, model, net, optimizer, autocast)
+    run = Training(
+        args, rank, world, device, tokenizer.pad_token_id, model, net, optimizer, autocast, checkpoint_wait
+    )
     step = train(run, samples, step, log_lines)
 
     if step >= total:
-        meta = checkpoint_meta(args, step, tok_fp, data_id, max_length, precision) if rank == 0 else None
+        memory = memory_record(plan, device)
+        meta = (
+            checkpoint_meta(args, step, tok_fp, data_id, max_length, precision, memory) if rank == 0 else None
+        )
         save_final(args, model, tokenizer, meta, rank)
     if rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
+    # every process waits for rank 0's writing: one that tore its process group down while another still
+    # used it was aborted by gloo ("terminate called without an active exception"), seen on a busy machine
+    wait_for_checkpoint(checkpoint_wait)
     if dist.is_initialized():
-        # every process waits for rank 0's writing: one that tore its process group down while another still
-        # used it was aborted by gloo ("terminate called without an active exception"), seen on a busy machine
-        dist.barrier()
         dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(
+        run_main(
+            main,
+            interrupted=(
+                "--out keeps the run as of its last resume checkpoint (every --save-every steps), "
+                "and a previous run that --force replaced waits beside it until a run finishes; "
+                "rerun with --resume to go on"
+            ),
+        )
+    )

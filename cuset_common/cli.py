@@ -81,7 +81,10 @@ def pick_device(name: str = "auto") -> str:
     import torch
 
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        check_no_unusable_gpu(torch)
+        return "cpu"
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError, TypeError):
@@ -101,6 +104,35 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
+def check_no_unusable_gpu(torch) -> None:
+    """Refuse --device auto where nvidia-smi lists a GPU that this torch cannot use (a CPU-only wheel
+    installed by mistake, or a driver older than torch's CUDA): running on the CPU is then no one's choice."""
+    if not nvidia_smi_lists_a_gpu():
+        return
+    why = (
+        f"this torch ({torch.__version__}) is built without CUDA; install a CUDA build "
+        "(https://pytorch.org/get-started/locally/)"
+        if torch.version.cuda is None
+        else f"this torch (CUDA {torch.version.cuda}) cannot reach it; update the driver to one for that CUDA"
+    )
+    raise UserError(f"--device auto: nvidia-smi lists a GPU, but {why}; or pass --device cpu to use the CPU")
+
+
+def nvidia_smi_lists_a_gpu() -> bool:
+    """Whether `nvidia-smi -L` (on PATH) runs and lists a GPU ("GPU 0: NVIDIA ...")."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        listing = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listing.returncode == 0 and any(line.startswith("GPU ") for line in listing.stdout.splitlines())
+
+
 # CPU flags that mean native bfloat16 arithmetic (Linux /proc/cpuinfo names): AVX512-BF16's dot products, or
 # AMX's bf16 tiles. Without them torch emulates bf16 and runs slower than fp32 (data/build_tiny_model.py's
 # native_bf16 cites a measurement), so `auto` must not pick it there.
@@ -108,19 +140,26 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def bf16_supported(device: str) -> bool:
-    """Whether `device` ("cpu", "cuda", "cuda:1", ...) computes bfloat16 natively: a CUDA device that
-    reports it, or a CPU whose /proc/cpuinfo flags hold one of BF16_CPU_FLAGS. Where /proc/cpuinfo
-    cannot be read (not Linux) the answer is False: fp32 is never wrong, only slower."""
+    """Whether `device` ("cpu", "cuda", "cuda:1", ...) computes bfloat16 natively: a CUDA device of compute
+    capability 8.0 or more (computes_bf16), or a CPU whose /proc/cpuinfo flags hold one of BF16_CPU_FLAGS.
+    Where /proc/cpuinfo cannot be read (not Linux) the answer is False: fp32 is never wrong, only slower."""
     if device.startswith("cuda"):
         import torch
 
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and computes_bf16(torch.cuda.get_device_capability(device))
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
     return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def computes_bf16(capability: tuple[int, int]) -> bool:
+    """Whether a CUDA device of this compute capability has bf16 arithmetic: Ampere (8.0) and later. Older
+    GPUs emulate it, which torch.cuda.is_bf16_supported() counts by default (and it asks the current
+    device, not the one named)."""
+    return tuple(capability) >= (8, 0)
 
 
 def resolve_precision(choice: str, device: str) -> str:

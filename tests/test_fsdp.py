@@ -43,7 +43,8 @@ FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
 
 # The driver: runs stage 03's main in a fresh process and counts live tensor bytes (tests/live_memory.py) from
 # the moment the plan is made (one process) or the model is sharded (--fsdp), with the model's own parameters
-# and buffers registered first, so that the peak is comparable with the plan's total.
+# and buffers registered first, so that the peak is comparable with the plan's total; it also records the
+# device type of the mesh FSDP shards over.
 DRIVER = r"""
 import json, os, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
@@ -62,8 +63,9 @@ def spy_plan(m, *a, **k):
     if "--fsdp" not in sys.argv:
         start()
     return rec["plan"]
-def spy_shard(*a, **k):
-    shard(*a, **k)
+def spy_shard(net, args, mesh):
+    rec["mesh"] = mesh.device_type
+    shard(net, args, mesh)
     start()
 train.memory_plan, train.shard_fsdp = spy_plan, spy_shard
 assert train.main(sys.argv[2:]) == 0
@@ -110,20 +112,32 @@ def gone(pid: int) -> bool:
         return True
 
 
-def check_plan(rec: dict) -> None:
+def padding_only_bytes(model, tokens: int) -> int:
+    """The plan's activation bytes that only a padded micro-batch keeps (training/scale.py, layer_bytes), in
+    float32: the float mask SDPA makes of the padding mask (a row of MAX_LENGTH per token and layer) and k, v
+    repeated to every head, which transformers does only when there is a mask. data8 pads nothing."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model)
+    h, h_kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    return cfg.num_hidden_layers * tokens * 4 * (MAX_LENGTH + 2 * (h - h_kv))
+
+
+def check_plan(rec: dict, padding_only: int) -> None:
     """The plan's total against the measured peak of live tensor bytes, within bounds the plan's own
     terms give.
 
     The count is exact and the same on every machine (tests/live_memory.py), so the bounds are not noise
     allowances: they are where the plan, a sum of worst moments, may lie. Above the peak: the plan adds every
     gradient and all activations (with the head's chunk) as if they coexisted, while backward frees
-    activations as gradients arrive, so at most the smaller of the two is counted twice. Below the peak:
-    nothing; the plan is an upper bound of what is live (docs/scale.md gives the measured ratios). A plan that
-    drops AdamW's state, or counts it twice, leaves these bounds: in the wide model the state is 43% of the
-    total, in the tiny one 13%, more than the overlap allowed below the plan (7%).
+    activations as gradients arrive, so at most the smaller of the two is counted twice; and it counts what a
+    padded micro-batch keeps besides (padding_only). Below the peak: nothing; the plan is an upper bound of
+    what is live (docs/scale.md gives the measured ratios). A plan that drops AdamW's state, or counts it
+    twice, leaves these bounds: in the wide model the state is 43% of the total, in the tiny one 12.5%, more
+    than the room allowed below the plan (11%).
     """
     plan = {name: row[0] for name, row in rec["plan"].items()}
-    overlap = min(plan["gradients"], plan["activations"] + plan["output layer"])
+    overlap = min(plan["gradients"], plan["activations"] + plan["output layer"]) + padding_only
     print(
         {k: round(v / 2**20, 1) for k, v in plan.items()},
         "MiB; measured peak",
@@ -174,8 +188,9 @@ def test_fsdp_two_processes_match_single_process_training(single, fsdp_run):
     assert_same_sgd_training(weights_of(single), weights_of(out), SGD_STEPS, k_terms=K_TERMS)
     assert set(weights_of(out)) == set(weights_of(single))  # gathered, tied weights saved once as on one GPU
     assert [round(x["loss"], 4) for x in log_of(out)] == [round(x["loss"], 4) for x in log_of(single)]
-    for rec in records:  # the plan under FSDP, per process
-        check_plan(rec)
+    for rec in records:  # the plan under FSDP, per process, and --device cpu's mesh on a GPU machine too
+        check_plan(rec, padding_only_bytes(MODEL, FSDP_ARGS["micro_batch_size"] * MAX_LENGTH))
+        assert rec["mesh"] == "cpu"
 
 
 def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_run(data8, tmp_path):
@@ -284,7 +299,7 @@ def test_the_memory_plan_matches_measured_peak_memory(which, data8, tmp_path, re
     assert r.returncode == 0, r.stderr[-3000:]
     (rec,) = memory_records(Path(argv[argv.index("--out") + 1]))
     assert "memory plan per process (one process" in r.stdout and "optimizer" in r.stdout
-    check_plan(rec)
+    check_plan(rec, padding_only_bytes(model, batch * MAX_LENGTH))
 
 
 # ---------------------------------------------------------------------------------------
@@ -313,12 +328,12 @@ def test_the_memory_plan_at_7b_shards_state_by_processes():
     model = qwen_7b_on_meta()
     p = sum(x.numel() for x in model.parameters())
     assert 7.5e9 < p < 7.7e9
-    one = train.memory_plan(model, train.parse_args(["--micro-batch-size", "1"]), 1, "cuda", 2048)
+    one = train.memory_plan(model, train.parse_args(["--micro-batch-size", "1"]), 1, "cuda", 2048, "bf16")
     assert one["weights"][0] + one["gradients"][0] + one["optimizer"][0] == 16 * p  # > 112 GB: not one GPU
     args = train.parse_args(
         ["--micro-batch-size", "1", "--fsdp", "--param-dtype", "bf16", "--grad-checkpointing"]
     )
-    eight = train.memory_plan(model, args, 8, "cuda", 2048)
+    eight = train.memory_plan(model, args, 8, "cuda", 2048, "bf16")
     assert eight["optimizer"][0] == 8 * p / 8 and eight["step"][0] == 4 * p / 8
     root = 2 * 152064 * 3584 + 3584  # embeddings, output layer, final norm
     layer = (p - root) / 28

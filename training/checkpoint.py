@@ -61,7 +61,8 @@ def state_options(args):
 
 def save_resume(out: Path, args, model, optimizer, step: int, log_lines: list[str], rank: int) -> None:
     """Everything --resume needs, swapped in atomically: a kill mid-save keeps the previous state.
-    Called on every process (under --fsdp gathering the state is collective); rank 0 writes."""
+    Called on every process (under --fsdp gathering the state is collective); rank 0 writes, and the others
+    wait for it outside NCCL's watchdog (training/scale.py, CHECKPOINT_WAIT)."""
     state = {
         "model": get_model_state_dict(model, options=state_options(args)),
         "optimizer": get_optimizer_state_dict(model, optimizer, options=state_options(args)),

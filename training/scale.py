@@ -8,13 +8,23 @@ beforehand how many bytes each process needs.
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from cuset_common.cli import UserError, pick_device
+
+# Rank 0 alone writes the checkpoints (training/checkpoint.py) while the other processes wait for it.
+# Waiting in the next training collective would put them under NCCL's watchdog, which aborts a collective
+# after the process group's timeout (10 minutes by default): less than writing a large model's gathered
+# state may take (12 B per parameter, 177 GB for 14B: docs/scale.md). So they wait at a barrier of a gloo
+# group of their own (CPU, no watchdog) whose timeout covers the write, while the training collectives keep
+# NCCL's short timeout, which still catches a hung step early.
+CHECKPOINT_WAIT = datetime.timedelta(hours=2)
 
 
 def setup_distributed(device_arg: str, fsdp: bool) -> tuple[int, int, str]:
@@ -31,18 +41,46 @@ def setup_distributed(device_arg: str, fsdp: bool) -> tuple[int, int, str]:
     if device.startswith("cuda"):
         device = f"cuda:{local}"
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    # device_id binds NCCL's communicator to this process's GPU (barriers included); gloo takes none
+    dist.init_process_group(
+        process_group_backend(device), device_id=torch.device(device) if device.startswith("cuda") else None
+    )
     return rank, world, device
 
 
-def all_reduce_stats(stats: dict, world: int) -> dict:
+def process_group_backend(device: str) -> str:
+    """NCCL between GPUs, gloo between CPU processes."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def collective_device(device: str) -> torch.device:
+    """Where the tensors of this process's collectives live: on its own device, since NCCL (a GPU process)
+    reduces CUDA tensors only and gloo (a CPU process) CPU tensors."""
+    return torch.device(device)
+
+
+def all_reduce_stats(stats: dict, world: int, device: str) -> dict:
     """Sums over processes of this process's sums."""
     if world == 1:
         return stats
     keys = sorted(stats)
-    t = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
+    sums = torch.tensor(
+        [float(stats[k]) for k in keys], dtype=torch.float64, device=collective_device(device)
+    )
+    dist.all_reduce(sums)
+    return dict(zip(keys, sums.tolist()))
+
+
+def checkpoint_wait_group(world: int):
+    """The gloo group the processes wait in while rank 0 writes a checkpoint (CHECKPOINT_WAIT); None for one
+    process. Every process creates it, at the same point."""
+    return dist.new_group(backend="gloo", timeout=CHECKPOINT_WAIT) if world > 1 else None
+
+
+def wait_for_checkpoint(group) -> None:
+    """Every process waits here until rank 0 has written what it writes alone (a no-op for one process)."""
+    if group is not None:
+        dist.barrier(group=group)
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -50,9 +88,15 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in set(model._no_split_modules or [])]
 
 
-def shard_fsdp(net, args) -> None:
-    """FSDP2: one fully_shard unit per decoder layer of net.model, then the root, net itself (embeddings,
-    final norm, head).
+def fsdp_mesh(device: str, world: int) -> DeviceMesh:
+    """The processes as FSDP2 shards over them: a 1-D mesh on --device's type. fully_shard without a mesh
+    builds one on the accelerator torch was built for, a CUDA mesh on a CUDA build even for --device cpu."""
+    return init_device_mesh(torch.device(device).type, (world,))
+
+
+def shard_fsdp(net, args, mesh: DeviceMesh) -> None:
+    """FSDP2 over `mesh`: one fully_shard unit per decoder layer of net.model, then the root, net itself
+    (embeddings, final norm, head).
 
     The root's forward is stage 03's GoldLogProbs, so the output layer's weight is all-gathered with the root
     once per micro-batch (and again for backward) and the chunked head computes with the full [V, d] weight,
@@ -64,7 +108,7 @@ def shard_fsdp(net, args) -> None:
         param_dtype=torch.bfloat16 if args.param_dtype == "bf16" else None, reduce_dtype=torch.float32
     )
     for unit in [*decoder_layers(net.model), net]:
-        fully_shard(unit, mp_policy=mp, reshard_after_forward=not args.fsdp_keep_gathered)
+        fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.fsdp_keep_gathered)
 
 
 def fsdp_micro_batch(net, last: bool, args) -> None:
@@ -76,31 +120,26 @@ def fsdp_micro_batch(net, last: bool, args) -> None:
         net.set_reshard_after_backward(last)
 
 
-def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[str, tuple[float, str]]:
+def memory_plan(
+    model, args, world: int, device: str, max_length: int, precision: str
+) -> dict[str, tuple[float, str]]:
     """Bytes per process, {row: (bytes, how)}; P parameters, W processes, pb = 4 (fp32) or 2 (bf16) bytes.
 
     weights 4P, or under --fsdp 4P/W float32 shards + the root and two layers gathered in pb (all P with
     --fsdp-keep-gathered); gradients 4P (+ 4P DDP buckets), or 4P/W + the root's and one layer's in pb (4P
-    unsharded when kept gathered); AdamW's float32 m, v 8P (/W). Activations (Llama-style): a = 8h + 4h_kv
-    + 4I values per layer and token (norm inputs and outputs, q, k, v, attention output; MLP gate, up,
-    activation, product) x layers x micro-batch x max_length x 4 B on CPU, 2 under autocast or bf16;
-    checkpointing keeps h per layer and token + one layer's a; fused attention (no L^2). The head: 3
-    [chunk, V] float32 blocks. The optimizer step's temporaries: CUDA's foreach AdamW takes a 4P (/W) one;
-    elsewhere AdamW runs tensor by tensor (torch's default off CUDA), and its denominator sqrt(v) / c holds
-    two temporaries of the largest parameter (shard) at once, 8 B x max(p).
+    unsharded when kept gathered); AdamW's float32 m, v 8P (/W). Activations: activation_bytes, what
+    backward keeps (precision: "fp32" or "bf16", --precision resolved). The head: 3 [chunk, V] float32
+    blocks, and under autocast its weight's bf16 copy. The optimizer step's temporaries: CUDA's foreach
+    AdamW takes a 4P (/W) one; elsewhere AdamW runs tensor by tensor (torch's default off CUDA), and its
+    denominator sqrt(v) / c holds two temporaries of the largest parameter (shard) at once, 8 B x max(p).
     total = state + max(activations + head, step).
     """
     cfg, layers = model.config, decoder_layers(model)
     params = sum(p.numel() for p in model.parameters())  # tied weights once
     sizes = [sum(p.numel() for p in m.parameters()) for m in layers] or [0]
-    root, pb = params - sum(sizes), (2 if args.param_dtype == "bf16" else 4)
+    root, pb = params - sum(sizes), (2 if bf16_weights(args) else 4)
     shard = world if args.fsdp else 1
-    h, tokens = cfg.hidden_size, args.micro_batch_size * max_length
-    h_kv = (getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads) * (
-        getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
-    )
-    a = 8 * h + 4 * h_kv + 4 * getattr(cfg, "intermediate_size", 4 * h)
-    ab = 2 if (device.startswith("cuda") or args.param_dtype == "bf16") else 4
+    tokens = args.micro_batch_size * max_length
     shards = f"4 B x P / {world} shards"
     if not args.fsdp:
         w = (4 * params, "4 B x P")
@@ -112,23 +151,99 @@ def memory_plan(model, args, world: int, device: str, max_length: int) -> dict[s
         w = (4 * params / world + pb * (root + 2 * max(sizes)), f"{shards} + {pb} B x (root + 2 layers)")
         g = (4 * params / world + pb * (root + max(sizes)), f"{shards} + {pb} B x (root + 1 layer)")
     opt = 8 * params / shard if args.optimizer == "adamw" else 0.0
-    n_layers, chunk = len(layers) or cfg.num_hidden_layers, min(args.chunk_size, tokens)
-    act = ((n_layers * h + a) if args.grad_checkpointing else n_layers * a) * tokens * ab
+    chunk, vocab = min(args.chunk_size, tokens), cfg.vocab_size
+    head = (3 * chunk * vocab * 4, f"3 x {chunk} x V={vocab} x 4 B")
+    if autocast_copies_weights(args, precision):  # autocast's cache holds it until forward ends
+        head = (head[0] + 2 * vocab * cfg.hidden_size, head[1] + " + its weight's bf16 copy")
     plan = {
         "weights": w,
         "gradients": g,
         "optimizer": (opt, f"{8 if opt else 0} B x P / {shard}"),
-        "activations": (
-            act,
-            f"{'(layers x h + a)' if args.grad_checkpointing else 'layers x a'}, "
-            f"a = {a / h:.1f}h, {n_layers} layers x {tokens} tokens x {ab} B",
-        ),
-        "output layer": (3 * chunk * cfg.vocab_size * 4, f"3 x {chunk} x V={cfg.vocab_size} x 4 B"),
+        "activations": activation_bytes(model, args, max_length, precision),
+        "output layer": head,
         "step": adamw_step_temporaries(model, args, shard, device),
     }
-    peak = max(act + plan["output layer"][0], plan["step"][0])
+    peak = max(plan["activations"][0] + head[0], plan["step"][0])
     plan["total"] = (w[0] + g[0] + opt + peak, f"P = {params / 1e6:,.1f}M, {world} process(es)")
     return plan
+
+
+def bf16_weights(args) -> bool:
+    """Whether the model computes with bf16 weights (--fsdp --param-dtype bf16), residual stream included."""
+    return args.fsdp and args.param_dtype == "bf16"
+
+
+def autocast_copies_weights(args, precision: str) -> bool:
+    """Whether bf16 autocast casts float32 weights for each product, keeping the copies for backward."""
+    return precision == "bf16" and not bf16_weights(args)
+
+
+def activation_bytes(model, args, max_length: int, precision: str) -> tuple[float, str]:
+    """The activations row of memory_plan: the bytes backward keeps from one micro-batch's forward, through
+    the final norm, and how they are counted (tests/test_scale.py counts the saved tensors themselves).
+
+    Per decoder layer and token, layer_bytes; times layers x micro-batch x max_length; plus the final norm's
+    input and normalised input. Checkpointing keeps each layer's input (h) and recomputes one layer at a time.
+    Under autocast, bf16 copies of the layers' weights besides (kept until backward, or, checkpointed, until
+    forward ends: autocast caches them). Left out, small beside these: per-row scalars (the norms' rsqrt,
+    attention's log-sum-exp), the rotary tables, the token ids.
+    """
+    cfg, layers = model.config, decoder_layers(model)
+    h, kind = cfg.hidden_size, layer_kind(args, precision)
+    n_layers, tokens = len(layers) or cfg.num_hidden_layers, args.micro_batch_size * max_length
+    per_layer = layer_bytes(h, getattr(cfg, "intermediate_size", 4 * h), max_length, kind)
+    residual = 2 if kind == "bf16 weights" else 4  # bytes of the stream between layers
+    final_norm = residual * h + 4 * h  # its input, and the input normalised in float32
+    if args.grad_checkpointing:
+        body, how = n_layers * residual * h + per_layer, f"{n_layers} layer inputs + one layer"
+    else:
+        body, how = n_layers * per_layer, f"{n_layers} layers"
+    total, how = (body + final_norm) * tokens, f"{how} x {per_layer / h:.1f}h B, {tokens} tokens, {kind}"
+    if autocast_copies_weights(args, precision):
+        total, how = (
+            total + 2 * sum(p.numel() for m in layers for p in m.parameters()),
+            how + " + 2 B x layers",
+        )
+    return total, how
+
+
+def layer_kind(args, precision: str) -> str:
+    """How a decoder layer computes: "fp32", "autocast" (bf16 products of float32 weights and a float32
+    residual stream) or "bf16 weights" (--fsdp --param-dtype bf16; autocast changes nothing then)."""
+    if bf16_weights(args):
+        return "bf16 weights"
+    return "autocast" if precision == "bf16" else "fp32"
+
+
+def layer_bytes(h: int, inter: int, length: int, kind: str) -> int:
+    """Bytes one Llama-style decoder layer keeps for backward per token (hidden size h, MLP width inter,
+    padded micro-batches of `length` tokens), as transformers' modules and SDPA save them.
+
+    Attention and MLP, in the compute dtype (c = 4 B in fp32, else 2): q, k and v (k and v repeated to every
+    head: with a padding mask transformers hands SDPA repeated heads), the attention output; gate, its
+    activation, up, their product; and the float mask SDPA makes of the padding mask, one row of `length`
+    per token. The two RMSNorms: their input and the input normalised (both float32: the norm computes in
+    float32) and their output, the projections' input: in fp32 one float32 tensor; under autocast a bf16
+    copy for each projection that reads it (q, k, v after the first norm, gate and up after the second);
+    with bf16 weights the norm's input arrives in bf16 and is kept as its float32 upcast, and the normalised
+    input and the output are bf16.
+    """
+    c = 4 if kind == "fp32" else 2
+    attention_and_mlp = c * (4 * h + 4 * inter + length)
+    if kind == "fp32":
+        norms = 2 * 3 * 4 * h
+    elif kind == "autocast":
+        norms = 2 * 2 * 4 * h + (3 + 2) * 2 * h
+    else:
+        norms = 2 * (4 * h + 2 * h + 2 * h)
+    return norms + attention_and_mlp
+
+
+def memory_record(plan: dict, device: str) -> dict:
+    """meta.json's "memory": the plan's total beside the most bytes torch allocated on this process's GPU
+    (None off CUDA), so that a run on a GPU shows plan and measurement side by side."""
+    peak = torch.cuda.max_memory_allocated(device) if device.startswith("cuda") else None
+    return {"plan_bytes": round(plan["total"][0]), "peak_allocated_bytes": peak}
 
 
 def adamw_step_temporaries(model, args, shard: int, device: str) -> tuple[float, str]:
