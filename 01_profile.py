@@ -75,7 +75,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common.artifacts import args_to_json, check_out_dir, tokenizer_fingerprint, write_artifact
+from cuset_common.artifacts import (
+    args_to_json,
+    check_out_dir,
+    finishes_out,
+    tokenizer_fingerprint,
+    write_artifact,
+)
 from cuset_common.cli import ArgumentParser, check_ranges, pick_device, resolve_precision, run_main
 from cuset_common.data import encode_sample, right_pad
 from cuset_common.data_sources import add_data_arguments, data_checks, load_data
@@ -322,6 +328,7 @@ def run_identity(args, data_id: dict, device: str, use_bf16: bool, tokenizer) ->
     }
 
 
+@finishes_out  # releases the lock on --out that check_out_dir takes
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     records, data_id = load_data(args)  # bad row or mapping -> UserError naming file and row, before any work

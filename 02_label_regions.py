@@ -53,6 +53,7 @@ from cuset_common.artifacts import (
     args_to_json,
     check_meta_matches,
     check_out_dir,
+    finishes_out,
     read_artifact,
     tokenizer_fingerprint,
     write_artifact,
@@ -396,6 +397,7 @@ def artifact_meta(args: argparse.Namespace, profile_meta: dict, labels: RegionLa
 # ---------------------------------------------------------------------------------------
 
 
+@finishes_out  # releases the lock on --out that check_out_dir takes
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tensors, profile_meta, samples, names = load_profile(args)

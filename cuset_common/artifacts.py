@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 from .cli import UserError
-from .files import real_path, replace_dir_atomic
+from .files import real_path, replace_dir_atomic, sha256_file
+from .out_lock import lock_out, release_out_locks
 
 SCHEMA_VERSION = 1
 
@@ -44,17 +45,54 @@ def library_versions() -> dict[str, str]:
     }
 
 
-def artifact_meta(meta: dict) -> dict:
+def artifact_meta(meta: dict, folder: Path | None = None) -> dict:
     """A meta.json as every stage writes it (write_artifact, stage 03's final checkpoint): the schema version
-    first, then the stage's fields, then the library versions."""
-    return {"schema_version": SCHEMA_VERSION, **meta, "versions": library_versions()}
+    first, then the stage's fields, the record of every file in `folder` (file_records: the artifact
+    vouches for its own tensors; called once the folder holds all its files but meta.json), then the
+    library versions."""
+    files = {} if folder is None else {"files": file_records(folder)}
+    return {"schema_version": SCHEMA_VERSION, **meta, **files, "versions": library_versions()}
+
+
+def file_records(folder: Path) -> dict[str, dict]:
+    """{name: {"sha256", "bytes"}} of every file in `folder` but meta.json, by name."""
+    return {
+        f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+        for f in sorted(Path(folder).iterdir())
+        if f.is_file() and f.name != "meta.json"
+    }
+
+
+def check_file_records(art_dir: Path, meta: dict, must_record: list[str], rerun_hint: str) -> None:
+    """Refuse an artifact whose files are not the ones its meta.json records (one line naming the file and
+    the stage to rerun): a file replaced by another run's, cut short or missing, or a meta.json that
+    records none of them (written before artifacts recorded their files) or not every name in must_record.
+    The sizes are compared first: a file of another size is refused without reading it."""
+    records = meta.get("files")
+    unrecorded = [name for name in must_record if not isinstance(records, dict) or name not in records]
+    if unrecorded:
+        raise UserError(
+            f"{art_dir / 'meta.json'}: records no sha256 of {unrecorded[0]} (an artifact written before "
+            f"artifacts vouched for their files, or an edited meta.json); rerun {rerun_hint}"
+        )
+    for name, record in records.items():
+        path = art_dir / name
+        if not path.is_file():
+            raise UserError(f"{path}: missing, though meta.json records it; rerun {rerun_hint}")
+        if not isinstance(record, dict) or (
+            path.stat().st_size != record.get("bytes") or sha256_file(path) != record.get("sha256")
+        ):
+            raise UserError(
+                f"{path}: not the file this artifact wrote (its size or sha256 differs from the one "
+                f"meta.json records: another run's, or changed since); rerun {rerun_hint}"
+            )
 
 
 def write_artifact(
     out_dir: Path, tensors: dict, meta: dict, extra_files: dict[str, str] | None = None
 ) -> None:
-    """Write tensors (numpy arrays) + meta.json (+ text files) to a temp folder, then swap it in (into the
-    folder a link out_dir points to: real_path)."""
+    """Write tensors (numpy arrays) + text files + meta.json (recording the others: artifact_meta) to a
+    temp folder, then swap it in (into the folder a link out_dir points to: real_path)."""
     from safetensors.numpy import save_file
 
     out_dir = real_path(out_dir, "--out")
@@ -62,10 +100,10 @@ def write_artifact(
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
     try:
         save_file({k: v for k, v in tensors.items()}, str(tmp / "tensors.safetensors"))
-        full_meta = artifact_meta(meta)
-        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=2, sort_keys=False) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
+        full_meta = artifact_meta(meta, tmp)
+        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=2, sort_keys=False) + "\n")
         replace_dir_atomic(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -113,6 +151,7 @@ def read_artifact(
     check_schema(
         meta, META_SCHEMAS.get(expected_stage, {}) if schema is None else schema, meta_path, rerun_hint
     )
+    check_file_records(art_dir, meta, ["tensors.safetensors"], rerun_hint)
     try:
         tensors = load_file(str(tensor_path))
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError, on a damaged file
@@ -319,8 +358,10 @@ def check_out_dir(
 
     A stage replaces --out only if it is absent, empty, or an artifact of its own stage (of another stage
     with --force); a file, a folder of anything else, or the folder of an input (inputs: {flag: path}) is
-    refused whatever --force says. force: None for a stage without --force. Then check_writable and
-    check_room(need_bytes).
+    refused whatever --force says. force: None for a stage without --force. Before it looks into the
+    folder it checks the room (check_room(need_bytes)) and takes the lock of --out (lock_out: one run per
+    folder, held until the stage's main returns, finishes_out), so that what it finds there is no other
+    run's half-written state; check_writable comes last.
 
     An --out that is a symbolic link is followed: these checks, and every later step (write_artifact,
     open_out, finishes_out), act on the folder it points to (real_path); the link itself is never moved.
@@ -336,6 +377,8 @@ def check_out_dir(
             raise UserError(
                 f"--out {out} holds {flag} {path}: writing there would replace the input; name another --out"
             )
+    check_room(out, need_bytes)
+    lock_out(out)
     try:
         entries = sorted(p.name for p in real.iterdir()) if real.is_dir() else []
     except OSError as e:
@@ -353,7 +396,6 @@ def check_out_dir(
         hint = "name another --out" if force is None else "pass --force to replace it, or name another --out"
         raise UserError(f"--out {out} holds a {owner} artifact, not a {stage} one; {hint}")
     check_writable(out, real)
-    check_room(out, need_bytes)
 
 
 def check_writable(out: Path, real: Path) -> None:
@@ -420,9 +462,10 @@ def open_out(out: Path, start_over: bool) -> None:
 
 
 def finishes_out(main_fn):
-    """A stage's main that settles what open_out set aside: put back over the new, incomplete artifact if
-    main fails (an exception), deleted once main returns. An interrupt (Ctrl-C) keeps both: the new run can
-    be resumed, the previous artifact waits aside."""
+    """A stage's main that settles its --out when it ends: releases the lock (lock_out), however main ends,
+    and settles what open_out set aside: put back over the new, incomplete artifact if main fails (an
+    exception), deleted once main returns. An interrupt (Ctrl-C) keeps both: the new run can be resumed,
+    the previous artifact waits aside."""
 
     @functools.wraps(main_fn)
     def main(argv: list[str] | None = None) -> int:
@@ -440,6 +483,7 @@ def finishes_out(main_fn):
             return code
         finally:
             _OPENED.clear()
+            release_out_locks()
 
     return main
 

@@ -83,7 +83,7 @@ from statistics import NormalDist
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common.artifacts import args_to_json, read_artifact
+from cuset_common.artifacts import args_to_json, finishes_out, read_artifact
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, load_script, run_main
 from cuset_common.files import (
     read_jsonl,
@@ -92,6 +92,7 @@ from cuset_common.files import (
     write_text_atomic,
 )
 from cuset_common.models import check_model_source
+from cuset_common.out_lock import lock_out
 from cuset_common.paths import (
     EVAL_SFT_FILE,
     EVAL_SFT_KERNEL_FILE,
@@ -1501,8 +1502,10 @@ def figure(path: Path, res: dict, args) -> bool:
     return True
 
 
+@finishes_out  # releases the lock on the folder this run writes
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    lock_out(args.save_record or args.out)  # one run per folder (cuset_common/out_lock.py)
     if args.save_record:
         return save_record(args)
     if args.report_only:

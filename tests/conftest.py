@@ -63,3 +63,127 @@ def program_runner(ev, work: Path, backend: str):
 
     run.gen_dir = gen_dir
     return run
+
+
+# ---------------------------------------------------------------------------------------
+# A small pipeline of real artifacts, for the tests of bad input and of runs that meet in one --out
+# ---------------------------------------------------------------------------------------
+
+# A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
+# 04-gen: stage 04 with the model answering instead of --solutions.
+ARGS = {
+    "01": lambda w: ["--data", w["data"], "--max-length", "256", "--device", "cpu", "--out", w["new"]],
+    "02": lambda w: [
+        "--data",
+        w["data"],
+        "--profile",
+        w["profile"],
+        "--permutations",
+        "5",
+        "--html-samples",
+        "1",
+        "--out",
+        w["new"],
+    ],
+    "03": lambda w: [
+        "--data",
+        w["data"],
+        "--objective",
+        "sft",
+        "--max-length",
+        "256",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--out",
+        w["new"],
+    ],
+    "04": lambda w: [
+        "--tasks",
+        w["tasks"],
+        "--split",
+        "all",
+        "--levels",
+        "1",
+        "--solutions",
+        w["sols"],
+        "--backend",
+        "emulate",
+        "--no-task-check",
+        "--out",
+        w["new"],
+    ],
+    "04-gen": lambda w: [
+        "--tasks",
+        w["tasks"],
+        "--split",
+        "all",
+        "--levels",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--backend",
+        "emulate",
+        "--no-task-check",
+        "--out",
+        w["new"],
+    ],
+}
+# The script of each stage, and where its real artifact lies in the world.
+SCRIPTS = {
+    "01": "01_profile.py",
+    "02": "02_label_regions.py",
+    "03": "03_train_cuset.py",
+    "04": "04_eval_kernels.py",
+}
+MADE = {"01": "profile", "02": "regions", "03": "ckpt", "04": "run"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """A folder with the user's files and one real artifact of each stage, made here once per module with
+    the bundled tiny model: 8 samples of the kernel SFT data, 2 eval tasks answered by --solutions."""
+    import json
+
+    from cuset_common.paths import SFT_KERNEL_FILE, TASKS_FILE
+    from cuset_common.tasks import load_tasks
+
+    root = tmp_path_factory.mktemp("world")
+    w = {
+        "root": root,
+        "new": root / "new",
+        "data": root / "d8.jsonl",
+        "tasks": root / "tasks.jsonl",
+        "sols": root / "sols.jsonl",
+        "mine": root / "mine",
+        "afile": root / "notes.txt",
+        **{MADE[stage]: root / MADE[stage] for stage in MADE},
+    }
+    w["data"].write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
+    tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
+    w["tasks"].write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    answers = [{"task_id": t["id"], "level": 1, "sample": 0, "completion": "no code"} for t in tasks]
+    w["sols"].write_text("".join(json.dumps(a) + "\n" for a in answers))
+    for stage in MADE:  # in order: stage 02 reads the profile
+        main = load_script(SCRIPTS[stage]).main
+        assert main([*map(str, ARGS[stage](w)), "--out", str(w[MADE[stage]])]) == 0
+    w["mine"].mkdir()
+    shutil.copy(w["data"], w["mine"] / "precious.jsonl")
+    shutil.copy(w["tasks"], w["mine"] / "tasks.jsonl")
+    w["afile"].write_text("the user's notes\n")
+    return w
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (hidden ones too), and every folder, by relative path."""
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
