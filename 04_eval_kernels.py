@@ -36,16 +36,17 @@ and run happens, on how many threads and for how long: harness/schedule.py.
 Task check: a task's scripts are known to accept one program, its own reference; before its
 candidates are judged, that reference goes the same path (one extra compile and run per task with a
 candidate to judge, kept in --out/task_checks.jsonl). `task_error`: gen.py failed, or compare.py
-judged the reference F. A reference that cannot run here leaves its task `unchecked` (judged, counted
-apart). --no-task-check skips it.
+judged the reference F, or (on the GPU) the reference did not pass. Emulated, a reference that cannot
+run leaves its task `unchecked` (judged, counted apart). --no-task-check skips it.
 
-Backends (--backend, default auto = the GPU when nvidia-smi lists one, else emulate): gpu runs
-nvcc's binary on the GPU, one program at a time, and times kernel mode; emulate keeps nvcc's verdict
-on compiling, rebuilds the program for our CPU runtime (harness/emulate.py, harness/emu/) and runs it
-through the same sandbox, gen.py and compare.py: functional verdicts only, no timings. Generated code
-is untrusted: every compile and run is sandboxed (harness/sandbox.py: a whitelist of the file system,
-no network, an unprivileged uid, limits, a timeout), or refused where no isolation is possible unless
---no-sandbox. The protocol in full: docs/evaluation.md.
+Backends (--backend, default auto = the GPU when the driver lists one, else emulate): gpu runs
+nvcc's binary on the GPU, one program at a time, and times kernel mode, once a probe built for the
+GPU's compute capability ran on it in the sandbox (harness/gpu_probe.py; else the run stops); emulate
+keeps nvcc's verdict on compiling, rebuilds the program for our CPU runtime (harness/emulate.py,
+harness/emu/) and runs it through the same sandbox, gen.py and compare.py: functional verdicts only,
+no timings. Generated code is untrusted: every compile and run is sandboxed (harness/sandbox.py: a
+whitelist of the file system, no network, an unprivileged uid, limits, a timeout), or refused where no
+isolation is possible unless --no-sandbox. The protocol in full: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ from cuset_common.paths import (
     LEVELS,
     NVCC_DEFAULT_ARCH,
     NVCC_FLAGS,
-    NVCC_NATIVE_ARCH,
     TASKS_FILE,
     TINY_MODEL,
 )
 from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
+from harness.gpu_probe import compute_capability, decide_backend, probe_gpu
 from harness.outcomes import APART, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
 from harness.program_files import copy_written_files
 from harness.programs import (
@@ -317,6 +318,25 @@ def reference_completion(task: dict, mode: str) -> str:
     return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
 
 
+def reference_failure(outcome: str, backend: str) -> tuple[str, str] | None:
+    """(cause, why) of the task_error that the task check's `outcome` for the task's own reference makes
+    on `backend`, or None when its candidates are judged (docs/evaluation.md, "Task check"). F from
+    compare.py: its scripts reject a right program. On the GPU every outcome but pass: the reference is
+    built for and run on the GPU it is meant for, so a crash, a timeout or a compile error there is the
+    task's or the machine's, and would fail every candidate unseen. Emulated, a reference that does not
+    run only leaves its task unchecked: the emulator or its sm_80 build may be what fails."""
+    if outcome == "wrong_output":
+        return "reference judged F", (
+            "the task's own reference program ran here and compare.py judged it F, so its scripts cannot "
+            "judge a candidate"
+        )
+    if backend == "gpu" and outcome not in ("pass", "skipped"):
+        return f"reference {outcome} on the GPU", (
+            f"the task's own reference program ended {outcome} on the GPU, so no candidate can be judged here"
+        )
+    return None
+
+
 @dataclass
 class Judge:
     """The protocol's last steps on one run's built programs, task by task (judge_task): gen.py once, the
@@ -330,21 +350,19 @@ class Judge:
 
     def judge_task(self, task_id: str, programs: list[tuple], reference: tuple | None) -> None:
         """gen.py once, the task check (`reference`: its build, None when there is none to run), then the
-        task's programs, each (job, row, executable, folder). A task whose scripts cannot judge (gen.py
-        failed, or compare.py judged its own reference F) gives its programs task_error rows."""
+        task's programs, each (job, row, executable, folder). A task that cannot judge here (gen.py failed,
+        or its own reference failed: reference_failure) gives its programs task_error rows."""
         gen_dir = self.schedule.folder(task_id) / "gen"
         failed = prepare_task_data(self.tasks[task_id], gen_dir, self.args.task_timeout, self.runner)
         check = None if failed else self.task_check(task_id, gen_dir, reference)
         if failed and reference:
             self.schedule.finished(reference[1])  # the reference the check built is not run
-        if check and check["outcome"] == "wrong_output":
-            failed = (
-                "the task's own reference program ran here and compare.py judged it F, so its scripts "
-                "cannot judge a candidate:\n" + check["log"]
-            )
+        cause = "gen.py failed" if failed else None
+        if check and (found := reference_failure(check["outcome"], self.runner.backend)):
+            cause, why = found
+            failed = f"{why}:\n{check['log']}"
         for job, row, exe, workdir in programs:
             if failed:
-                cause = "gen.py failed" if check is None else "reference judged F"
                 row = row | {"outcome": TASK_ERROR, "cause": cause, "log": clip(failed)}
                 self.schedule.finished(workdir)
             else:
@@ -614,7 +632,8 @@ def add_program_arguments(ap: ArgumentParser) -> None:
         "--backend",
         choices=("auto", "gpu", "emulate"),
         default="auto",
-        help="where programs run: the GPU, or CPU emulation (functional only); auto = GPU if present",
+        help="where programs run: the GPU, or CPU emulation (functional only); auto = the GPU if the driver "
+        "lists one (a GPU probe must then run on it in the sandbox, or the run stops)",
     )
     a(
         "--emulate-checks",
@@ -664,14 +683,14 @@ def levels(text: str) -> list[int]:
 # ---------------------------------------------------------------------------------------
 
 
-def choose_backend(args) -> tuple[str | None, str, list[str]]:
-    """(the GPU nvidia-smi lists, or None; the rows' backend, "gpu" or "emulated"; nvcc's architecture
-    flags: the GPU's own, else NVCC_DEFAULT_ARCH)."""
+def choose_backend(args) -> tuple[str | None, str]:
+    """(the GPU the driver lists, or None; the rows' backend that points to, "gpu" or "emulated"). The GPU
+    holds only once the GPU probe ran on it (start_runner), or the run stops."""
     gpu = gpu_name()
     backend = resolve_backend(args.backend, gpu)
     if args.emulate_checks and backend == "gpu":
         raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
-    return gpu, backend, NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
+    return gpu, backend
 
 
 def check_generation(args) -> None:
@@ -689,16 +708,23 @@ def check_generation(args) -> None:
         require_vllm()
 
 
-def start_runner(args, gpu: str | None, backend: str, arch: list[str]) -> Runner:
-    """Say where programs run, and choose the sandbox (or refuse to run unisolated)."""
+def start_runner(args, gpu: str | None, planned: str) -> tuple[Runner, list[str]]:
+    """Choose the sandbox (or refuse to run unisolated); where the GPU is planned, run the GPU probe in it
+    (harness/gpu_probe.py: the run stops with one line unless it ran); say where programs run. Returns
+    the runner and nvcc's architecture flags: the probe's -gencode on the GPU, else NVCC_DEFAULT_ARCH."""
+    runner = choose_runner(args.no_sandbox, planned)
+    probe = probe_gpu(runner, compute_capability(), compile_program) if planned == "gpu" else None
+    backend = decide_backend(args.backend, gpu, probe.failure if probe else None)
+    arch = probe.arch if backend == "gpu" else NVCC_DEFAULT_ARCH
     print(
-        f"GPU: {gpu} (compile for it, run, compare, time)"
+        f"GPU: {gpu} (the probe ran on it in the sandbox; nvcc {' '.join(arch)}: compile for it, run, "
+        f"compare, time)"
         if backend == "gpu"
         else f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
         f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
         f"only, no timings)"
     )
-    return choose_runner(args.no_sandbox, backend)
+    return runner, arch
 
 
 def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> dict | None:
@@ -794,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
     # a bad line of --solutions is refused here, as one of --tasks is: before any output
     solutions = load_solutions(args.solutions, set(jobs), task_ids) if args.solutions else None
-    gpu, backend, arch = choose_backend(args)
+    gpu, backend = choose_backend(args)
     check_generation(args)
     if not args.generate_only:
         require_tools(backend)
@@ -802,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
         f"mode {args.mode}"
     )
-    runner = None if args.generate_only else start_runner(args, gpu, backend, arch)
+    runner, arch = (None, []) if args.generate_only else start_runner(args, gpu, backend)
 
     # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
     run = open_run(args, run_fingerprint(args, backend), len(jobs))

@@ -24,7 +24,7 @@ from pathlib import Path
 from cuset_common.cli import UserError
 from cuset_common.tasks import buffer_bytes
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
-from harness.sandbox import SandboxBusy, SandboxError, probe_isolation, run_sandboxed
+from harness.sandbox import HOST_DEV, SandboxBusy, SandboxError, probe_isolation, run_sandboxed
 
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
 
@@ -37,9 +37,10 @@ class Runner:
     backend: str  # "gpu" | "emulated"
 
     def untrusted(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
-        """nvcc/g++ on generated source, or the generated program: whitelist sandbox; as root, a uid of
-        its own for this call, which gets `folder`."""
-        return self._run(cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, **kw)
+        """nvcc/g++ on generated source, or the generated program: whitelist sandbox (on the GPU backend
+        with the GPU); as root, a uid of its own for this call, which gets `folder`."""
+        gpu_dev = HOST_DEV if self.backend == "gpu" else None
+        return self._run(cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, gpu_dev=gpu_dev, **kw)
 
     def task_script(self, script: str, folder: Path, timeout: float) -> tuple[int | None, str]:
         """The task author's gen.py/compare.py: our file system view, no network, generous limits."""
@@ -95,20 +96,39 @@ def choose_runner(no_sandbox: bool, backend: str) -> Runner:
     return Runner(False, backend)
 
 
+DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # the loaded driver's GPUs, a folder each, in any container
+
+
 def gpu_name() -> str | None:
-    """The first GPU nvidia-smi lists, or None (no driver, no GPU)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    r = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
-    )
-    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    """The first GPU the driver lists: nvidia-smi's, else (a container without nvidia-smi) the driver's own
+    list (driver_gpu_name); None without a driver or a GPU. A GPU listed is not yet one CUDA can use:
+    stage 04 runs its GPU probe (harness/gpu_probe.py) before it trusts one."""
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().splitlines()[0]
+    return driver_gpu_name(DRIVER_GPUS)
+
+
+def driver_gpu_name(gpus: Path) -> str | None:
+    """The model of the first GPU in the driver's list `gpus` (each GPU's folder has an `information` file
+    with a line `Model: <name>`), or None."""
+    for information in sorted(gpus.glob("*/information")):
+        model = re.search(r"^Model:\s*(.+)$", information.read_text(), re.M)
+        if model:
+            return model.group(1).strip()
+    return None
 
 
 def resolve_backend(choice: str, gpu: str | None) -> str:
     """The backend label of a run's rows (--backend auto | gpu | emulate): "gpu" or "emulated"."""
     if choice == "gpu" and gpu is None:
-        raise UserError("--backend gpu: no GPU found (nvidia-smi lists none); use --backend emulate")
+        raise UserError(
+            "--backend gpu: no GPU found (neither nvidia-smi nor /proc/driver/nvidia lists one); use "
+            "--backend emulate"
+        )
     return "gpu" if choice == "gpu" or (choice == "auto" and gpu) else "emulated"
 
 

@@ -6,9 +6,10 @@ user namespace, together with PID, network, IPC and UTS namespaces, a fresh /pro
 /dev and die-with-parent; an `unshare` + private-root shell construction would reimplement it.
 
 Untrusted code sees, read-only: /usr (with /bin, /lib... as on the host), the loader's and
-alternatives' files of /etc, the CUDA toolkit when it lies outside /usr, a minimal /dev (plus
-the GPU nodes and /sys where /dev/nvidiactl exists); a /proc of its own PID namespace; an
-empty private /tmp and /dev/shm of bounded size; its folder, read-write at its own path.
+alternatives' files of /etc, the CUDA toolkit when it lies outside /usr, a minimal /dev (on the GPU
+backend also the GPU's nodes, the driver's library folders and /sys: gpu_node_binds, driver_binds); a
+/proc of its own PID namespace; an empty private /tmp and /dev/shm of bounded size; its folder,
+read-write at its own path.
 Nothing else: not the project, the task file, /home, /root, /run, /var, /opt, host processes,
 the network (only its own loopback, so no abstract unix sockets either), nor new user
 namespaces. As root each call runs as an unprivileged uid of its own, taken from SANDBOX_UIDS
@@ -24,7 +25,7 @@ wall-clock timeout that kills everything they started.
     code, log = run_sandboxed(["./prog"], run_dir, 30, untrusted=True, stdin=nonce, wait_s=30)
     # or SandboxBusy (no process or uid to be had within wait_s), or SandboxError (a broken setup)
 
-Limits: the GPU binds are untested (no GPU where this was written); there is no seccomp filter
+Limits: the GPU binds are tested with stand-in nodes, not on a GPU; there is no seccomp filter
 (the kernel's user namespaces are the trust base); attacks inside one process on a harness
 compiled into it are out of scope; memory is not limited (RLIMIT_AS breaks CUDA and ASan), nor
 the number of files in the folder (only their size). With isolate=False a process that left
@@ -40,6 +41,7 @@ import fcntl
 import glob
 import os
 import pwd
+import re
 import resource
 import secrets
 import select
@@ -73,6 +75,13 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_KEEP = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
 TMP_MB, SHM_MB = 512, 64  # the private /tmp and /dev/shm live in memory: bounded
 STDIN_MAX = 65536  # stdin bytes are written into a pipe before the program starts: at most one pipe buffer
+HOST_DEV = Path("/dev")  # where the GPU backend's nodes come from (run_sandboxed's gpu_dev)
+# The NVIDIA nodes a CUDA program opens: the control node, one per GPU, unified memory and its tools node
+# (profilers); MIG's capability nodes lie in nvidia-caps/. Not nvidia-modeset: that is the display's.
+GPU_NODE = re.compile(r"nvidia(ctl|\d+|-uvm|-uvm-tools)")
+# The driver's user-space libraries that CUDA loads: libcuda.so.1, libnvidia-ptxjitcompiler.so.1, ...
+DRIVER_LIBRARY = re.compile(r"lib(cuda|nvidia-[\w-]+)\.so[.\d]*")
+LDCONFIG_ENTRY = re.compile(r"\s+(\S+) \(.*\) => (\S.*)")  # a library in `ldconfig -p`: name, path
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,12 @@ def _system_binds() -> list[str]:
     return args
 
 
+def _outside_system_dirs(folder: Path) -> bool:
+    """True when `folder` (a real path) lies in none of SYSTEM_DIRS: the sandbox needs a bind of it."""
+    system = [Path(os.path.realpath(d)) for d in SYSTEM_DIRS if os.path.isdir(d)]
+    return not any(folder.is_relative_to(d) for d in system)
+
+
 def _toolkit_binds() -> list[str]:
     """The CUDA toolkit read-only where it lies outside /usr: found from nvcc on PATH (links resolved)
     and CUDA_HOME."""
@@ -126,20 +141,85 @@ def _toolkit_binds() -> list[str]:
     roots = {Path(os.path.realpath(nvcc)).parents[1]} if nvcc else set()
     if os.environ.get("CUDA_HOME"):
         roots.add(Path(os.path.realpath(os.environ["CUDA_HOME"])))
-    outside = sorted(str(r) for r in roots if r.is_dir() and not r.is_relative_to("/usr"))
+    outside = sorted(str(r) for r in roots if r.is_dir() and _outside_system_dirs(r))
     return [arg for root in outside for arg in ("--ro-bind", root, root)]
 
 
-def _gpu_binds() -> list[str]:
-    """Where a driver is loaded: the GPU nodes (nvidia0.., nvidiactl, nvidia-uvm*, nvidia-caps/) and
-    the read-only /sys the CUDA driver reads topology from. Untested on hardware."""
-    if not os.path.exists("/dev/nvidiactl"):
-        return []
-    nodes = [arg for node in sorted(glob.glob("/dev/nvidia*")) for arg in ("--dev-bind", node, node)]
-    return [*nodes, "--ro-bind", "/sys", "/sys"]
+def gpu_nodes(dev: Path) -> list[Path]:
+    """The NVIDIA nodes in `dev` that CUDA opens (GPU_NODE), then MIG's capability nodes, those that exist:
+    nvidia-uvm appears only once CUDA has been used (harness/gpu_probe.py makes sure it has)."""
+    nodes = sorted(p for p in dev.glob("nvidia*") if GPU_NODE.fullmatch(p.name))
+    return nodes + sorted((dev / "nvidia-caps").glob("*"))
 
 
-def _untrusted_argv(cmd: list[str], folder: str, uid: int | None) -> list[str]:
+def gpu_node_binds(dev: Path) -> list[str]:
+    """bwrap arguments that put each of gpu_nodes(dev) at its name under the sandbox's /dev."""
+    return [
+        arg for node in gpu_nodes(dev) for arg in ("--dev-bind", str(node), f"/dev/{node.relative_to(dev)}")
+    ]
+
+
+def _openable(node: Path) -> bool:
+    """Whether the sandboxed program may open `node` for reading and writing. As root it runs as a uid of
+    its own without groups (setpriv --clear-groups), a stranger to every file: only the bits for others
+    count. As another user it runs as that user, groups and all."""
+    if not _is_root():
+        return os.access(node, os.R_OK | os.W_OK)
+    both = stat.S_IROTH | stat.S_IWOTH
+    return node.stat().st_mode & both == both
+
+
+def gpu_access_problem(dev: Path) -> str | None:
+    """Why the sandboxed program could not use the GPU's nodes in `dev`, with what to change; None when it
+    can. Refused up front rather than handled (e.g. by giving the sandbox uid the node's group): the
+    driver makes its nodes world read-write unless told otherwise, and a machine that limits them to a
+    group has chosen who may use the GPU, which untrusted code should not be let into behind its back.
+    MIG's capability nodes are left out: CUDA reads those a MIG instance needs, and the driver keeps
+    its administrative ones to root."""
+    closed = [node for node in gpu_nodes(dev) if node.parent == dev and not _openable(node)]
+    if not closed:
+        return None
+    said = ", ".join(f"{n} is {stat.filemode(n.stat().st_mode)} (gid {n.stat().st_gid})" for n in closed)
+    who = _uids_said() + (", no groups" if _is_root() else "")
+    return (
+        f"{said}: the sandboxed program cannot open it (as {who});"
+        f" make the GPU's nodes readable and writable by all (chmod 666 {dev}/nvidia*, or the driver's "
+        f"option NVreg_DeviceFileMode=0666)"
+    )
+
+
+def driver_library_folders(ldconfig_listing: str) -> set[Path]:
+    """The real folders of the driver's libraries (DRIVER_LIBRARY) that `ldconfig -p` lists: each listed
+    path's folder and, the listed file being a link, its target's."""
+    folders = set()
+    for entry in map(LDCONFIG_ENTRY.fullmatch, ldconfig_listing.splitlines()):
+        if entry and DRIVER_LIBRARY.fullmatch(entry.group(1)):
+            path = entry.group(2)
+            folders |= {Path(os.path.realpath(os.path.dirname(path))), Path(os.path.realpath(path)).parent}
+    return folders
+
+
+def driver_binds(folders: set[Path]) -> list[str]:
+    """bwrap arguments that show those of `folders` that lie outside the system folders, read-only: a
+    container's /usr/local/nvidia/lib64 is in /usr already, a driver container's /run/nvidia/driver is not."""
+    outside = sorted(str(f) for f in folders if _outside_system_dirs(f))
+    return [arg for folder in outside for arg in ("--ro-bind", folder, folder)]
+
+
+@cache
+def _driver_library_folders() -> set[Path]:
+    """driver_library_folders of this machine (the loader's cache, as the sandbox's loader reads it)."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"  # in /sbin, which a user's PATH may lack
+    return driver_library_folders(subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout)
+
+
+def _gpu_binds(dev: Path) -> list[str]:
+    """The GPU backend's part of the view: the GPU's nodes from `dev`, the driver's libraries, and the
+    read-only /sys the CUDA driver reads topology from (its /proc/driver/nvidia comes with any /proc)."""
+    return [*gpu_node_binds(dev), *driver_binds(_driver_library_folders()), "--ro-bind", "/sys", "/sys"]
+
+
+def _untrusted_argv(cmd: list[str], folder: str, uid: int | None, gpu_dev: Path | None) -> list[str]:
     argv = [
         shutil.which("bwrap") or "bwrap",
         "--unshare-all",
@@ -153,7 +233,7 @@ def _untrusted_argv(cmd: list[str], folder: str, uid: int | None) -> list[str]:
         *_toolkit_binds(),
         "--dev",
         "/dev",
-        *_gpu_binds(),
+        *(_gpu_binds(gpu_dev) if gpu_dev else []),
         "--size",
         str(SHM_MB << 20),
         "--tmpfs",
@@ -534,6 +614,7 @@ def run_sandboxed(
     log_keep: int = 2000,
     uid: int | None = None,
     wait_s: float = 0.0,
+    gpu_dev: Path | None = None,
 ) -> tuple[int | None, str]:
     """Run cmd in cwd; returns (exit status, or None on wall-clock timeout; the first and last
     `log_keep` bytes of its combined stdout and stderr).
@@ -544,6 +625,8 @@ def run_sandboxed(
     `uid`, which the caller holds (hold_uid), or else as a uid held for this call alone; that uid
     gets cwd and everything in it, and after the call loses every process left.
     wait_s: how long to retry a sandbox that cannot start for want of a resource.
+    gpu_dev: untrusted, the folder whose GPU nodes it gets with the driver's libraries (HOST_DEV on the
+    GPU backend; a test's stand-ins); None: no GPU.
     Raises SandboxBusy when it still cannot after wait_s, SandboxError when the sandbox could not be
     set up otherwise (either way the command never ran).
     """
@@ -561,6 +644,7 @@ def run_sandboxed(
         env=env,
         stdin=stdin,
         log_keep=log_keep,
+        gpu_dev=gpu_dev,
     )
     give_up, pause = time.monotonic() + wait_s, 0.1
     while True:
@@ -595,13 +679,14 @@ def _run(
     env: dict[str, str] | None,
     stdin: bytes | None,
     log_keep: int,
+    gpu_dev: Path | None,
 ) -> tuple[int | None, str]:
     """One attempt of run_sandboxed, as `uid` (None: as we are)."""
     marker = secrets.token_hex(16) if isolate else ""  # without a sandbox, nothing can fail to set up
     if not isolate:
         argv = cmd
     elif untrusted:
-        argv = _untrusted_argv(_announced(cmd, marker), str(folder), uid)
+        argv = _untrusted_argv(_announced(cmd, marker), str(folder), uid, gpu_dev)
     else:
         argv = _trusted_argv(_announced(cmd, marker), str(folder))
     stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,15 @@ import pytest
 from conftest import ROOT
 
 from harness.programs import Runner
-from harness.sandbox import SANDBOX_UIDS, SandboxBusy, SandboxError, hold_uid, probe_isolation, run_sandboxed
+from harness.sandbox import (
+    SANDBOX_UIDS,
+    SandboxBusy,
+    SandboxError,
+    gpu_access_problem,
+    hold_uid,
+    probe_isolation,
+    run_sandboxed,
+)
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid and running as nobody need root")
@@ -518,6 +527,27 @@ def test_a_sandbox_that_cannot_start_for_want_of_processes_is_a_timeout_of_that_
     assert log.startswith("the sandbox could not start within 1 s, for want of a resource: ")
     assert "Resource temporarily unavailable" in log
     assert time.monotonic() - started >= 1  # retried for the call's own timeout first
+
+
+# ---------------------------------------------------------------------------------------
+# The GPU backend's device nodes (stand-ins: /dev/null's numbers under GPU names)
+# ---------------------------------------------------------------------------------------
+
+
+@root_only
+def test_the_gpu_nodes_are_bound_on_the_gpu_backend_only_and_open_to_the_sandbox_uid_if_world_rw(base):
+    dev = Path(tempfile.mkdtemp(dir=base))
+    dev.chmod(0o755)  # the sandbox uid's bwrap must reach the nodes to bind them
+    for name, mode in (("nvidiactl", 0o666), ("nvidia0", 0o660)):  # 0660: a driver limited to a group
+        os.mknod(dev / name, stat.S_IFCHR | mode, os.stat("/dev/null").st_rdev)
+        os.chmod(dev / name, mode)
+    write_each = ["sh", "-c", "for n in nvidiactl nvidia0; do echo x > /dev/$n && echo $n=ok; done; true"]
+    code, log = run_sandboxed(write_each, Sandbox(base, "self").folder(), 30, untrusted=True, gpu_dev=dev)
+    assert code == 0 and "nvidiactl=ok" in log, log
+    assert "nvidia0=ok" not in log and "/dev/nvidia0: Permission denied" in log, log  # --clear-groups
+    assert gpu_access_problem(dev).startswith(f"{dev}/nvidia0 is crw-rw---- (gid 0): ")  # refused up front
+    code, log = run_sandboxed(write_each, Sandbox(base, "self").folder(), 30, untrusted=True)
+    assert "=ok" not in log and "/dev/nvidiactl: Read-only file system" in log, log  # absent: not bound
 
 
 # ---------------------------------------------------------------------------------------
