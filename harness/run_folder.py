@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from cuset_common.artifacts import EVAL_RUN_FILES, check_out_dir, json_kind, open_out
-from cuset_common.cli import UserError
+from cuset_common.cli import UserError, resolve_precision
 from cuset_common.files import (
     append_jsonl,
     read_appended_jsonl,
@@ -25,7 +25,7 @@ from cuset_common.files import (
 )
 from cuset_common.paths import LEVELS
 from cuset_common.tasks import load_tasks
-from harness.generation import generation_settings
+from harness.vllm_generation import choose_engine, engine_device
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
 # and its completion (up to --max-new-tokens tokens of a few bytes each), written twice (appended, then in
@@ -81,6 +81,29 @@ def run_fingerprint(args, backend: str) -> dict:
         "emulate_checks": backend == "emulated" and args.emulate_checks,
     }
     return source | {k: values[k] for k in FINGERPRINTED}
+
+
+def run_engine(args) -> tuple[str, str]:
+    """(engine, why) of the run's generation (choose_engine), decided on all the run's replies, not on those
+    still to do: a resumed run keeps the engine it started with, --engine auto included."""
+    tasks, _ = select_tasks(args)
+    return choose_engine(args, len(tasks) * len(args.levels) * args.num_samples)
+
+
+def generation_settings(args) -> dict:
+    """What defines a run's replies besides the sampling arguments (part of its fingerprint): the engine
+    (--engine auto as it resolves, run_engine), the kind of device and the dtype that compute them, and,
+    when sampling, the seed: each engine draws its samples its own way, and CPU and GPU kernels, like bf16
+    and fp32, round differently enough to part greedy replies where two tokens nearly tie. Not which GPU of
+    a machine, nor --gen-batch-size or --vllm-gpu-memory: a resumed run may take another free GPU or batch
+    otherwise, at the cost of rounding in the last bits."""
+    engine = run_engine(args)[0]
+    device = engine_device(engine, args.device)
+    return {
+        "engine": engine,
+        "device": device.split(":")[0],
+        "precision": resolve_precision(args.precision, device),
+    } | ({"seed": args.seed} if args.temperature > 0 else {})
 
 
 # The fields a resumed run reads of each row of its files, and their JSON types (bool is not int here).
