@@ -623,9 +623,8 @@ def summary_line(results: dict[str, dict], seconds: float) -> str:
         f"gpu check: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in "
         f"{seconds:,.0f} s (budget {BUDGET_S} s)"
     )
-    if results["sandbox"]["status"] != "PASS":
-        line += "; the sandbox was SKIPPED: stage 04 ran with --no-sandbox"
-    return line
+    sandbox = {"SKIP": "was SKIPPED", "FAIL": "FAILED"}.get(results["sandbox"]["status"])
+    return line + (f"; the sandbox step {sandbox}: stage 04 ran with --no-sandbox" if sandbox else "")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

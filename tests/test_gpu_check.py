@@ -80,10 +80,10 @@ def test_peak_may_exceed_the_plan_by_the_stated_margin_and_no_more():
 
 def test_a_command_is_killed_at_its_line_or_at_its_time_limit(tmp_path):
     log = tmp_path / "step.log"
-    steps = "import time\nfor i in range(1, 100):\n    print(f'step {i:>5}/99', flush=True); time.sleep(0.2)"
+    steps = "import time\nfor i in range(1, 100):\n    print(f'step {i:>5}/99', flush=True); time.sleep(1)"
     done = gc.run_command([sys.executable, "-c", steps], log, 60, {}, gc.SECOND_STEP_LINE)
     assert done.kill_line == "step     2/99" and done.code == -9
-    assert "step     3/99" not in done.output  # the kill lands within the step, not at a later poll
+    assert "step     3/99" not in done.output  # the kill lands at the line, within the step after it
 
     t0 = time.monotonic()
     done = gc.run_command(
@@ -184,3 +184,14 @@ def test_a_failure_is_told_by_its_cause_not_by_torchrun_s_closing_banner():
     assert gc.Finished(2, stage).cause() == "error: --batch-size 8 must be a multiple of processes x 3"
     assert gc.Finished(-9, "step     1/8\n\n").cause() == "step     1/8"
     assert gc.Finished(None, "").cause() == "(no output)"
+
+
+def test_the_summary_says_when_stage_04_ran_without_the_sandbox():
+    steps = {"profile": {"status": "PASS"}, "train": {"status": "FAIL"}}
+    sandboxed = gc.summary_line({"sandbox": {"status": "PASS"}} | steps, 301.4)
+    assert sandboxed == "gpu check: 2 passed, 1 failed, 0 skipped in 301 s (budget 480 s)"
+    unsandboxed = gc.summary_line({"sandbox": {"status": "SKIP"}} | steps, 301.4)
+    assert unsandboxed == (
+        "gpu check: 1 passed, 1 failed, 1 skipped in 301 s (budget 480 s); the sandbox step was SKIPPED: "
+        "stage 04 ran with --no-sandbox"
+    )
