@@ -51,7 +51,7 @@ from harness.vllm_generation import (
 ev = load_script("04_eval_kernels.py")
 # Six kernel-mode prompts of level 1 whose greedy fp32 replies from the tiny model end in every way a reply
 # can end: its code block complete (3), a loop of --loop-stop 9 tokens (1), the end of its turn (1), and
-# --max-new-tokens (1) (measured with tests/test_engines.py's stop_kinds). On the CPU, where a GPU is too.
+# --max-new-tokens (1) (measured with tests/test_engines.py's stop_kinds); on the CPU, on a GPU machine too.
 SAME = [
     "--device",
     "cpu",
@@ -149,9 +149,7 @@ def stop_kind(tok, ids: list[int], eos: list[int]) -> str:
 def both_engines(tmp_path_factory, vllm_version):
     """Stage 04 --generate-only on the same six prompts, 2 samples each, greedy fp32, once per engine, on
     the CPU."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    if vllm_platform() != "cpu":
         pytest.skip("compares the engines on a CPU; the vLLM installed here runs on a GPU only")
     outs = {}
     for engine in ("hf", "vllm"):
