@@ -130,12 +130,12 @@ def probe_gpu(runner: Runner, capability: str | None, build: Build) -> Probe:
 
 
 def create_uvm_node(probe: Path) -> None:
-    """Make sure /dev/nvidia-uvm exists before the first sandboxed CUDA program. The driver creates it on
-    CUDA's first use (its library loads the module and makes the node, itself as root, else through the
-    setuid nvidia-modprobe); a sandboxed program can do neither (a read-only /dev of its own, no new
-    privileges). So the probe, our own program built from PROBE_SOURCE, runs once outside the sandbox:
-    the same way any CUDA program would make it, needing no tool beyond the driver's. Its verdict is
-    the sandboxed run's."""
+    """Make sure /dev/nvidia-uvm exists before the first sandboxed CUDA program. The driver makes it on
+    CUDA's first use: its library runs nvidia-modprobe (setuid root), which loads the module and makes
+    the node; in a sandbox that cannot work (a read-only /dev of its own, no new privileges). So the
+    probe, our own program built from PROBE_SOURCE, runs once outside the sandbox: the node is made as
+    any CUDA program would make it, with no step of our own to go wrong. Its verdict is the sandboxed
+    run's."""
     if (HOST_DEV / "nvidiactl").exists() and not (HOST_DEV / "nvidia-uvm").exists():
         try:
             subprocess.run([str(probe)], capture_output=True, timeout=RUN_S)
