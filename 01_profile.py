@@ -361,4 +361,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(
+        run_main(
+            main,
+            interrupted=(
+                "the batches finished by its last save (every --save-every seconds) are kept in "
+                "<out>.partial/; rerun the same command with --resume to go on from them"
+            ),
+        )
+    )

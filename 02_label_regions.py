@@ -418,4 +418,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(
+        run_main(
+            main,
+            interrupted=(
+                "--out is as it was (stage 02 writes its artifact only once it is complete); "
+                "run the command again"
+            ),
+        )
+    )

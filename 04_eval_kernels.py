@@ -847,4 +847,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(
+        run_main(
+            main,
+            interrupted=(
+                "the rows done so far are kept in --out; rerun the same command, without --force, "
+                "to go on from them"
+            ),
+        )
+    )

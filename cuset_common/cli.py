@@ -12,9 +12,18 @@ class UserError(Exception):
     """Bad input from the user: printed without a traceback, exit status 2."""
 
 
-def run_main(main_fn, argv: list[str] | None = None) -> int:
+# What a script that names nothing else keeps when Ctrl-C stops it (run_main's `interrupted`).
+INTERRUPTED = "stopped before it finished; run the command again"
+
+
+def run_main(main_fn, argv: list[str] | None = None, interrupted: str = INTERRUPTED) -> int:
     """Run a stage's main; a UserError prints `error: ...` to stderr and exits with status 2 (as do
-    the argument parser's refusals, which exit through SystemExit)."""
+    the argument parser's refusals, which exit through SystemExit).
+
+    Ctrl-C prints one line, `interrupted: ` and then `interrupted`: what the stage keeps of the stopped
+    run and how to go on from it; the exit status is the shell's for a command that SIGINT ended, 130
+    (128 + signal 2). A traceback there would read as a crash, though stopping is the user's choice."""
+    import os
     import sys
 
     try:
@@ -24,6 +33,12 @@ def run_main(main_fn, argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as e:
         return e.code
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every process of the terminal's foreground group, so under torchrun every rank
+        # stops here: rank 0 alone (torchrun's RANK; a plain run has none) says so.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"interrupted: {interrupted}", file=sys.stderr)
+        return 130
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -3,12 +3,14 @@ into one batch the same way in every stage."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from .cli import UserError
-from .files import read_jsonl
+from .files import parse_json_line, read_jsonl
 
 # Used when the tokenizer has no chat template (documented in README).
 PLAIN_PROMPT_TEMPLATE = "### System:\n{system}\n\n### Instruction:\n{user}\n\n### Response:\n"
@@ -65,13 +67,26 @@ def strings(where: str, *fields) -> tuple[str, ...]:
     return fields
 
 
-def load_sft(path: Path) -> list[dict]:
+def load_sft(path: Path, content: bytes | None = None) -> list[dict]:
+    """The SFT records of a JSONL file, each with its line number; content: the file's bytes where they
+    were read already (jsonl_lines)."""
     records = [
-        normalize_record(obj, f"{path}:{lineno}") | {"line": lineno} for lineno, obj in read_jsonl(path)
+        normalize_record(obj, f"{path}:{lineno}") | {"line": lineno}
+        for lineno, obj in jsonl_lines(path, content)
     ]
     if not records:
         raise UserError(f"{path}: no records")
     return records
+
+
+def jsonl_lines(path: Path, content: bytes | None = None) -> Iterator[tuple[int, dict]]:
+    """read_jsonl of `path`, or of its bytes `content` where they were read already: a pipe (`--data
+    <(command)`, /dev/stdin) gives its bytes to its first reader only. Lines are split as a file object
+    splits them, at each newline, so both give the same line numbers and the same errors."""
+    if content is None:
+        return read_jsonl(path)
+    lines = enumerate(io.BytesIO(content), start=1)
+    return ((n, obj) for n, raw in lines if (obj := parse_json_line(raw, path, n)) is not None)
 
 
 def render_prompt_and_response(tokenizer, record: dict) -> tuple[str, str]:

@@ -22,14 +22,15 @@ import hashlib
 import json
 import re
 import shlex
+import stat
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cli import UserError
-from .data import load_sft, normalize_record
-from .files import open_input, read_jsonl, sha256_file
+from .data import jsonl_lines, load_sft, normalize_record
+from .files import open_input, sha256_file
 from .paths import SFT_KERNEL_FILE
 
 ROLES = ("prompt", "response", "system")  # what --data-fields may map; prompt and response are required
@@ -133,10 +134,13 @@ def load_data(args: argparse.Namespace) -> tuple[list[dict], dict]:
     fields = parse_fields(getattr(args, "data_fields", None))
     filters = parse_where(getattr(args, "data_where", None))
     path = Path(args.data)
-    is_table = str(path).startswith(HUB_PREFIX) or path.is_dir() or is_parquet(path) or is_json_array(path)
+    content = read_pipe(path)
+    is_table = (
+        str(path).startswith(HUB_PREFIX) or path.is_dir() or is_parquet(path) or is_json_array(path, content)
+    )
     if not (is_table or fields or filters):
-        return load_sft(path), {"path": str(path), "sha256": sha256_file(path)}
-    table, identity = open_source(path)
+        return load_sft(path, content), {"path": str(path), "sha256": data_sha256(path, content)}
+    table, identity = open_source(path, content)
     records, rows = table_records(table, fields, filters)
     if filters:
         print(
@@ -339,46 +343,65 @@ def is_parquet(path: Path) -> bool:
     return path.suffix.lower() == ".parquet"
 
 
-def is_json_array(path: Path) -> bool:
-    """A file whose text starts with `[` (after a byte-order mark and blanks): a JSON array of rows."""
+def read_pipe(path: Path) -> bytes | None:
+    """The bytes of --data read once, when it is a pipe (`--data <(command)`, /dev/stdin fed by `|`) or
+    any other file that is not a regular one: such a file gives its bytes to its first reader only, and
+    --data is read more than once (is_json_array looks at its start, the identity hashes it, the reader
+    parses it). None for a regular file, a folder, a hub id or a path that is not there (read where
+    needed, or refused there)."""
+    if str(path).startswith(HUB_PREFIX):
+        return None
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
+        mode = path.stat().st_mode
     except OSError:
-        return False  # load_sft or open_source says what is wrong with it
-    return head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"[")
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    with open_input(path) as f:
+        return f.read()
 
 
-def open_source(path: Path) -> tuple[Table, dict]:
-    """The table behind --data and its identity (without mapping, filter and counts)."""
+def data_sha256(path: Path, content: bytes | None) -> str:
+    """sha256 of --data: of its bytes where read_pipe read them, else of the file (a missing or unreadable
+    file is a UserError here)."""
+    return sha256_file(path) if content is None else hashlib.sha256(content).hexdigest()
+
+
+def is_json_array(path: Path, content: bytes | None = None) -> bool:
+    """A file whose text starts with `[` (after a byte-order mark and blanks): a JSON array of rows.
+    content: the file's bytes where read_pipe read them."""
+    if content is None:
+        try:
+            with open(path, "rb") as f:
+                content = f.read(4096)
+        except OSError:
+            return False  # load_sft or open_source says what is wrong with it
+    return content[:4096].removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"[")
+
+
+def open_source(path: Path, content: bytes | None = None) -> tuple[Table, dict]:
+    """The table behind --data and its identity (without mapping, filter and counts); content: its bytes
+    where read_pipe read them."""
     text = str(path)
     if text.startswith(HUB_PREFIX):
         return open_hub(text)
     if path.is_dir():
         return open_folder(path)
-    identity = {"path": text, "sha256": sha256_file(path)}  # a missing or unreadable file: one line, here
+    identity = {"path": text, "sha256": data_sha256(path, content)}  # a missing file: one line, here
     if is_parquet(path):
-        return open_parquet([path], text), identity | {"format": "parquet"}
-    json_kind = "json" if is_json_array(path) else "jsonl"
-    return open_json(path, json_kind == "json"), identity | {"format": json_kind}
+        return open_parquet([path], text, content), identity | {"format": "parquet"}
+    json_kind = "json" if is_json_array(path, content) else "jsonl"
+    return open_json(path, json_kind == "json", content), identity | {"format": json_kind}
 
 
-def open_json(path: Path, array: bool) -> Table:
-    """A JSON array of objects (rows numbered from 0) or JSON lines (numbered from 1, as read_jsonl does)."""
+def open_json(path: Path, array: bool, content: bytes | None = None) -> Table:
+    """A JSON array of objects (rows numbered from 0) or JSON lines (numbered from 1, as read_jsonl does);
+    content: the file's bytes where read_pipe read them."""
     if array:
-        with open_input(path) as f:
-            raw = f.read()
-        try:
-            rows = json.loads(raw.decode("utf-8-sig"))
-        except UnicodeDecodeError as e:
-            raise UserError(
-                f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save it as UTF-8"
-            ) from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+        rows = read_json_array(path, content)
         items = [(f"{path} row {i}", i, row) for i, row in enumerate(rows)]
     else:
-        items = [(f"{path}:{lineno}", lineno, row) for lineno, row in read_jsonl(path)]
+        items = [(f"{path}:{lineno}", lineno, row) for lineno, row in jsonl_lines(path, content)]
     for where, _, row in items:
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object, got {kind_of(row)}")
@@ -390,17 +413,67 @@ def open_json(path: Path, array: bool) -> Table:
     return Table(str(path), columns, lambda needed: items)
 
 
-def open_parquet(files: list[Path], name: str) -> Table:
-    """Parquet files read with pyarrow, only the columns needed; rows numbered from 0 within each file."""
+def read_json_array(path: Path, content: bytes | None) -> list:
+    """A file of one JSON array, decoded; what is wrong with it is a UserError naming file and line."""
+    if content is None:
+        with open_input(path) as f:
+            content = f.read()
+    try:
+        return json.loads(content.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte 0x{content[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise UserError(f"{path}: not valid JSON here ({e})") from None
+    except RecursionError:
+        raise UserError(
+            f"{path}:{deepest_line(content)}: JSON nested too deeply to read (arrays or objects inside "
+            "each other beyond Python's recursion limit); each row must be one plain JSON object"
+        ) from None
+
+
+# One token of JSON's nesting: a string (skipped whole: brackets inside it are text), or a bracket.
+JSON_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def deepest_line(content: bytes) -> int:
+    """The line of a JSON text on which it nests deepest: where to look when it nests too deep to decode
+    (json's RecursionError says nowhere)."""
+    depth = deepest = where = 0
+    for token in JSON_NESTING.finditer(content):
+        if token.group() in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest, where = depth, token.start()
+        elif token.group() in (b"]", b"}"):
+            depth -= 1
+    return content.count(b"\n", 0, where) + 1
+
+
+def open_parquet(files: list[Path], name: str, content: bytes | None = None) -> Table:
+    """Parquet files read with pyarrow, only the columns needed; rows numbered from 0 within each file.
+    content: the one file's bytes, where read_pipe read them."""
     pq = import_or_refuse("pyarrow.parquet", "pyarrow", name)
     import pyarrow as pa
+
+    def source(f: Path):
+        return f if content is None else pa.BufferReader(content)
 
     schemas = {}
     for f in files:
         try:
-            schemas[f] = pq.read_schema(f)
+            schemas[f] = pq.read_schema(source(f))
         except (pa.ArrowException, OSError) as e:
-            raise UserError(f"{f}: not a parquet file ({str(e).splitlines()[0]})") from None
+            raise UserError(f"{f}: not a parquet file ({reason(e)})") from None
+        names = schemas[f].names
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
+            raise UserError(
+                f"{f}: has more than one column named {', '.join(map(repr, repeated))} (a name could "
+                "not say which one is meant); write the file again with each column named once"
+            )
     columns = {}
     for schema in schemas.values():
         for field in schema:
@@ -414,7 +487,15 @@ def open_parquet(files: list[Path], name: str) -> Table:
                     f"{f}: has no column {', '.join(missing)} (its columns: "
                     f"{', '.join(schema.names)}); give a folder whose files share their columns"
                 )
-            rows = pq.read_table(f, columns=needed).to_pylist()
+            # The pages are read only here: damaged ones behind an intact footer fail now, in pyarrow or,
+            # as text that is not UTF-8, in Python (a ValueError)
+            try:
+                rows = pq.read_table(source(f), columns=needed).to_pylist()
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise UserError(
+                    f"{f}: its data cannot be read ({reason(e)}); the file is damaged: write or "
+                    "download it again"
+                ) from None
             items += [(f"{f} row {i}", i, row) for i, row in enumerate(rows)]
         return items
 
@@ -434,11 +515,12 @@ def open_folder(path: Path) -> tuple[Table, dict]:
     if not saved:
         return open_parquet(files, str(path)), identity | {"format": "parquet-folder"}
     datasets = import_or_refuse("datasets", "datasets", str(path))
+    import pyarrow as pa  # datasets' own storage: it needs it
+
     try:
         ds = datasets.load_from_disk(str(path))
-    except (OSError, ValueError) as e:
-        why = str(e).splitlines()[0]
-        raise UserError(f"{path}: not a dataset folder that `save_to_disk` wrote ({why})") from None
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise UserError(f"{path}: not a dataset folder that `save_to_disk` wrote ({reason(e)})") from None
     if isinstance(ds, datasets.DatasetDict):
         raise UserError(
             f"{path}: holds the splits {', '.join(ds)}; name one split's folder, e.g. {path / next(iter(ds))}"
@@ -448,10 +530,19 @@ def open_folder(path: Path) -> tuple[Table, dict]:
 
 def dataset_table(ds, name: str) -> Table:
     """A `datasets.Dataset` as a table; rows numbered from 0, as ds[i] numbers them."""
+    import pyarrow as pa  # datasets' own storage: it needs it
+
     columns = {c: getattr(f, "dtype", None) or type(f).__name__.lower() for c, f in ds.features.items()}
 
     def read(needed: list[str] | None) -> list[tuple[str, int, dict]]:
-        rows = (ds.select_columns(needed) if needed else ds).to_list()
+        # The files are memory-mapped, read only here: damage fails now, in pyarrow or, as text that is
+        # not UTF-8, in Python (a ValueError)
+        try:
+            rows = (ds.select_columns(needed) if needed else ds).to_list()
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise UserError(
+                f"{name}: its data cannot be read ({reason(e)}); it is damaged: make it again"
+            ) from None
         return [(f"{name} row {i}", i, row) for i, row in enumerate(rows)]
 
     return Table(name, columns, read)
@@ -465,6 +556,7 @@ def open_hub(text: str) -> tuple[Table, dict]:
             f"--data {text}: not a hub dataset id; write hf:owner/name, optionally with "
             "@revision and :split (e.g. hf:SakanaAI/AI-CUDA-Engineer-Archive:level_1)"
         )
+    check_hub_id(text, m["repo"])
     import_or_refuse("datasets", "datasets", text)
     check_hub_dataset(text, m["repo"], m["revision"])
     return hub_split(text, m["repo"], m["revision"], m["split"] or "train")
@@ -475,13 +567,14 @@ def hub_split(text: str, repo: str, revision: str | None, split: str) -> tuple[T
     builds it; the identity records the revision it resolved to (the repo's commit on the hub) and the
     split's fingerprint (a hash of that revision and the split expression)."""
     import datasets
+    import pyarrow as pa
 
     try:
         builder = datasets.load_dataset_builder(repo, revision=revision)
         builder.download_and_prepare()
         ds = builder.as_dataset(split=split)
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:  # no network; no such split, ...
-        raise UserError(f"--data {text}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, datasets.exceptions.DatasetsError, pa.ArrowException) as e:
+        raise UserError(f"--data {text}: {reason(e)}") from None  # no network, no such split, a bad file
     identity = {
         "path": text,
         "sha256": None,
@@ -492,6 +585,20 @@ def hub_split(text: str, repo: str, revision: str | None, split: str) -> tuple[T
         "fingerprint": ds._fingerprint,
     }
     return dataset_table(ds, text), identity
+
+
+def check_hub_id(text: str, repo: str) -> None:
+    """Refuse an owner/name the hub library would refuse (two dots or dashes in a row, a name ending in a
+    dot, over 96 characters, ...): its rules, checked before anything is looked up, cached or online."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise UserError(
+            f"--data {text}: not a hub dataset id ({reason(e)}); copy the id from the dataset's page"
+        ) from None
 
 
 def check_hub_dataset(text: str, repo: str, revision: str | None) -> None:
@@ -514,10 +621,15 @@ def check_hub_dataset(text: str, repo: str, revision: str | None) -> None:
     except HfHubHTTPError:
         return  # the hub answered (an error of its own, e.g. gated): datasets says what it needs
     except Exception as e:  # the HTTP client's own errors (no network, DNS, timeout), and offline mode
-        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
         raise UserError(
-            f"--data {text}: not in the local cache and the hub cannot be reached ({why}); {fix}"
+            f"--data {text}: not in the local cache and the hub cannot be reached ({reason(e)}); {fix}"
         ) from None
+
+
+def reason(error: Exception) -> str:
+    """A library's exception in one line: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def import_or_refuse(module: str, package: str, data: str):

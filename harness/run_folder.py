@@ -229,7 +229,7 @@ def saved_fingerprint(out: Path) -> dict | None:
     if fp_path.exists():
         try:
             return json.loads(fp_path.read_text())
-        except ValueError:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deeply to read
             return {"fingerprint.json": "unreadable"}
     if any((out / f).exists() for f in EVAL_RUN_FILES):
         return {"fingerprint.json": "absent (written by an older version)"}

@@ -19,9 +19,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +31,7 @@ import pytest
 from conftest import ROOT, gpu_present, load_script
 
 from cuset_common.artifacts import aside_dir, finishes_out, open_out
-from cuset_common.cli import UserError, run_main
+from cuset_common.cli import INTERRUPTED, UserError, run_main
 from cuset_common.files import append_jsonl
 from cuset_common.paths import SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
@@ -371,6 +373,10 @@ BAD_FILES = {
     "a folder": (lambda p: p.mkdir(), ": is a folder, not a file"),
     "nested 100,000 deep": (
         lambda p: p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+        ":1: JSON nested too deeply to read",
+    ),
+    "a line of lists 100,000 deep": (
+        lambda p: p.write_text("[" * 100_000 + "]" * 100_000 + "\n"),
         ":1: JSON nested too deeply to read",
     ),
     "half a surrogate pair": (
@@ -1011,3 +1017,157 @@ def test_compare_makes_a_damaged_stage_04_summary_again_and_names_it_in_a_report
     results_path.write_text(json.dumps(json.loads(first) | {"level": "1"}) + "\n" + rest)
     with pytest.raises(UserError, match=f"^{re.escape(f'{results_path}:1: a row needs task_id')}"):
         COMPARE.kernel_metrics(run, "kernel")
+
+
+# ---------------------------------------------------------------------------------------
+# What the data libraries raise, pipes and Ctrl-C: one line, never a traceback
+# ---------------------------------------------------------------------------------------
+
+PARQUET_ROWS = {
+    "prompt": [f"Write kernel {i} in CUDA." for i in range(40)],
+    "completion": [f"__global__ void k{i}(float* y) {{ y[0] = {i}; }}" for i in range(40)],
+}
+PARQUET_FIELDS = ["--data-fields", "prompt=prompt,response=completion"]
+
+
+def same_named_columns(path: Path) -> None:
+    """A parquet file with two columns named `prompt` (pyarrow writes it; a name cannot pick one)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    columns = [pa.array(PARQUET_ROWS[name]) for name in ("prompt", "completion", "completion")]
+    pq.write_table(pa.Table.from_arrays(columns, names=["prompt", "prompt", "completion"]), path)
+
+
+def damaged_pages(path: Path, page: str) -> None:
+    """A parquet file whose header and footer are intact and whose first column's dictionary or data page
+    is overwritten at its start (what a bad disk or a botched copy leaves): its schema reads, its rows not."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table(PARQUET_ROWS), path)
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    start = chunk.dictionary_page_offset if page == "dictionary" else chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 16] = b"\xff" * 16
+    path.write_bytes(data)
+    assert pq.read_schema(path).names == list(PARQUET_ROWS)
+
+
+BAD_PARQUET = {
+    "two columns of one name": (same_named_columns, "has more than one column named 'prompt'"),
+    "damaged dictionary page": (lambda p: damaged_pages(p, "dictionary"), "its data cannot be read"),
+    "damaged data page": (lambda p: damaged_pages(p, "data"), "its data cannot be read"),
+}
+
+
+@pytest.mark.parametrize("stage", ["01", "03"])
+@pytest.mark.parametrize("kind", BAD_PARQUET)
+def test_a_parquet_file_pyarrow_cannot_read_is_one_line_naming_it(world, stage, kind, tmp_path, capsys):
+    bad = tmp_path / "rows.parquet"
+    make, says = BAD_PARQUET[kind]
+    make(bad)
+    refuses_and_keeps(world, stage, ["--data", bad, *PARQUET_FIELDS], f"{bad}: {says}", capsys)
+
+
+def test_a_json_array_nested_too_deeply_names_the_line(world, tmp_path, capsys):
+    bad = tmp_path / "rows.json"
+    deep = "[" * 100_000 + "]" * 100_000
+    bad.write_text(f'[\n{{"text": "a row"}},\n{{"text": {deep}}}\n]\n')
+    refuses_and_keeps(world, "01", ["--data", bad], f"{bad}:3: JSON nested too deeply to read", capsys)
+
+
+def test_a_run_whose_fingerprint_nests_too_deeply_is_another_run(world, tmp_path, capsys):
+    """Stage 04 reads the fingerprint.json of the run in --out: one it cannot read is not this run's."""
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    (run / "fingerprint.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    before = snapshot(run)
+    line, _ = refused("04", [*ARGS["04"](world), "--out", run], capsys)
+    assert "holds another run" in line and "fingerprint.json" in line, line
+    assert snapshot(run) == before
+
+
+# Ids the hub library refuses although they look like hf:owner/name.
+BAD_HUB_IDS = ["hf:owner/a..b", "hf:owner/a--b", "hf:owner/" + "a" * 120, "hf:owner/name.", "hf:owner./name"]
+
+
+@pytest.mark.parametrize(
+    "data", BAD_HUB_IDS, ids=["two-dots", "two-dashes", "120-chars", "dot-end", "owner-dot"]
+)
+def test_a_hub_id_the_hub_library_refuses_is_one_line_before_any_lookup(world, data, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing here may wait on the network
+    start = time.time()
+    refuses_and_keeps(
+        world, "01", ["--data", data, *PARQUET_FIELDS], f"--data {data}: not a hub dataset id", capsys
+    )
+    assert time.time() - start < 15
+
+
+def test_data_from_a_pipe_is_read_once_and_hashed(world, tmp_path):
+    """--data <(command) is a pipe named /dev/fd/N, as here: the profile made from it equals the one made
+    from the file, and its meta pins the bytes that came through. (A pipe gives its bytes once: a stage
+    that opened --data twice would find the second read starting where the first stopped.)"""
+    data = world["data"].read_bytes()
+    read_end, write_end = os.pipe()
+
+    def feed():  # in a thread: a pipe holds 64 KiB, the stage's reads make room for the rest
+        with open(write_end, "wb") as pipe:
+            pipe.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    out = tmp_path / "profile"
+    argv = [*ARGS["01"](world), "--data", f"/dev/fd/{read_end}", "--out", out]
+    try:
+        assert run_main(STAGE["01"].main, [*map(str, argv)]) == 0
+    finally:
+        writer.join(timeout=60)
+        os.close(read_end)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["data"]["sha256"] == hashlib.sha256(data).hexdigest()
+    tensors = [(folder / "tensors.safetensors").read_bytes() for folder in (out, world["profile"])]
+    assert tensors[0] == tensors[1]
+
+
+def test_ctrl_c_is_one_line_saying_what_is_kept_and_exit_130(monkeypatch, capsys):
+    """run_main's answer to Ctrl-C: the stage's own words (or the default), status 130; under torchrun
+    only rank 0 says it."""
+
+    def main(argv):
+        raise KeyboardInterrupt
+
+    assert run_main(main, [], interrupted="the shards are kept; rerun with --resume") == 130
+    assert capsys.readouterr().err == "interrupted: the shards are kept; rerun with --resume\n"
+    assert run_main(main, []) == 130
+    assert capsys.readouterr().err == f"interrupted: {INTERRUPTED}\n"
+    monkeypatch.setenv("RANK", "1")
+    assert run_main(main, []) == 130
+    assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_during_training_keeps_the_previous_checkpoint_and_says_how_to_resume(world, tmp_path):
+    """A real SIGINT to stage 03 running with --force on a copy of a finished checkpoint, after its first
+    step: exit 130, one line, and the previous checkpoint waits aside, as it was."""
+    out = tmp_path / "ckpt"
+    shutil.copytree(world["ckpt"], out)
+    before = snapshot(out)
+    argv = [*ARGS["03"](world), "--max-steps", "10000", "--save-every", "1", "--out", out, "--force"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "03_train_cuset.py", *map(str, argv)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step "):
+                proc.send_signal(signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith("interrupted: ") and "--resume" in err, err
+    assert snapshot(aside_dir(out)) == before
