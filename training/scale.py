@@ -202,7 +202,7 @@ def activation_bytes(model, args, max_length: int, precision: str) -> tuple[floa
     if autocast_copies_weights(args, precision):
         total, how = (
             total + 2 * sum(p.numel() for m in layers for p in m.parameters()),
-            how + " + 2 B x layers",
+            how + " + bf16 copies of the layers' weights (2 B x their parameters)",
         )
     return total, how
 
