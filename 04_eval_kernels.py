@@ -91,7 +91,6 @@ from harness.programs import (
     gpu_name,
     make_work_dir,
     output_limit_mb,
-    parse_timing,
     prepare_emulator,
     require_tools,
     resolve_backend,
@@ -99,6 +98,7 @@ from harness.programs import (
 from harness.report import Progress, write_generation_summary, write_summary
 from harness.run_folder import Run, load_solutions, open_run, run_engine, run_fingerprint, select_tasks
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
+from harness.timing import TIMING_ARGUMENT, read_timing, speed_stats
 from harness.vllm_generation import (
     AUTO_MIN_PARAMETERS,
     AUTO_MIN_TOKENS,
@@ -259,20 +259,16 @@ def execute(
     env: dict[str, str] | None = None,
     timed: bool = False,
     compare_timeout: float = 900.0,
+    timing_timeout: float = 120.0,
 ) -> tuple[str, str, dict]:
     """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
     under data/ with the references (compare_outputs). Returns (outcome, log, timing); `timed` (kernel
-    mode on the GPU) parses the harness's timing line, which must carry this run's nonce."""
-    run_dir = workdir / "run"
-    (run_dir / "data").mkdir(parents=True)
-    shutil.copy(exe, run_dir / "prog")
-    for buf in task["inputs"]:  # only the inputs: the program cannot read reference outputs
-        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
-    nonce = secrets.token_hex(16)
-    limit_mb = output_limit_mb(task)
+    mode on the GPU): a program that passes is then timed in a run of its own (time_kernels), so that
+    the outcome is decided before and apart from timing, and a slow but correct kernel still passes."""
+    run_dir = fresh_run_folder(task, exe, gen_dir, workdir / "run")
     started = time.monotonic()
     code, log = runner.untrusted(
-        ["./prog"], run_dir, timeout, file_mb=limit_mb, nproc=64, env=env, stdin=f"{nonce}\n".encode()
+        ["./prog"], run_dir, timeout, file_mb=output_limit_mb(task), nproc=64, env=env
     )
     took = {"run_s": round(time.monotonic() - started, 2)}
     if code is None:
@@ -280,8 +276,51 @@ def execute(
     if code != 0:
         return "runtime_error", f"exit status {code}\n{log}", took
     passed, judged = compare_outputs(task, gen_dir, workdir, runner, compare_timeout)
-    timing = took | (parse_timing(log, nonce) if timed else {})
-    return ("pass" if passed else "wrong_output"), log + judged, timing
+    if not passed:
+        return "wrong_output", log + judged, took
+    timing = time_kernels(task, exe, gen_dir, workdir, timing_timeout, runner, env) if timed else {}
+    return "pass", log + judged, took | timing
+
+
+def fresh_run_folder(task: dict, exe: Path, gen_dir: Path, run_dir: Path) -> Path:
+    """`run_dir` holding a copy of the program and data/ with the task's inputs, and nothing else: the
+    program cannot read the reference outputs."""
+    (run_dir / "data").mkdir(parents=True)
+    shutil.copy(exe, run_dir / "prog")
+    for buf in task["inputs"]:
+        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
+    return run_dir
+
+
+def time_kernels(
+    task: dict,
+    exe: Path,
+    gen_dir: Path,
+    workdir: Path,
+    timeout: float,
+    runner: Runner,
+    env: dict[str, str] | None,
+) -> dict:
+    """The timing run of a kernel-mode program that passed: the harness with TIMING_ARGUMENT, in a fresh
+    folder, within its own `timeout` (--timing-timeout). Returns the row's timing fields (harness/timing.py:
+    read_timing), or {"timing_void": why} when it gives none; a fresh random nonce on stdin, which the
+    timing line must carry, tells the harness's line from one forged by candidate code."""
+    run_dir = fresh_run_folder(task, exe, gen_dir, workdir / "timing")
+    nonce = secrets.token_hex(16)
+    code, log = runner.untrusted(
+        ["./prog", TIMING_ARGUMENT],
+        run_dir,
+        timeout,
+        file_mb=output_limit_mb(task),
+        nproc=64,
+        env=env,
+        stdin=f"{nonce}\n".encode(),
+    )
+    if code is None:
+        return {"timing_void": f"the timing run did not exit within {timeout:g} s (--timing-timeout)"}
+    if code != 0:
+        return {"timing_void": f"the timing run ended with exit status {code}:\n{clip(log)}"}
+    return read_timing(log, nonce)
 
 
 def compare_outputs(
@@ -367,7 +406,7 @@ class Judge:
                 self.schedule.finished(workdir)
             else:
                 budget = run_budget(check, self.args.run_timeout)
-                outcome, log, timing = self.run_program(task_id, exe, gen_dir, workdir, budget)
+                outcome, log, timing = self.run_program(task_id, exe, gen_dir, workdir, budget, self.timed)
                 row = row | {"outcome": outcome, "log": clip(log)} | timing
                 row |= {"task_check": check["outcome"]} if check else {}
             self.run.record(job, row)
@@ -382,15 +421,33 @@ class Judge:
         if task_id not in self.run.checks:
             exe, workdir = reference
             budget = run_budget(None, self.args.run_timeout)
-            outcome, log, took = self.run_program(task_id, exe, gen_dir, workdir, budget)
+            outcome, log, took = self.run_program(task_id, exe, gen_dir, workdir, budget, timed=False)
             self.run.record_check(task_id, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
         return self.run.checks[task_id]
 
-    def run_program(self, task_id: str, exe: Path, gen_dir: Path, workdir: Path, budget: float) -> tuple:
-        """execute() within `budget` seconds; the program's folder is removed after."""
-        timed = self.runner.backend == "gpu" and self.args.mode == "kernel"  # the harness times its kernels
+    @property
+    def timed(self) -> bool:
+        """Kernel mode on the GPU: a candidate that passes is timed against the reference kernels."""
+        return self.runner.backend == "gpu" and self.args.mode == "kernel"
+
+    def run_program(
+        self, task_id: str, exe: Path, gen_dir: Path, workdir: Path, budget: float, timed: bool
+    ) -> tuple:
+        """execute() within `budget` seconds (and, when `timed`, its timing run within --timing-timeout);
+        the program's folder is removed after."""
         task, env = self.tasks[task_id], self.schedule.run_env
-        out = execute(task, exe, gen_dir, workdir, budget, self.runner, env, timed, self.args.task_timeout)
+        out = execute(
+            task,
+            exe,
+            gen_dir,
+            workdir,
+            budget,
+            self.runner,
+            env,
+            timed,
+            compare_timeout=self.args.task_timeout,
+            timing_timeout=self.args.timing_timeout,
+        )
         self.schedule.finished(workdir)
         return out
 
@@ -436,9 +493,6 @@ def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runn
 # ---------------------------------------------------------------------------------------
 # 6. pass@k and the summary (rendered by harness/report.py)
 # ---------------------------------------------------------------------------------------
-
-
-FAST_P = (0.0, 1.0, 1.5)  # fast_p: the share of rows that pass with a speedup over the reference above p
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -488,14 +542,7 @@ def group_stats(rows: list[dict], k: int) -> dict:
     out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
     if k > 1:
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
-    speed = [r["speedup"] for r in judged if r["outcome"] == "pass" and r.get("speedup")]
-    if speed:
-        out["speedup_gmean"] = math.exp(sum(math.log(s) for s in speed) / len(speed))
-    if any("speedup" in r for r in judged):
-        for p in FAST_P:
-            fast = sum(r["outcome"] == "pass" and (r.get("speedup") or 0) > p for r in judged)
-            out[f"fast_{p:g}"] = fast / max(len(judged), 1)
-    return out
+    return out | speed_stats(judged)
 
 
 # ---------------------------------------------------------------------------------------
@@ -515,6 +562,7 @@ RANGES = {
     "compile_timeout": "(0, inf)",
     "run_timeout": "(0, inf)",
     "task_timeout": "(0, inf)",
+    "timing_timeout": "(0, inf)",
     "temperature": "[0, inf)",
     "top_p": "(0, 1]",
     "vllm_gpu_memory": "(0, 1)",
@@ -660,6 +708,14 @@ def add_program_arguments(ap: ArgumentParser) -> None:
         help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
         f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
         f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)",
+    )
+    a(
+        "--timing-timeout",
+        type=float,
+        default=120.0,
+        help="seconds for the timing run of a kernel-mode program that passed on the GPU, its own budget "
+        "apart from --run-timeout: a correct kernel too slow to time still passes, its timing void "
+        "(default %(default)s)",
     )
     a(
         "--task-timeout",

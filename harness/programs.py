@@ -3,9 +3,9 @@ a Runner that puts every compile and run through the sandbox (harness/sandbox.py
 bounded time, while the sandbox cannot start for want of processes or uids; the emulation
 backend's build step (translate with harness/emulate.py, then g++ against the runtime header in
 harness/emu/); finding the GPU, the backend, and choosing the sandbox (refusing to run unisolated
-unless asked); the limit on what a program may write; reading the kernel-mode harness's timing
-line without trusting the program; clipping logs for the results; and the run's work folder,
-which a killed run leaves behind for the next run to remove.
+unless asked); the limit on what a program may write; clipping logs for the results; and the
+run's work folder, which a killed run leaves behind for the next run to remove. The kernel-mode
+harness's timings: harness/timing.py.
 """
 
 from __future__ import annotations
@@ -230,24 +230,6 @@ def output_limit_mb(task: dict) -> int:
     as load_tasks checked it: each buffer at most MAX_BUFFER_BYTES, so the limit fits setrlimit)."""
     largest = max((buffer_bytes(buf) for buf in [*task["inputs"], *task["outputs"]]), default=0)
     return max(MIN_OUTPUT_MB, math.ceil(1.5 * largest / (1 << 20)))
-
-
-TIMING_LINE = re.compile(r"CUSET_TIMING nonce=(\w*) candidate_ms=([\d.eE+-]+) reference_ms=([\d.eE+-]+)")
-
-
-def parse_timing(log: str, nonce: str) -> dict:
-    """The harness's timing, only if it is the log's one CUSET_TIMING line and carries `nonce`
-    (written to the program's stdin, read by the harness's main). A forged line (a static
-    constructor's, a kernel printf's) or a nonce taken before main voids the timing."""
-    found = log.count("CUSET_TIMING")
-    m = TIMING_LINE.search(log)
-    if found == 0:
-        return {}
-    if found > 1 or m is None or m.group(1) != nonce:
-        why = f"{found} CUSET_TIMING line(s), not one carrying this run's nonce: timing discarded"
-        return {"timing_void": why}
-    cand, ref = float(m.group(2)), float(m.group(3))
-    return {"candidate_ms": cand, "reference_ms": ref, "speedup": ref / cand if cand > 0 else None}
 
 
 def clip(text: str) -> str:

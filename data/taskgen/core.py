@@ -40,9 +40,12 @@ C_TYPES = {
 # Where a candidate's kernels go in the kernel-mode harness. Stage 04 replaces this line.
 CANDIDATE_MARKER = "// @CUSET_CANDIDATE_KERNELS@"
 
-# Timing protocol of the harness (docs/evaluation.md, "Protocol"): CUDA events, warmup, median.
-TIMING_WARMUP = 5
-TIMING_REPEATS = 25
+# Timing protocol of the harness (docs/evaluation.md, "Timing"). Stage 04 runs a kernel-mode program a
+# second time, with TIMING_ARGUMENT, to time it; harness/timing.py reads the line it prints.
+TIMING_ARGUMENT = "--time"
+TIMING_REPEATS = 25  # interleaved repetitions, each timing both sides
+TIMING_MIN_MS = 1.0  # the least time one pair of events spans: launch overhead is then a small part
+TIMING_MAX_LAUNCHES = 1 << 16  # launches per pair of events at most (a kernel that does nothing)
 
 SPLITS = ("train", "eval", "pretrain")
 
@@ -192,13 +195,17 @@ static void write_file(const char* path, const void* data, size_t bytes) {
 }
 """
 
+# New words in TIMER's text (comments too) can change the renamed SFT copies: data/taskgen/variants.py
+# draws no fresh name that is a word of the rendered task. Check with python data/build_sft.py --check.
 TIMER = f"""\
-// The evaluator writes a fresh random nonce on stdin for every run; main reads it before any
+// ---- Timing (docs/evaluation.md, "Timing"): only in the run stage 04 starts with {TIMING_ARGUMENT} ----
+// The evaluator writes a fresh random nonce on stdin for that run; main reads it before any
 // kernel runs and the timing line carries it. A timing line printed by anything else (a
 // candidate's static constructor, a kernel's printf) lacks it, and a nonce taken from stdin
 // before main leaves main's own line without it: either way stage 04 discards the timing.
 // From a terminal (stdin a tty) nothing is read, so the program can still be run by hand.
 #include <cstring>
+#include <string>
 #include <unistd.h>
 
 static void read_timing_nonce(char* nonce, int size) {{
@@ -206,32 +213,88 @@ static void read_timing_nonce(char* nonce, int size) {{
     nonce[strcspn(nonce, "\\r\\n")] = '\\0';
 }}
 
-// Median time of `run` over {TIMING_REPEATS} repeats after {TIMING_WARMUP} warmup runs, CUDA events.
-template <typename Run>
-static float median_ms(Run run) {{
-    for (int i = 0; i < {TIMING_WARMUP}; ++i) run();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<float> times;
-    for (int i = 0; i < {TIMING_REPEATS}; ++i) {{
-        CUDA_CHECK(cudaEventRecord(start));
-        run();
-        CUDA_CHECK(cudaEventRecord(stop));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        times.push_back(ms);
+// CUDA events around back-to-back launches, each batch from a cold L2 cache: writing a device
+// buffer twice the size of the L2 cache (as the device reports it) evicts what the batch before,
+// of either side, brought into it.
+class KernelTimer {{
+  public:
+    KernelTimer() {{
+        int device = 0;
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        flush_bytes_ = 2 * size_t(prop.l2CacheSize);
+        CUDA_CHECK(cudaMalloc(&flush_buffer_, flush_bytes_));
+        CUDA_CHECK(cudaEventCreate(&start_));
+        CUDA_CHECK(cudaEventCreate(&stop_));
     }}
-    CUDA_CHECK(cudaGetLastError());
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    for (size_t i = 1; i < times.size(); ++i)  // insertion sort: tiny array, no <algorithm>
-        for (size_t j = i; j > 0 && times[j] < times[j - 1]; --j) {{
-            float t = times[j]; times[j] = times[j - 1]; times[j - 1] = t;
+    ~KernelTimer() {{
+        cudaEventDestroy(start_);
+        cudaEventDestroy(stop_);
+        cudaFree(flush_buffer_);
+    }}
+
+    // Milliseconds per launch of `run`, launched `launches` times between one pair of events.
+    template <typename Run>
+    float ms_per_launch(Run& run, int launches) {{
+        CUDA_CHECK(cudaMemsetAsync(flush_buffer_, 0, flush_bytes_));
+        CUDA_CHECK(cudaEventRecord(start_));
+        for (int i = 0; i < launches; ++i) run();
+        CUDA_CHECK(cudaEventRecord(stop_));
+        CUDA_CHECK(cudaEventSynchronize(stop_));
+        CUDA_CHECK(cudaGetLastError());
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+        return ms / launches;
+    }}
+
+    // The launches per pair of events that span at least {TIMING_MIN_MS:g} ms, doubled from one until
+    // they do. The launch before, untimed, loads the kernels' module (CUDA loads it lazily).
+    template <typename Run>
+    int calibrate(Run& run) {{
+        run();
+        int launches = 1;
+        while (launches < {TIMING_MAX_LAUNCHES} && launches * ms_per_launch(run, launches) < {TIMING_MIN_MS!r})
+            launches *= 2;
+        return launches;
+    }}
+
+  private:
+    void* flush_buffer_ = nullptr;
+    size_t flush_bytes_ = 0;
+    cudaEvent_t start_, stop_;
+}};
+
+static void append_ms(std::string& list, float ms) {{
+    char number[32];
+    snprintf(number, sizeof number, list.empty() ? "%.6g" : ",%.6g", ms);
+    list += number;
+}}
+
+// Times the candidate against the reference in {TIMING_REPEATS} interleaved repetitions, the candidate
+// ahead of the reference in even ones and after it in odd ones, so that neither the order nor a
+// drift of the clocks over the run favours a side. Prints one line: per repetition, each side's
+// milliseconds per launch, and the launches per pair of events; stage 04 computes the statistics
+// (harness/timing.py).
+template <typename Candidate, typename Reference>
+static void time_kernels(const char* nonce, Candidate& candidate, Reference& reference) {{
+    KernelTimer timer;
+    const int candidate_launches = timer.calibrate(candidate);
+    const int reference_launches = timer.calibrate(reference);
+    std::string candidate_ms, reference_ms;
+    auto time_candidate = [&] {{ append_ms(candidate_ms, timer.ms_per_launch(candidate, candidate_launches)); }};
+    auto time_reference = [&] {{ append_ms(reference_ms, timer.ms_per_launch(reference, reference_launches)); }};
+    for (int i = 0; i < {TIMING_REPEATS}; ++i) {{
+        if (i % 2 == 0) {{
+            time_candidate();
+            time_reference();
+        }} else {{
+            time_reference();
+            time_candidate();
         }}
-    return times[times.size() / 2];
+    }}
+    printf("CUSET_TIMING nonce=%s candidate_ms=%s reference_ms=%s launches=%d,%d\\n", nonce,
+           candidate_ms.c_str(), reference_ms.c_str(), candidate_launches, reference_launches);
 }}
 """
 
@@ -314,27 +377,27 @@ def render_bench_cu(spec: OpSpec) -> str:
 def render_harness(spec: OpSpec) -> str:
     """Kernel-mode host program: the candidate's kernels replace CANDIDATE_MARKER.
 
-    It runs the candidate once, writes its outputs, then times the candidate and the
-    reference kernels the same way and prints one `CUSET_TIMING` line.
+    Run plainly, it runs the candidate once and writes its outputs (stage 04 judges those). Run with
+    TIMING_ARGUMENT, it writes nothing: it times the candidate against the reference kernels and
+    prints one `CUSET_TIMING` line (TIMER).
     """
     run_candidate = _indent(_launch(spec, ""), 4)
     run_reference = _indent(_launch(spec, "cuset_ref::"), 4)
+    run_once = "\n\n".join(
+        [
+            "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
+            _host_write_outputs(spec),
+        ]
+    )
     body = "\n\n".join(
         [
             "char nonce[80];\nread_timing_nonce(nonce, sizeof nonce);",
             _host_setup(spec),
             "auto run_candidate = [&]() {\n" + run_candidate + "\n};",
             "auto run_reference = [&]() {\n" + run_reference + "\n};",
-            "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
-            _host_write_outputs(spec),
-            # The CPU emulator (harness/emu) defines CUSET_EMULATED: its timings mean nothing and each
-            # launch costs CPU time, so there the candidate runs once (above) and nothing is timed.
-            "#ifndef CUSET_EMULATED\n"
-            "float candidate_ms = median_ms(run_candidate);\n"
-            "float reference_ms = median_ms(run_reference);\n"
-            f'printf("CUSET_TIMING nonce=%s candidate_ms=%.6f reference_ms=%.6f repeats={TIMING_REPEATS}\\n", nonce, '
-            "candidate_ms, reference_ms);\n"
-            "#endif",
+            f'if (argc > 1 && strcmp(argv[1], "{TIMING_ARGUMENT}") == 0) {{\n'
+            "    time_kernels(nonce, run_candidate, run_reference);\n"
+            "} else {\n" + _indent(run_once, 4) + "\n}",
             _host_free(spec),
             "return 0;",
         ]
@@ -355,7 +418,7 @@ def render_harness(spec: OpSpec) -> str:
             "",
             FILE_IO,
             TIMER,
-            "int main() {",
+            "int main(int argc, char** argv) {",
             _indent(spec.constants, 4),
             "",
             _indent(body, 4),
