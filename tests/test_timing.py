@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, load_script
 
-from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS
+from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH
 from harness.timing import (
     TIMING_ARGUMENT,
     faster_than,
@@ -34,6 +34,7 @@ from taskgen.core import TIMING_REPEATS, render_task  # noqa: E402
 
 ev = load_script("04_eval_kernels.py")
 BACKEND = ev.resolve_backend("auto", ev.gpu_name())
+ARCH = NVCC_NATIVE_ARCH if BACKEND == "gpu" else NVCC_DEFAULT_ARCH  # a GPU runs only what is built for it
 NONCE = "0123456789abcdef0123456789abcdef"
 
 
@@ -203,9 +204,7 @@ def timed_run(square_task, tmp_path_factory):
     runner = ev.Runner(True, BACKEND)
     emulator = ev.prepare_emulator(work, checks=False) if BACKEND == "emulated" else None
     assert ev.prepare_task_data(square_task, work / "gen", 120, runner) is None
-    outcome, exe, log = ev.build(
-        reference_program(square_task), work / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator, runner
-    )
+    outcome, exe, log = ev.build(reference_program(square_task), work / "build", ARCH, 120, emulator, runner)
     assert outcome is None, log
 
     def execute(**kw):
