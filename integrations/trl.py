@@ -15,12 +15,12 @@ objectives, their knobs and their defaults are 03_train_cuset.py's, loaded from 
            gradient-accumulation micro-batch, every process) counted before masking: get_batch_samples.
   schedule stage 03's: its optimizer over all parameters (AdamW or SGD), its learning rate (lr_at: warmup,
            then cosine) and its order of the samples (batch_order), so that the same arguments train the
-           same weights as 03_train_cuset.py (tests/test_trl.py).
+           same model as 03_train_cuset.py, to float32 rounding (tests/test_trl.py).
 
 Commands
   python integrations/trl.py                                    # tiny model, bundled data, cuset
   python integrations/trl.py --model M --data D --regions R --objective cuset --out O
-  accelerate launch integrations/trl.py --model M ...           # several GPUs: TRL's DDP
+  accelerate launch integrations/trl.py --model M ...           # several GPUs: DDP, N over all of them
 
 Inputs and outputs are stage 03's (03_train_cuset.py --help), and so is its checkpoint in --out (default
 data/artifacts/ckpt-trl-<objective>): the model (save_pretrained), its tokenizer, meta.json (with "trainer"
@@ -32,6 +32,7 @@ Refused before any work (exit 2, one line): what stage 03 refuses about the inpu
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -89,11 +90,13 @@ def visiting_order(samples: list[dict], args) -> datasets.Dataset:
     "sequential"), and each optimizer step takes the next --batch-size rows, split over processes and
     gradient-accumulation micro-batches as stage 03 splits them."""
     steps_per_epoch, total, _ = train03.schedule(args, len(samples))
-    rows = []
-    for step in range(total):
-        epoch, k = divmod(step, steps_per_epoch)
-        rows += train03.batch_order(len(samples), args.batch_size, epoch, args.seed)[k]
-    return datasets.Dataset.from_dict({"sample_index": rows})
+    rows = [
+        i
+        for epoch in range(math.ceil(total / steps_per_epoch))
+        for batch in train03.batch_order(len(samples), args.batch_size, epoch, args.seed)
+        for i in batch
+    ]
+    return datasets.Dataset.from_dict({"sample_index": rows[: total * args.batch_size]})
 
 
 class SampleCollator:

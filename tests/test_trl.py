@@ -28,7 +28,7 @@ EPS = torch.finfo(torch.float32).eps
 def pipeline(tmp_path_factory) -> dict:
     """Real stage-01 and stage-02 artifacts of 8 kernel SFT samples (conftest's calls of the stages)."""
     root = tmp_path_factory.mktemp("trl")
-    w = {"data": root / "d8.jsonl", "profile": root / "profile", "regions": root / "regions", "root": root}
+    w = {"data": root / "d8.jsonl", "profile": root / "profile", "regions": root / "regions"}
     w["data"].write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
     for stage, made in (("01", "profile"), ("02", "regions")):
         main = load_script(SCRIPTS[stage]).main
@@ -48,11 +48,9 @@ def trl_args(pipeline, out, *extra) -> list[str]:
 # ---------------------------------------------------------------------------------------
 
 
-def trl_step(args, batch: dict, n_tokens: torch.Tensor) -> tuple[float, dict]:
+def trl_step(args, inputs, batch: dict, n_tokens: torch.Tensor) -> tuple[float, dict]:
     """Loss and gradients of one micro-batch through CusetSFTTrainer.training_step (its compute_loss, the
     fused LM head, Trainer's backward) on a fresh tiny model."""
-    records, data_id = load_data(args)
-    inputs = trl_train.load_inputs(args, records, data_id)
     model = load_causal_lm(args.model, torch.float32)
     trainer = trl_train.make_trainer(args, model, inputs.tokenizer, inputs.samples, "cpu", "fp32")
     loss = trainer.training_step(trainer.model, dict(batch), num_items_in_batch=n_tokens)
@@ -62,7 +60,7 @@ def trl_step(args, batch: dict, n_tokens: torch.Tensor) -> tuple[float, dict]:
 def stage03_step(args, batch: dict, n_tokens: float) -> tuple[float, dict]:
     """Loss and gradients of the same micro-batch through stage 03's GoldLogProbs and
     objective_loss on a fresh tiny model."""
-    model = load_causal_lm(args.model, torch.float32)
+    model = load_causal_lm(args.model, torch.float32).train()
     logp = train03.GoldLogProbs(model, 1024)(batch["input_ids"], batch["attention_mask"], batch["valid"])
     p_mask = batch["p0"] if args.mask_source == "profile" else None
     loss, _ = train03.objective_loss(
@@ -109,7 +107,7 @@ def test_same_batch_same_loss_and_gradients_as_stage_03(pipeline, tmp_path, obje
     )
     n_tokens = batch["valid"].sum()
 
-    loss_trl, grads_trl = trl_step(args, batch, n_tokens)
+    loss_trl, grads_trl = trl_step(args, inputs, batch, n_tokens)
     loss_03, grads_03 = stage03_step(args, batch, float(n_tokens))
 
     with torch.no_grad():
