@@ -9,6 +9,7 @@ import math
 import struct
 from pathlib import Path
 
+from .artifacts import check_file_records
 from .cli import UserError
 
 # What a local model folder must hold, per part: at least one file matching one of the patterns.
@@ -40,6 +41,9 @@ def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -
                 f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
                 f"save_pretrained wrote"
             )
+
+
+TRAIN_STAGE = "03_train_cuset"  # the stage whose checkpoints load_causal_lm checks (meta.json "stage")
 
 
 @functools.cache
@@ -140,6 +144,7 @@ def load_causal_lm(name: str, dtype):
     from transformers import AutoModelForCausalLM
 
     check_model_source(name, ("model config", "model weights"))
+    check_trained_weights(Path(name).expanduser())
     try:
         with quiet_transformers():
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -156,6 +161,22 @@ def load_causal_lm(name: str, dtype):
         ) from None
     check_loading_info(name, info)
     return model
+
+
+def check_trained_weights(folder: Path) -> None:
+    """A stage-03 checkpoint vouches for its weight files (meta.json records their sha256, as every artifact
+    does: cuset_common/artifacts.py, check_file_records): refuse weights another run wrote over it."""
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        return  # a model from elsewhere (the hub, save_pretrained): nothing of ours to check
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        raise UserError(f"{meta_path}: not a readable JSON file; rerun the stage that wrote it") from None
+    if not isinstance(meta, dict) or meta.get("stage") != TRAIN_STAGE:
+        return
+    weights = sorted(f.name for f in folder.glob("*.safetensors"))
+    check_file_records(folder, meta, weights, f"python 03_train_cuset.py ... --out {folder}")
 
 
 def one_line(e: Exception) -> str:

@@ -127,15 +127,14 @@ def other_precision(world: dict) -> list[str]:
     return ["--precision", "fp32" if made_in == "bf16-autocast" else "bf16"]
 
 
-def twin_artifact(world: dict, stage: str, extra: list, tmp_path: Path) -> Path:
-    """A copy of the world's artifact of `stage` whose tensor file is that of another run of the stage on
-    the same inputs with `extra` arguments: the same tensors by name, dtype and shape, other values."""
+def twin_artifact(world: dict, stage: str, extra: list, file: str, tmp_path: Path) -> Path:
+    """A copy of the world's artifact of `stage` whose `file` is that of another run of the stage on the
+    same inputs with `extra` arguments: the same tensors by name, dtype and shape, other values."""
     other = tmp_path / "other"
     assert STAGE[stage].main([*map(str, ARGS[stage](world)), *extra, "--out", str(other)]) == 0
     mixed = shutil.copytree(world[MADE[stage]], tmp_path / "mixed")
-    shutil.copy(other / "tensors.safetensors", mixed / "tensors.safetensors")
-    ours = load_file(str(world[MADE[stage]] / "tensors.safetensors"))
-    theirs = load_file(str(other / "tensors.safetensors"))
+    shutil.copy(other / file, mixed / file)
+    ours, theirs = load_file(str(world[MADE[stage]] / file)), load_file(str(other / file))
     assert {k: (v.dtype, v.shape) for k, v in ours.items()} == {
         k: (v.dtype, v.shape) for k, v in theirs.items()
     }
@@ -144,30 +143,37 @@ def twin_artifact(world: dict, stage: str, extra: list, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "stage, other_run, reader, reading, rerun",
+    "stage, other_run, file, reader, reading, rerun",
     [
-        ("01", other_precision, "02", lambda art: ["--profile", art], "01_profile.py"),
+        ("01", other_precision, "tensors.safetensors", "02", lambda art: ["--profile", art], "01_profile.py"),
         (
             "02",
             lambda w: ["--rho", "0.5"],
+            "tensors.safetensors",
             "03",
             lambda art: ["--objective", "cuset", "--regions", art],
             "02_label",
         ),
+        (
+            "03",
+            lambda w: ["--seed", "1"],
+            "model.safetensors",
+            "01",
+            lambda art: ["--model", art],
+            "03_train",
+        ),
     ],
-    ids=["profile-of-another-precision", "regions-of-another-rho"],
+    ids=["profile-of-another-precision", "regions-of-another-rho", "checkpoint-of-another-seed"],
 )
 def test_an_artifact_holding_another_runs_tensors_is_refused(
-    world, stage, other_run, reader, reading, rerun, tmp_path, capsys
+    world, stage, other_run, file, reader, reading, rerun, tmp_path, capsys
 ):
-    mixed = twin_artifact(world, stage, other_run(world), tmp_path)
+    mixed = twin_artifact(world, stage, other_run(world), file, tmp_path)
     before = snapshot(tmp_path)
     line = refused(
         STAGE[reader].main, [*ARGS[reader](world), *reading(mixed), "--out", tmp_path / "next"], capsys
     )
-    assert f"{mixed / 'tensors.safetensors'}: not the file this artifact wrote" in line and rerun in line, (
-        line
-    )
+    assert f"{mixed / file}: not the file this artifact wrote" in line and rerun in line, line
     assert snapshot(tmp_path) == before
 
 

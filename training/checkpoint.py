@@ -112,7 +112,7 @@ def save_final(args, model, tokenizer, meta: dict | None, rank: int) -> None:
     model.generation_config.eos_token_id = end_of_turn_ids(tokenizer)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
-    (tmp / "meta.json").write_text(json.dumps(artifact_meta(meta), indent=2) + "\n")
+    (tmp / "meta.json").write_text(json.dumps(artifact_meta(meta, tmp), indent=2) + "\n")
     give_user_modes(tmp)  # safetensors writes model.safetensors 0600; others may read what the umask allows
     for f in tmp.iterdir():
         os.replace(f, args.out / f.name)
