@@ -773,7 +773,8 @@ def start_runner(args, gpu: str | None, planned: str) -> tuple[Runner, list[str]
     backend = decide_backend(args.backend, gpu, probe.failure if probe else None)
     arch = probe.arch if backend == "gpu" else NVCC_DEFAULT_ARCH
     print(
-        f"GPU: {gpu} (the probe ran on it in the sandbox; nvcc {' '.join(arch)}: compile for it, run, "
+        f"GPU: {gpu} (the probe ran on it {'in the sandbox' if runner.sandbox else 'unsandboxed'}; "
+        f"nvcc {' '.join(arch)}: compile for it, run, "
         f"compare, time)"
         if backend == "gpu"
         else f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "

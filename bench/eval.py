@@ -26,8 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import cpus_available, print_table  # noqa: E402
 from cuset_common.cli import load_script  # noqa: E402
-from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, TASKS_FILE  # noqa: E402
+from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, TASKS_FILE  # noqa: E402
 from cuset_common.tasks import load_tasks  # noqa: E402
+from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402
 
 ev = load_script("04_eval_kernels.py")
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     n = 2 if args.quick else args.programs
     gpu = ev.gpu_name()
-    arch = NVCC_NATIVE_ARCH if gpu else NVCC_DEFAULT_ARCH
+    arch = gencode_flags(compute_capability()) if gpu else NVCC_DEFAULT_ARCH  # as stage 04's probe builds
     sources = [t["bench.cu"] for t in load_tasks(TASKS_FILE)[:n]]
     print(f"# bench/eval.py{' --quick' if args.quick else ''}: {n} reference programs, nvcc {' '.join(arch)}")
     print(

@@ -559,7 +559,7 @@ STEPS = (
 
 def missing_gpu() -> str | None:
     """Why this machine cannot run the check, or None: torch must see a CUDA device (stages 01-03) and
-    nvidia-smi list one (stage 04's --backend gpu)."""
+    the driver list one (stage 04's --backend gpu: nvidia-smi or /proc/driver/nvidia)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -567,7 +567,10 @@ def missing_gpu() -> str | None:
             return f"torch {torch.__version__} is a CPU build; run this on a machine with an NVIDIA GPU"
         return f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no device; run this on a GPU"
     if gpu_name() is None:
-        return "torch sees a GPU but nvidia-smi lists none, and stage 04's --backend gpu asks nvidia-smi"
+        return (
+            "torch sees a GPU but neither nvidia-smi nor /proc/driver/nvidia lists one, where stage 04's "
+            "--backend gpu looks"
+        )
     return None
 
 

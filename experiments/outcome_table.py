@@ -46,6 +46,8 @@ def reason(row: dict) -> str:
         return found.group(1).strip() if found else "emulator: " + first_line(log)
     if outcome == TASK_ERROR and row.get("cause") == "reference judged F":
         return "compare.py judged the task's own reference F"
+    if outcome == TASK_ERROR and row.get("cause", "").endswith("on the GPU"):
+        return f"the task's own {row['cause']}"
     if outcome == TASK_ERROR:
         module = re.search(r"No module named '([\w.]+)'", log)
         if module:

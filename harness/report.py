@@ -35,8 +35,9 @@ class Progress:
 
 
 NOTES = {  # what summary.md says when a run has rows of a kind
-    "task_error": "{n} rows are `task_error`: the task's own gen.py failed here, or compare.py judged the "
-    "task's own reference F (their cause and log are in results.jsonl); they are outside "
+    "task_error": "{n} rows are `task_error`: the task's own gen.py failed here, compare.py judged the "
+    "task's own reference F, or that reference did not pass on the GPU (their cause and log are in "
+    "results.jsonl); they are outside "
     "pass@k and the compile rate.",
     "unchecked": "{n} rows with a verdict are `unchecked`: their task's own reference could not run here "
     "(task_checks.jsonl says why), so nothing showed that its scripts accept a right program; "

@@ -46,6 +46,7 @@ FINGERPRINTED = (
     "emulate_checks",
     "compile_timeout",
     "run_timeout",
+    "timing_timeout",  # which passing rows carry timings
     "no_task_check",
 )
 

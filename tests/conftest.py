@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from functools import lru_cache
@@ -15,16 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cuset_common.cli import load_script  # noqa: E402,F401  (tests import it from here)
+from cuset_common.cli import load_script, nvidia_smi_lists_a_gpu  # noqa: E402,F401  (tests import load_script from here)
+from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402
 
 
 @lru_cache(maxsize=1)
 def gpu_present() -> bool:
     """True when nvidia-smi lists at least one GPU (torch here may be a CPU build)."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return r.returncode == 0 and "GPU" in r.stdout
+    return nvidia_smi_lists_a_gpu()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,6 +40,8 @@ def program_runner(ev, work: Path, backend: str):
     work.mkdir(mode=0o711)
     runner = ev.Runner(True, backend)
     emulator = ev.prepare_emulator(work, checks=False) if backend == "emulated" else None
+    # the GPU's own architecture, as stage 04's probe builds for it (harness/gpu_probe.py)
+    arch = gencode_flags(compute_capability()) if backend == "gpu" else ev.NVCC_DEFAULT_ARCH
 
     def gen_dir(task: dict) -> Path:
         folder = work / task["id"]
@@ -56,7 +55,7 @@ def program_runner(ev, work: Path, backend: str):
         data = gen_dir(task)
         workdir = Path(tempfile.mkdtemp(dir=data.parent))
         os.chmod(workdir, 0o711)
-        outcome, exe, log = ev.build(source, workdir / "build", ev.NVCC_DEFAULT_ARCH, 120, emulator, runner)
+        outcome, exe, log = ev.build(source, workdir / "build", arch, 120, emulator, runner)
         assert outcome is None, log
         assert (exe.name == "prog_emu") == (backend == "emulated")
         return ev.execute(task, exe, data, workdir, timeout, runner, timed=timed)

@@ -32,6 +32,7 @@ from cuset_common.paths import (
     TASKS_FILE,
 )
 from cuset_common.tasks import build_prompt, fence, load_tasks
+from harness.timing import TIMING_ARGUMENT, read_timing
 
 DTYPES = {"float32", "float64", "int32", "uint32", "int64", "uint8"}
 SPLITS = {"train", "eval", "pretrain"}
@@ -252,8 +253,8 @@ def test_every_kernel_mode_reference_compiles_and_the_eval_split_passes_under_em
     command (what is specific to each task there: the namespaced reference copy beside the candidate,
     the timing code), and stage 04 runs the eval split's (the split kernel mode is scored on; every
     category) under emulation. Running the other splits there too would repeat the standalone test:
-    under emulation (CUSET_EMULATED) a harness runs the host code of its bench.cu, rendered by the same
-    helpers in data/taskgen/core.py, and nothing is timed. On a GPU every split runs (below)."""
+    under emulation a harness runs the host code of its bench.cu, rendered by the same helpers in
+    data/taskgen/core.py, and stage 04 does not time it. On a GPU every split runs (below)."""
     rows = reference_rows_under_emulation(tmp_path / "ev", "kernel", "eval")
     failures = failed_rows(rows)
     assert sorted(r["task_id"] for r in rows) == sorted(t["id"] for t in tasks if t["split"] == "eval")
@@ -378,6 +379,20 @@ def run_reference_on_gpu(task: dict, exe: Path, workdir: Path) -> tuple[str, str
     return verdict.stdout.strip(), verdict.stderr[-800:] + r.stdout[-400:]
 
 
+def time_reference_on_gpu(exe: Path, run_dir: Path) -> dict:
+    """The timing run stage 04 makes of a kernel-mode program that passed (TIMING_ARGUMENT), read as stage
+    04 reads it (harness/timing.py: read_timing)."""
+    r = subprocess.run(
+        [str(exe), TIMING_ARGUMENT],
+        cwd=run_dir,
+        input="test-nonce\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return read_timing(r.stdout, "test-nonce") if r.returncode == 0 else {"timing_void": r.stderr[-800:]}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["standalone", "kernel"])
 def test_every_reference_passes_on_gpu(tasks, tmp_path, mode):
@@ -392,8 +407,10 @@ def test_every_reference_passes_on_gpu(tasks, tmp_path, mode):
         if r.returncode:
             return f"{task['id']}: compile error {r.stderr[-800:]}"
         verdict, log = run_reference_on_gpu(task, exe, d)
-        if mode == "kernel" and verdict == "T" and "CUSET_TIMING nonce=test-nonce candidate_ms=" not in log:
-            return f"{task['id']}: no timing line"
+        if mode == "kernel" and verdict == "T":
+            timing = time_reference_on_gpu(exe, d / "run")
+            if "timing_void" in timing:
+                return f"{task['id']}: {timing['timing_void']}"
         shutil.rmtree(d, ignore_errors=True)
         return None if verdict == "T" else f"{task['id']}: {verdict} {log}"
 

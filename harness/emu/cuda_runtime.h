@@ -22,7 +22,7 @@
 // hang or return undefined values there (assumption: generated code that does this is wrong
 // either way, and a hang would only cost a timeout).
 #pragma once
-#define CUSET_EMULATED 1  // programs may ask (the kernel-mode harness launches each kernel once)
+#define CUSET_EMULATED 1  // programs may ask whether they run under emulation
 #define CUDART_VERSION 13000
 
 #include <atomic>
