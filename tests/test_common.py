@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from cuset_common.artifacts import check_resume_args, read_artifact, write_artifact
+from cuset_common.artifacts import check_resume_args, file_records, read_artifact, write_artifact
 from cuset_common.cli import UserError
 from cuset_common.data import close_turn, encode_sample, end_of_turn_ids
 from cuset_common.files import append_jsonl, read_appended_jsonl
@@ -103,8 +104,17 @@ def test_a_truncated_tensor_file_is_a_user_error(tmp_path):
     write_small_artifact(tmp_path / "a")
     f = tmp_path / "a" / "tensors.safetensors"
     f.write_bytes(f.read_bytes()[:-7])
+    with pytest.raises(UserError, match="not the file this artifact wrote.*rerun stage x"):
+        read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
+    rerecord_files(tmp_path / "a")  # a file cut short before meta.json recorded it: safetensors refuses it
     with pytest.raises(UserError, match="cannot be read.*rerun stage x"):
         read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
+
+
+def rerecord_files(folder: Path) -> None:
+    """Make meta.json record the files as they are now, so that the checks after the files' are reached."""
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps(meta | {"files": file_records(folder)}))
 
 
 @pytest.mark.parametrize(
@@ -135,6 +145,7 @@ def test_inconsistent_tensors_are_refused_with_what_is_wrong(tmp_path, damage, m
     damage(t, meta)
     save_file(t, str(tmp_path / "a" / "tensors.safetensors"))
     (tmp_path / "a" / "meta.json").write_text(json.dumps(meta))
+    rerecord_files(tmp_path / "a")
     with pytest.raises(UserError, match=message):
         read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from cuset_common.artifacts import tokenizer_fingerprint, write_artifact
+from cuset_common.artifacts import file_records, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import load_script
 from cuset_common.files import sha256_file
 from cuset_common.paths import ROOT, TINY_MODEL
@@ -594,8 +594,9 @@ def test_foreign_or_broken_profile_is_refused(inputs, tmp_path, capsys, what):
         t["sample_offsets"] = t["sample_offsets"] + 1
         write_artifact(prof, t, meta, {"samples.jsonl": (prof / "samples.jsonl").read_text()})
         meta = json.loads(meta_path.read_text())
-    elif what == "samples_line":
+    elif what == "samples_line":  # a damaged line that meta.json vouches for: the line's own check speaks
         (prof / "samples.jsonl").write_text((prof / "samples.jsonl").read_text() + "{not json\n")
+        meta["files"] = file_records(prof)
     meta_path.write_text(json.dumps(meta))
     rc = stage.run_main(stage.main, argv)
     err = capsys.readouterr().err
