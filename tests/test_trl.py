@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import ARGS, SCRIPTS, load_script
+from conftest import ARGS, ROOT, SCRIPTS, load_script
 
 from cuset_common.cli import run_main
 from cuset_common.data_sources import load_data
@@ -127,33 +129,45 @@ def test_same_batch_same_loss_and_gradients_as_stage_03(pipeline, tmp_path, obje
 # ---------------------------------------------------------------------------------------
 
 
+# Three SGD steps of 4 samples, over two epochs of the 8 (stage 03's order crosses one), in micro-batches
+# of 2: N spans the gradient-accumulation steps in one process, the processes under DDP.
+SHORT_RUN = ["--objective", "cuset", "--max-steps", "3", "--batch-size", "4", "--micro-batch-size", "2"]
+SHORT_RUN += ["--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0", "--seed", "3"]
+
+
 def log_of(out) -> list[dict]:
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def test_short_run_follows_stage_03_and_stage_04_evaluates_it(pipeline, tmp_path):
-    """Three SGD steps of 4 samples in micro-batches of 2 (N spans the gradient-accumulation steps), the same
-    data, order, seed and schedule: each step's loss curve and CuSeT diagnostics are stage 03's.
+@pytest.fixture(scope="module")
+def stage03_log(pipeline) -> list[dict]:
+    """Stage 03's log.jsonl of SHORT_RUN: the curve the TRL runs must follow."""
+    out = pipeline["data"].parent / "stage03"
+    assert train03.main(trl_args(pipeline, out, *SHORT_RUN)) == 0
+    return log_of(out)
+
+
+def assert_same_curve(rows_trl: list[dict], rows_03: list[dict]) -> None:
+    """Each step's loss and CuSeT diagnostics as stage 03's, for the same data, order, seed and schedule.
 
     Tolerance: a step's loss and nll as the same batch's in the test above, relatively 2r = 32 eps max|z|,
     below 1e-4 with the tiny model's logits (max|z| about 18 there); the weights differ after a step by the
     learning rate times that share of the gradient, which moves the next losses by far less at lr 0.1.
     log.jsonl rounds to 6 decimals: 1e-6 more. The counts (tokens, masked and region shares) and the
-    learning rate are equal. A wrong N (about a factor 2 with two micro-batches), mask or weight differs by
-    more than 1e-3 of the loss.
+    learning rate are equal. A wrong N (about a factor 2 with two micro-batches or processes), mask or weight
+    differs by more than 1e-3 of the loss.
     """
-    run = ["--objective", "cuset", "--max-steps", "3", "--batch-size", "4", "--micro-batch-size", "2"]
-    run += ["--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0", "--seed", "3"]
-    assert trl_train.main(trl_args(pipeline, tmp_path / "trl", *run)) == 0
-    assert train03.main(trl_args(pipeline, tmp_path / "s03", *run)) == 0
-    rows_trl, rows_03 = log_of(tmp_path / "trl"), log_of(tmp_path / "s03")
-    assert [r["step"] for r in rows_trl] == [1, 2, 3]
+    assert [r["step"] for r in rows_trl] == [r["step"] for r in rows_03] == [1, 2, 3]
     for a, b in zip(rows_trl, rows_03):
         for key in ("tokens", "masked_share", "region_share", "lr"):
             assert a[key] == b[key], (a["step"], key)
         for key in ("loss", "nll", "weight_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
+
+def test_short_run_follows_stage_03_and_stage_04_evaluates_it(pipeline, stage03_log, tmp_path):
+    assert trl_train.main(trl_args(pipeline, tmp_path / "trl", *SHORT_RUN)) == 0
+    assert_same_curve(log_of(tmp_path / "trl"), stage03_log)
     meta = json.loads((tmp_path / "trl" / "meta.json").read_text())
     assert meta["stage"] == "03_train_cuset" and meta["trainer"]["trl"] == trl_train.trl.__version__
     assert meta["final_step"] == 3
@@ -163,6 +177,17 @@ def test_short_run_follows_stage_03_and_stage_04_evaluates_it(pipeline, tmp_path
     argv += ["--max-new-tokens", "8", "--backend", "emulate", "--no-task-check", "--out", tmp_path / "eval"]
     assert evaluate([*map(str, argv)]) == 0
     assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 1
+
+
+def test_two_processes_follow_stage_03(pipeline, stage03_log, tmp_path):
+    """Under torchrun (DDP over gloo), each process a micro-batch of 2 of the step's 4 samples: N and the
+    log's sums span both processes, and the curve is the single-process stage 03's."""
+    script = ROOT / "integrations" / "trl.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    cmd += [str(script), *trl_args(pipeline, tmp_path / "ddp", *SHORT_RUN)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_curve(log_of(tmp_path / "ddp"), stage03_log)
 
 
 # ---------------------------------------------------------------------------------------
