@@ -20,7 +20,7 @@ objectives, their knobs and their defaults are 03_train_cuset.py's, loaded from 
 Commands
   python integrations/trl.py                                    # tiny model, bundled data, cuset
   python integrations/trl.py --model M --data D --regions R --objective cuset --out O
-  accelerate launch integrations/trl.py --model M ...           # several GPUs: DDP, N over all of them
+  torchrun --nproc_per_node 4 integrations/trl.py --model M ...  # DDP (or accelerate launch): N over all
 
 Inputs and outputs are stage 03's (03_train_cuset.py --help), and so is its checkpoint in --out (default
 data/artifacts/ckpt-trl-<objective>): the model (save_pretrained), its tokenizer, meta.json (with "trainer"
@@ -45,6 +45,7 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch
+from transformers import TrainerCallback
 
 from cuset_common.artifacts import check_out_dir, finishes_out, open_out, tokenizer_fingerprint
 from cuset_common.cli import (
@@ -54,6 +55,7 @@ from cuset_common.cli import (
     load_script,
     pick_device,
     resolve_precision,
+    run_main,
 )
 from cuset_common.data_sources import load_data
 from cuset_common.files import write_text_atomic
@@ -65,7 +67,6 @@ from training.scale import all_reduce_stats
 try:
     import datasets
     import trl
-    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 except ImportError as e:  # TRL is optional for the rest of the project
     print(
@@ -359,6 +360,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from cuset_common.cli import run_main
-
     sys.exit(run_main(main))
