@@ -459,8 +459,14 @@ def open_parquet(files: list[Path], name: str, content: bytes | None = None) -> 
     pq = import_or_refuse("pyarrow.parquet", "pyarrow", name)
     import pyarrow as pa
 
-    def source(f: Path):
-        return f if content is None else pa.BufferReader(content)
+    if content is not None:
+        # Read from a copy that Arrow owns: reading through a buffer over the Python bytes themselves, in a
+        # process that has loaded torch, could end the interpreter with a C++ abort at exit
+        piped = pa.allocate_buffer(len(content))
+        pa.FixedSizeBufferWriter(piped).write(content)
+
+    def source(f: Path):  # the file, or the bytes of the pipe that named it
+        return f if content is None else pa.BufferReader(piped)
 
     schemas = {}
     for f in files:

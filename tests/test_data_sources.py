@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -428,6 +429,22 @@ def test_a_save_to_disk_folder_reads_like_the_parquet_file(parquet_file, tmp_pat
         load_data(namespace(tmp_path / "dict", FIELDS))
 
 
+def test_a_damaged_save_to_disk_folder_is_one_line_naming_it(tmp_path):
+    """The folder's arrow file is memory-mapped and read only when the rows are: bytes overwritten amid
+    its text show there (as text that is not UTF-8), and are a UserError naming the folder."""
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(table_rows()).save_to_disk(str(tmp_path / "saved"))
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    data = bytearray(arrow.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = b"\xff" * 64
+    arrow.write_bytes(data)
+    with pytest.raises(
+        UserError, match=rf"^{tmp_path / 'saved'}: its data cannot be read \(UnicodeDecodeError"
+    ):
+        load_data(namespace(tmp_path / "saved", FIELDS, (KEEP,)))
+
+
 def test_a_folder_without_a_dataset_is_named(tmp_path, capsys):
     line = refused(
         "01",
@@ -523,6 +540,74 @@ def test_a_hub_dataset_out_of_reach_is_one_line_in_seconds(tmp_path):
         "error: --data hf:cuset-tests/no-such-archive:level_1: not in the local cache "
         "and the hub cannot be reached"
     ), r.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# Pipes: --data <(command) is /dev/fd/N, read once
+# ---------------------------------------------------------------------------------------
+
+
+def through_a_pipe(data: bytes, read):
+    """read(path) of a real pipe that `data` is written into, as the shell makes one for <(command)."""
+    read_end, write_end = os.pipe()
+
+    def feed():  # in a thread: a pipe holds 64 KiB, the reader makes room for the rest
+        with open(write_end, "wb") as pipe:
+            pipe.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        return read(Path(f"/dev/fd/{read_end}"))
+    finally:
+        writer.join(timeout=60)
+        os.close(read_end)
+
+
+@pytest.mark.parametrize("form", ["json", "jsonl"])
+def test_a_table_from_a_pipe_reads_as_the_file_does(form, tmp_path):
+    """A JSON array or JSON lines through a pipe: the same records as from the file, and the same sha256,
+    though the pipe gives its bytes only once (the stage looks at its start, hashes it and parses it)."""
+    rows = table_rows()
+    text = json.dumps(rows, indent=1) if form == "json" else "".join(json.dumps(r) + "\n" for r in rows)
+    path = tmp_path / f"rows.{form}"
+    path.write_text(text)
+    piped, piped_id = through_a_pipe(text.encode(), lambda p: load_data(namespace(p, FIELDS, (KEEP,))))
+    records, identity = load_data(namespace(path, FIELDS, (KEEP,)))
+    assert [r | {"id": None} for r in piped] == [r | {"id": None} for r in records]
+    assert piped_id | {"path": None} == identity | {"path": None}
+
+
+PARQUET_FIFO_CHILD = """
+import sys
+from argparse import Namespace
+from pathlib import Path
+from cuset_common.data_sources import load_data
+
+fifo, fields, keep = sys.argv[1:]
+records, identity = load_data(Namespace(data=Path(fifo), data_fields=[fields], data_where=[keep]))
+print(len(records), identity["sha256"], identity["format"])
+"""
+
+
+def test_a_parquet_file_through_a_named_pipe_is_read_from_its_bytes(parquet_file, tmp_path):
+    """Parquet is read from its end, which a pipe cannot seek to, and a named pipe opened again waits for
+    a writer that never comes: the bytes read once serve. The reader is a child process with a time
+    limit; this process writes into the pipe, as another program would."""
+    fifo = tmp_path / "rows.parquet"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(parquet_file.read_bytes(),))
+    writer.start()  # it waits for the child to open the pipe
+    r = subprocess.run(
+        [sys.executable, "-c", PARQUET_FIFO_CHILD, str(fifo), FIELDS, KEEP],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    writer.join(timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].split() == ["5", sha256_file(parquet_file), "parquet"]
 
 
 # ---------------------------------------------------------------------------------------
