@@ -786,9 +786,9 @@ if __name__ == "__main__":
         run_main(
             main,
             interrupted=(
-                "--out keeps the run as of its last resume checkpoint (every --save-every steps), "
-                "and a previous run that --force replaced waits beside it until a run finishes; "
-                "rerun with --resume to go on"
+                "the run is kept in --out as of its last checkpoint (every --save-every steps), and "
+                "a run that --force replaced waits beside it until one finishes; rerun with --resume "
+                "to go on (with --force if it stopped before its first checkpoint)"
             ),
         )
     )

@@ -8,7 +8,12 @@ a folder written by `Dataset.save_to_disk`, or a hub dataset `hf:owner/name[@rev
 `--data-fields` maps columns onto the record (a prompt may be a template over several columns), and
 `--data-where COLUMN=VALUE` keeps only matching rows; without --data-fields each row must itself be a record
 in one of the four forms. pyarrow is imported only for parquet and `datasets` only for a dataset folder or
-the hub, so the JSONL path needs only the stages' own four packages.
+the hub, so the JSONL path needs only the stages' own four packages. A file that is a pipe (`--data
+<(command)`, /dev/stdin) is read once, into memory (read_pipe), and read and hashed from those bytes.
+
+What the libraries raise on a bad file or id (pyarrow on a damaged parquet file or one with two columns of
+one name, huggingface_hub on an id it refuses) is a UserError naming the file or id, as is JSON nested
+deeper than Python's recursion limit: never a traceback.
 
 The identity of a table names its source (sha256 of the file, or of the folder's files; for the hub the
 dataset, revision, split and fingerprint), the mapping, the filter and the rows read and kept: a different

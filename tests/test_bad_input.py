@@ -5,7 +5,10 @@ one real folder (a loop refused), a read-only --out is refused, artifact folders
 edited metas, a --device not present and a model whose config disagrees with its weights are one line,
 stage 04's task rows and --solutions values are checked for type when read (before --out), an append never
 keeps part of a line, and experiments/compare.py checks its options and forwarded stage arguments before any
-work, refuses a loop of links, and names a damaged stage-04 summary.
+work, refuses a loop of links, and names a damaged stage-04 summary. What pyarrow and the hub library raise
+on a bad --data (a parquet file with two columns of one name or damaged pages, an id the library refuses)
+and JSON nested deeper than Python reads are one line too; --data through a pipe is read once; Ctrl-C is
+one line saying what is kept and how to go on (exit 130), a real SIGINT to stage 03 included.
 
 Each test runs a stage's real main() on real artifacts that the module fixture makes with the bundled tiny
 model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every file there
@@ -1145,8 +1148,9 @@ def test_ctrl_c_is_one_line_saying_what_is_kept_and_exit_130(monkeypatch, capsys
 
 
 def test_ctrl_c_during_training_keeps_the_previous_checkpoint_and_says_how_to_resume(world, tmp_path):
-    """A real SIGINT to stage 03 running with --force on a copy of a finished checkpoint, after its first
-    step: exit 130, one line, and the previous checkpoint waits aside, as it was."""
+    """A real SIGINT to stage 03 running with --force on a copy of a finished checkpoint, after its second
+    step: exit 130, one line, and the previous checkpoint waits aside, as it was; --resume, as the line
+    says, goes on from the stopped run."""
     out = tmp_path / "ckpt"
     shutil.copytree(world["ckpt"], out)
     before = snapshot(out)
@@ -1162,7 +1166,7 @@ def test_ctrl_c_during_training_keeps_the_previous_checkpoint_and_says_how_to_re
     )
     try:
         for line in proc.stdout:
-            if line.startswith("step "):
+            if line.startswith("step     2/"):  # step 1's checkpoint is written before step 2 starts
                 proc.send_signal(signal.SIGINT)
                 break
         _, err = proc.communicate(timeout=120)
@@ -1171,3 +1175,5 @@ def test_ctrl_c_during_training_keeps_the_previous_checkpoint_and_says_how_to_re
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.count("\n") == 1 and err.startswith("interrupted: ") and "--resume" in err, err
     assert snapshot(aside_dir(out)) == before
+    resume = [*argv[:-1], "--resume", "--stop-after", "1"]  # the same run, without --force
+    assert run_main(STAGE["03"].main, [*map(str, resume)]) == 0
