@@ -579,13 +579,18 @@ def hub_split(text: str, repo: str, revision: str | None, split: str) -> tuple[T
     split's fingerprint (a hash of that revision and the split expression)."""
     import datasets
     import pyarrow as pa
+    from huggingface_hub.errors import CorruptedCacheException, EntryNotFoundError, XetDownloadError
 
+    # No network, no such split, a damaged file, a failed download: most raise an OSError or a ValueError;
+    # datasets' and pyarrow's base classes and the hub library's errors that are neither catch the rest
+    failures = (OSError, ValueError, datasets.exceptions.DatasetsError, pa.ArrowException)
+    hub_failures = (EntryNotFoundError, XetDownloadError, CorruptedCacheException)
     try:
         builder = datasets.load_dataset_builder(repo, revision=revision)
         builder.download_and_prepare()
         ds = builder.as_dataset(split=split)
-    except (OSError, ValueError, datasets.exceptions.DatasetsError, pa.ArrowException) as e:
-        raise UserError(f"--data {text}: {reason(e)}") from None  # no network, no such split, a bad file
+    except failures + hub_failures as e:
+        raise UserError(f"--data {text}: {reason(e)}") from None
     identity = {
         "path": text,
         "sha256": None,
