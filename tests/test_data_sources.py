@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, load_script
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from cuset_common.cli import UserError, run_main
 from cuset_common.data import load_sft
@@ -540,6 +542,30 @@ def test_a_hub_dataset_out_of_reach_is_one_line_in_seconds(tmp_path):
         "error: --data hf:cuset-tests/no-such-archive:level_1: not in the local cache "
         "and the hub cannot be reached"
     ), r.stderr
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(st.integers(1, 200_000), st.sampled_from(["[", '{"a":']), st.sampled_from(["json", "jsonl"]))
+@example(100_000, "[", "json")
+def test_a_table_nested_to_any_depth_is_read_or_one_line_naming_the_line(tmp_path, depth, opener, form):
+    """A row whose extra column nests `depth` deep, on line 2 of a JSON array or of JSON lines: read, or
+    refused naming that line (json's RecursionError says no line: the reader finds it)."""
+    inner, closer = ("", "]") if opener == "[" else ("0", "}")
+    row = '{"q": "a question", "r": "an answer", "extra": ' + opener * depth + inner + closer * depth + "}"
+    path = tmp_path / f"deep.{form}"
+    path.write_text(f"[\n{row}\n]\n" if form == "json" else '{"q": "x", "r": "y"}\n' + row + "\n")
+    try:
+        records, _ = load_data(namespace(path, "prompt=q,response=r"))
+    except UserError as e:
+        assert str(e).startswith(f"{path}:2: JSON nested too deeply to read"), e
+    else:
+        assert depth < 100_000 and records[-1]["response"] == "an answer"  # the limit is far below that
 
 
 # ---------------------------------------------------------------------------------------
