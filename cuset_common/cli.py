@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from .paths import ROOT
@@ -10,6 +15,19 @@ from .paths import ROOT
 
 class UserError(Exception):
     """Bad input from the user: printed without a traceback, exit status 2."""
+
+
+# Whether a progress line is on stderr without its newline yet (harness/report.py: Progress redraws it in
+# place): run_main's last line then starts on a line of its own.
+PROGRESS_LINE = {"open": False}
+
+
+def say_last(text: str) -> None:
+    """run_main's closing line on stderr, below a progress line left open."""
+    if PROGRESS_LINE["open"]:
+        print(file=sys.stderr)
+        PROGRESS_LINE["open"] = False
+    print(text, file=sys.stderr)
 
 
 # What a script that names nothing else keeps when Ctrl-C stops it (run_main's `interrupted`).
@@ -23,13 +41,10 @@ def run_main(main_fn, argv: list[str] | None = None, interrupted: str = INTERRUP
     Ctrl-C prints one line, `interrupted: ` and then `interrupted`: what the stage keeps of the stopped
     run and how to go on from it; the exit status is the shell's for a command that SIGINT ended, 130
     (128 + signal 2). A traceback there would read as a crash, though stopping is the user's choice."""
-    import os
-    import sys
-
     try:
         return main_fn(argv) or 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_last(f"error: {e}")
         return 2
     except SystemExit as e:
         return e.code
@@ -37,7 +52,7 @@ def run_main(main_fn, argv: list[str] | None = None, interrupted: str = INTERRUP
         # Ctrl-C reaches every process of the terminal's foreground group, so under torchrun every rank
         # stops here: rank 0 alone (torchrun's RANK; a plain run has none) says so.
         if os.environ.get("RANK", "0") == "0":
-            print(f"interrupted: {interrupted}", file=sys.stderr)
+            say_last(f"interrupted: {interrupted}")
         return 130
 
 
@@ -80,9 +95,6 @@ def describe(interval: str) -> str:
 def load_script(relpath: str):
     """Import a stage script by path, for tests and benchmarks (a stage's file name starts with a digit,
     so `import` cannot name it; the stages themselves never import each other)."""
-    import importlib.util
-    import sys
-
     spec = importlib.util.spec_from_file_location(Path(relpath).stem.replace("-", "_"), ROOT / relpath)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
@@ -135,8 +147,6 @@ def check_no_unusable_gpu(torch) -> None:
 
 def nvidia_smi_lists_a_gpu() -> bool:
     """Whether `nvidia-smi -L` (on PATH) runs and lists a GPU ("GPU 0: NVIDIA ...")."""
-    import shutil
-    import subprocess
 
     exe = shutil.which("nvidia-smi")
     if exe is None:

@@ -152,6 +152,20 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
                 yield lineno, obj
 
 
+def read_json_object(path: Path, fix: str) -> dict:
+    """A JSON file that must hold one object (a resume state's arguments, a meta.json); UserError naming the
+    file and `fix` when it cannot be read, is not UTF-8 JSON (or nests deeper than Python's recursion
+    limit) or holds no object."""
+    try:
+        obj = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else type(e).__name__
+        raise UserError(f"{path}: not a readable JSON file ({why}); {fix}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: holds no JSON object; {fix}")
+    return obj
+
+
 # A \\u escape of a UTF-16 surrogate (D800-DFFF): JSON allows one alone, UTF-8 text cannot hold it.
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 

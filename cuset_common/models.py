@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .artifacts import check_file_records
 from .cli import UserError
+from .files import read_json_object
 
 # What a local model folder must hold, per part: at least one file matching one of the patterns.
 MODEL_PARTS = {
@@ -169,11 +170,8 @@ def check_trained_weights(folder: Path) -> None:
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
         return  # a model from elsewhere (the hub, save_pretrained): nothing of ours to check
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        raise UserError(f"{meta_path}: not a readable JSON file; rerun the stage that wrote it") from None
-    if not isinstance(meta, dict) or meta.get("stage") != TRAIN_STAGE:
+    meta = read_json_object(meta_path, "rerun the stage that wrote this model, or remove its meta.json")
+    if meta.get("stage") != TRAIN_STAGE:
         return
     weights = sorted(f.name for f in folder.glob("*.safetensors"))
     check_file_records(folder, meta, weights, f"python 03_train_cuset.py ... --out {folder}")
@@ -273,8 +271,8 @@ def model_parameters(name: str) -> int | None:
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     try:
         return sum(tensor_sizes(path) for path in files) if files else None
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, struct.error):
+        return None  # a damaged header: the loader will say what is wrong
 
 
 def tensor_sizes(path: Path) -> int:

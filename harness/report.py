@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from cuset_common.cli import PROGRESS_LINE
 from cuset_common.files import write_text_atomic
 
 
@@ -30,6 +31,7 @@ class Progress:
             file=sys.stderr,
             flush=True,
         )
+        PROGRESS_LINE["open"] = self.done < self.total
         if self.done >= self.total:
             print(file=sys.stderr)
 

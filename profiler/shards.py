@@ -15,7 +15,7 @@ import numpy as np
 
 from cuset_common.artifacts import check_resume_args
 from cuset_common.cli import UserError
-from cuset_common.files import write_text_atomic
+from cuset_common.files import read_json_object, write_text_atomic
 
 
 def partial_dir(out: Path) -> Path:
@@ -38,7 +38,9 @@ def check_partial(partial: Path, run: dict, resume: bool, may_change: set[str]) 
         return
     if not state.exists():
         raise UserError(f"--resume: no partial run in {partial}; run without --resume")
-    saved = json.loads(state.read_text())
+    saved = read_json_object(state, f"delete {partial} to start over (its resume state is damaged)")
+    if not isinstance(saved.get("args"), dict):
+        raise UserError(f"{state}: records no arguments of the run; delete {partial} to start over")
     check_resume_args(saved["args"], run["args"], may_change, partial, restart=f"delete {partial}")
     wrong = [
         f"{k}: the run has {saved.get(k)!r}, now {v!r}"

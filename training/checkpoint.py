@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from cuset_common.artifacts import args_to_json, artifact_meta, check_resume_args
 from cuset_common.cli import UserError
 from cuset_common.data import end_of_turn_ids
-from cuset_common.files import give_user_modes, replace_dir_atomic
+from cuset_common.files import give_user_modes, read_json_object, replace_dir_atomic
 
 
 def checkpoint_room(model, optimizer: str) -> int:
@@ -46,7 +46,8 @@ def check_resume(args, may_change: set[str]) -> None:
     path = resume_dir(args.out) / "args.json"
     if not path.exists():
         raise UserError(f"--resume: no resume state with its arguments in {args.out}; start without --resume")
-    check_resume_args(json.loads(path.read_text()), args_to_json(args), may_change, args.out)
+    saved = read_json_object(path, f"start over with --force (the resume state in {args.out} is damaged)")
+    check_resume_args(saved, args_to_json(args), may_change, args.out)
 
 
 def state_options(args):
