@@ -488,14 +488,16 @@ def finishes_out(main_fn):
     return main
 
 
-def check_train_out(args, regions: Path | None) -> None:
-    """Stage 03's --out, before any work: the rule of every stage (check_out_dir), and a folder with a run
-    in it is continued with --resume or started over with --force, never silently."""
+def check_train_out(args, regions: Path | None, resumable: bool = True) -> None:
+    """Stage 03's --out (and integrations/trl.py's, which cannot resume: resumable False), before any work:
+    the rule of every stage (check_out_dir), and a folder with a run in it is continued with --resume or
+    started over with --force, never silently."""
     inputs = {"--data": args.data, "--model": Path(args.model), "--regions": regions}
     check_out_dir(args.out, "03_train_cuset", inputs, args.force)
-    if args.out.is_dir() and any(args.out.iterdir()) and not (args.resume or args.force):
+    resuming = resumable and args.resume
+    if args.out.is_dir() and any(args.out.iterdir()) and not (resuming or args.force):
+        how = "pass --resume to continue that run, --force" if resumable else "pass --force"
         raise UserError(
-            f"{args.out} exists and is not empty; pass --resume to continue that run, --force "
-            "to start over (the previous one is kept until the new "
-            "one finishes), or another --out"
+            f"{args.out} exists and is not empty; {how} to start over (the previous one is kept until "
+            "the new one finishes), or another --out"
         )

@@ -47,7 +47,7 @@ if __name__ == "__main__":
 import torch
 from transformers import TrainerCallback
 
-from cuset_common.artifacts import check_out_dir, finishes_out, open_out, tokenizer_fingerprint
+from cuset_common.artifacts import check_train_out, finishes_out, open_out, tokenizer_fingerprint
 from cuset_common.cli import (
     ArgumentParser,
     UserError,
@@ -266,20 +266,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_out(args) -> None:
-    """--out, before any work: the rule of every stage (check_out_dir; a stage-03 checkpoint may be
-    replaced), and a folder with a run in it is started over only with --force, never silently."""
-    regions = args.regions if train03.uses_regions(args) else None
-    check_out_dir(
-        args.out,
-        "03_train_cuset",
-        {"--data": args.data, "--model": Path(args.model), "--regions": regions},
-        args.force,
-    )
-    if args.out.is_dir() and any(args.out.iterdir()) and not args.force:
-        raise UserError(
-            f"{args.out} exists and is not empty; pass --force to start over (the previous run is kept "
-            "until the new one finishes), or another --out"
-        )
+    """--out, before any work: stage 03's rule (check_train_out), without --resume."""
+    check_train_out(args, args.regions if train03.uses_regions(args) else None, resumable=False)
 
 
 def process_count() -> int:
