@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,13 +23,21 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script
+from conftest import ROOT
 from safetensors.numpy import load_file
 
+from cuset_common.artifacts import args_to_json
 from cuset_common.cli import UserError, run_main
-from cuset_common.paths import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE
+from cuset_common.paths import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE, TINY_MODEL
+from experiments.comparison.bootstrap import paired_bootstrap
+from experiments.comparison.command import main
+from experiments.comparison.metrics import read_profile
+from experiments.comparison.options import build_parser, evaluations, parse_args
+from experiments.comparison.plan import most_seeds, plan, seeds_text
+from experiments.comparison.presets import PRESETS
+from experiments.comparison.stages import stage_module
+from experiments.comparison.steps import continuation, finished
 
-compare = load_script("experiments/compare.py")
 OBJECTIVES, SEEDS = ("sft", "cuset"), 2
 RUNS = [f"{o}-seed{s}" for s in range(SEEDS) for o in OBJECTIVES]  # seed by seed
 SECOND = RUNS[1]  # cuset-seed0: the run killed during its training
@@ -159,28 +168,28 @@ def test_a_record_without_weights_gives_the_same_table_and_runs_runs_only_its_ru
     runs it names only and writes no table."""
     out, record = micro["out"], tmp_path / "record"
     argv = [*MICRO, "--data", str(micro["train"]), "--eval-data", str(micro["held"])]
-    assert run_main(compare.main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
+    assert run_main(main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
     assert sorted(p.name for p in record.iterdir()) == sorted(["base", *RUNS])
     assert sorted(p.name for p in (record / SECOND / "ckpt").iterdir()) == ["log.jsonl", "meta.json"]
     # saved again: each step's copy is replaced, what only the record holds (another session's) stays
     (record / "base" / "eval-kernel").mkdir()
     (record / SECOND / "profile-heldout" / "stale.txt").write_text("")
-    assert run_main(compare.main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
+    assert run_main(main, [*argv, "--out", str(out), "--save-record", str(record)]) == 0
     assert (record / "base" / "eval-kernel").is_dir() and not list(record.rglob("*.tmp"))
     assert not (record / SECOND / "profile-heldout" / "stale.txt").exists()
     for i, p in enumerate(sorted(record.rglob("*"))):  # a folder's files older than the folders before them
         os.utime(p, ns=(10**18 - i * 10**9,) * 2)
-    assert run_main(compare.main, [*argv, "--out", str(record), "--report-only"]) == 0
+    assert run_main(main, [*argv, "--out", str(record), "--report-only"]) == 0
     res = json.loads((record / "comparison.json").read_text())
     assert res["table"] == micro["json"]["table"] and res["paired"] == micro["json"]["paired"]
     md_mtime = (out / "comparison.md").stat().st_mtime_ns
     capsys.readouterr()
-    assert run_main(compare.main, [*argv, "--out", str(out), "--runs", RUNS[-1]]) == 0
+    assert run_main(main, [*argv, "--out", str(out), "--runs", RUNS[-1]]) == 0
     log = capsys.readouterr().out
     assert f"{RUNS[-1]}: finished, skipped" in log and "no table" in log
     assert not any(r in log for r in RUNS[:-1]) and (out / "comparison.md").stat().st_mtime_ns == md_mtime
     shutil.rmtree(record / RUNS[-1] / "eval-kernel")
-    assert run_main(compare.main, [*argv, "--out", str(record), "--report-only"]) == 2
+    assert run_main(main, [*argv, "--out", str(record), "--report-only"]) == 2
     assert f"lacks results of {RUNS[-1]} (eval-kernel)" in capsys.readouterr().err
 
 
@@ -258,14 +267,14 @@ def test_kernel_verdicts_match_stage_04_rows(micro):
 
 
 def test_misaligned_profiles_are_refused(micro, tmp_path):
-    base = compare.read_profile(micro["out"] / "base" / "profile-heldout")
+    base = read_profile(micro["out"] / "base" / "profile-heldout")
     for field, value in (("tokenizer_fingerprint", "0" * 64), ("data", {"path": "x", "sha256": "1" * 64})):
         copy = tmp_path / field
         shutil.copytree(micro["out"] / "sft-seed0" / "profile-heldout", copy)
         meta = json.loads((copy / "meta.json").read_text()) | {field: value}
         (copy / "meta.json").write_text(json.dumps(meta))
         with pytest.raises(UserError, match="another (tokenizer|data)"):
-            compare.read_profile(copy, base)
+            read_profile(copy, base)
 
 
 def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(tmp_path):
@@ -309,7 +318,7 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res, base = json.loads((out / "comparison.json").read_text()), out / "base"
     md = (out / "comparison.md").read_text()
-    sampled = compare.PRESETS["cpu-power"]["evaluations"]["kernel-sampled"]
+    sampled = evaluations(PRESETS["cpu-power"]["evaluation"], None)["kernel-sampled"]
     temperature = float(sampled[sampled.index("--temperature") + 1])
     assert json.loads((base / "regions.no-snap" / "meta.json").read_text())["args"]["snap_lines"] is False
     ckpt_meta = json.loads((out / "cuset.no-snap-seed0" / "ckpt" / "meta.json").read_text())
@@ -352,34 +361,37 @@ def test_a_greedy_and_a_sampled_evaluation_a_regions_variant_and_the_base_model(
 def test_a_training_variant_adds_its_stage_03_arguments_to_its_objective_only(tmp_path):
     """profit.t01 trains profit with --profit-threshold 0.01 (as stage 03 parses it) on the default
     regions; no regions of its own are made; a variant is refused for an objective it does not apply to."""
-    args = compare.parse_args(
+    args = parse_args(
         [*MICRO, "--objectives", "sft,profit,profit.t01", "--seeds", "1", "--out", str(tmp_path)]
     )
-    base_steps, runs = compare.plan(args)
+    base_steps, runs = plan(args)
     assert [s["out"].name for s in base_steps if s["stage"] == "02"] == ["regions", "regions-heldout"]
-    train = {r["objective"]: compare.stage_module("03").parse_args(r["steps"][0]["argv"]) for r in runs}
+    train = {r["objective"]: stage_module("03").parse_args(r["steps"][0]["argv"]) for r in runs}
     assert train["profit.t01"].profit_threshold == 0.01 and train["profit"].profit_threshold == 0.1
     assert train["profit.t01"].objective == "profit" and train["sft"].profit_threshold == 0.1
     assert train["profit.t01"].regions == train["profit"].regions == tmp_path / "base" / "regions"
     assert [r["name"] for r in runs] == ["sft-seed0", "profit-seed0", "profit.t01-seed0"]
     for label in ("cuset.t01", "sft.t01", "profit.no-snap", "cuset.bogus"):
         with pytest.raises(UserError, match=f"unknown objective {label}"):
-            compare.parse_args([*MICRO, "--objectives", f"sft,{label}", "--out", str(tmp_path)])
+            parse_args([*MICRO, "--objectives", f"sft,{label}", "--out", str(tmp_path)])
 
 
 def test_more_seeds_for_some_objectives_come_after_every_objective_s_first_seeds(tmp_path):
     """--seeds-for sft=4 adds sft's seeds 2 and 3 after the seeds every objective has; the report counts
     each objective's own seeds; a preset's --seeds-for gives way to a --seeds typed on the command line."""
-    args = compare.parse_args([*MICRO, "--seeds-for", "sft=4", "--out", str(tmp_path)])
-    assert [r["name"] for r in compare.plan(args)[1]] == [*RUNS, "sft-seed2", "sft-seed3"]
-    assert compare.seeds_text(args) == "2 seeds (sft 4)" and compare.most_seeds(args) == 4
-    power = ["--preset", "cpu-power", "--model", str(compare.TINY_MODEL), "--out", str(tmp_path)]
-    more = compare.PRESETS["cpu-power"]["seeds_for"]
+    args = parse_args([*MICRO, "--seeds-for", "sft=4", "--out", str(tmp_path)])
+    assert [r["name"] for r in plan(args)[1]] == [*RUNS, "sft-seed2", "sft-seed3"]
+    assert seeds_text(args) == "2 seeds (sft 4)" and most_seeds(args) == 4
+    power = ["--preset", "cpu-power", "--model", str(TINY_MODEL), "--out", str(tmp_path)]
+    more = {
+        label: int(n)
+        for label, _, n in (x.partition("=") for x in PRESETS["cpu-power"]["seeds_for"].split(","))
+    }
     chosen = ["sft", "dft", "profit.t01"]
-    assert compare.parse_args([*power, "--objectives", ",".join(chosen)]).seeds_for == {
+    assert parse_args([*power, "--objectives", ",".join(chosen)]).seeds_for == {
         label: more[label] for label in chosen if label in more
     }
-    assert compare.parse_args([*power, "--seeds", "2"]).seeds_for == {}
+    assert parse_args([*power, "--seeds", "2"]).seeds_for == {}
 
 
 @pytest.mark.parametrize(
@@ -406,7 +418,7 @@ def test_more_seeds_for_some_objectives_come_after_every_objective_s_first_seeds
     ],
 )
 def test_bad_options_exit_2_with_one_line(argv, msg, capsys):
-    assert run_main(compare.main, argv) == 2
+    assert run_main(main, argv) == 2
     err = capsys.readouterr().err
     assert msg in err and len(err.strip().splitlines()) == 1
 
@@ -417,24 +429,22 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     partial folder is removed), stage 03 --resume when <ckpt>/resume/ holds the same run (--force when it
     holds
     another one), stage 04 --force when its folder holds another run (the same run resumes by itself)."""
-    from cuset_common.artifacts import args_to_json
-
-    args = compare.parse_args([*MICRO, "--out", str(tmp_path)])
-    base_steps, runs = compare.plan(args)
+    args = parse_args([*MICRO, "--out", str(tmp_path)])
+    base_steps, runs = plan(args)
     train, held, ev = runs[0]["steps"][0], runs[0]["steps"][1], runs[0]["steps"][2]
-    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04", "04"] and compare.continuation(
+    assert [s["stage"] for s in runs[0]["steps"]] == ["03", "01", "04", "04"] and continuation(
         train, print
     ) == ()
 
     def saved(step: dict, **change) -> dict:
-        return args_to_json(compare.stage_module(step["stage"]).parse_args(step["argv"])) | change
+        return args_to_json(stage_module(step["stage"]).parse_args(step["argv"])) | change
 
-    state = compare.stage_module("01").partial_dir(held["out"]) / "state.json"
+    state = stage_module("01").partial_dir(held["out"]) / "state.json"
     state.parent.mkdir(parents=True)
     state.write_text(json.dumps({"args": saved(held, log_every=1.0)}))
-    assert compare.continuation(held, print) == ("--resume",)
+    assert continuation(held, print) == ("--resume",)
     state.write_text(json.dumps({"args": saved(held, chunk_rows=7)}))
-    assert compare.continuation(held, print) == () and not state.parent.exists()
+    assert continuation(held, print) == () and not state.parent.exists()
     state.parent.mkdir()
     state.write_text(json.dumps({"args": saved(held)}))
     (train["out"] / "meta.json").parent.mkdir(parents=True)
@@ -442,18 +452,18 @@ def test_an_interrupted_stage_is_continued_with_its_own_resume(tmp_path):
     os.utime(
         train["out"] / "meta.json", (state.stat().st_mtime + 10,) * 2
     )  # the checkpoint was trained again
-    assert compare.continuation(held, print) == () and not state.parent.exists()
+    assert continuation(held, print) == () and not state.parent.exists()
     (train["out"] / "meta.json").unlink()
 
     (train["out"] / "resume").mkdir(parents=True)
     (train["out"] / "resume" / "args.json").write_text(json.dumps(saved(train, save_every=3)))
-    assert compare.continuation(train, print) == ("--resume",)
+    assert continuation(train, print) == ("--resume",)
     (train["out"] / "resume" / "args.json").write_text(json.dumps(saved(train, lr=1.0)))
-    assert compare.continuation(train, print) == ("--force",)
+    assert continuation(train, print) == ("--force",)
 
     ev["out"].mkdir(parents=True)
     (ev["out"] / "fingerprint.json").write_text(json.dumps({"model": "another"}))
-    assert compare.continuation(ev, print) == ("--force",) and not compare.finished(ev)
+    assert continuation(ev, print) == ("--force",) and not finished(ev)
 
 
 # ---------------------------------------------------------------------------------------
@@ -478,12 +488,12 @@ def test_identical_matrices_give_an_interval_around_0_as_narrow_as_the_seeds_all
     the interval is exactly 0, with seeds that disagree it stays within the offsets' range."""
     units = np.random.default_rng(1).normal(0.0, 1.0, 120)  # [U]: prompts far apart
     agree = np.tile(units, (3, 1))  # [S, U]
-    p = compare.paired_bootstrap(agree, agree.copy(), 2000)
+    p = paired_bootstrap(agree, agree.copy(), 2000)
     assert p["units"] == 120 and p["seeds"] == [3, 3]
     assert all(abs(x) <= EXACT for x in (p["diff"], *p["ci95"], p["se"]))
     offsets = np.array([-0.01, 0.0, 0.02])  # [S]
     disagree = units + offsets[:, None]  # [S, U]
-    p = compare.paired_bootstrap(disagree, disagree.copy(), 2000)
+    p = paired_bootstrap(disagree, disagree.copy(), 2000)
     spread = offsets.max() - offsets.min()
     assert abs(p["diff"]) <= EXACT and -spread - EXACT <= p["ci95"][0] < 0 < p["ci95"][1] <= spread + EXACT
 
@@ -494,13 +504,13 @@ def test_a_known_shift_is_recovered_with_the_standard_error_of_the_design():
     noise's mean plus 0.05, and the bootstrap's standard error that of a mean of U paired differences."""
     rng = np.random.default_rng(2)  # the matrices' values; the bootstrap draws with its own seed
     sft = rng.normal(0.5, 0.3, (3, 150)) + rng.normal(0, 0.05, (3, 1))  # [S, U], seeds that disagree
-    p = compare.paired_bootstrap(sft + 0.05, sft, 2000)
+    p = paired_bootstrap(sft + 0.05, sft, 2000)
     assert math.isclose(p["diff"], 0.05, abs_tol=EXACT)
     assert max(abs(x - 0.05) for x in p["ci95"]) > 0.001  # the seeds are drawn apart: they do not cancel
-    same = compare.paired_bootstrap(np.tile(sft[0] + 0.05, (3, 1)), np.tile(sft[0], (3, 1)), 500)
+    same = paired_bootstrap(np.tile(sft[0] + 0.05, (3, 1)), np.tile(sft[0], (3, 1)), 500)
     assert all(math.isclose(x, 0.05, abs_tol=EXACT) for x in (same["diff"], *same["ci95"]))
     noise = rng.normal(0, 0.2, 150)  # [U]
-    shifted = compare.paired_bootstrap(np.tile(sft[0] + 0.05 + noise, (3, 1)), np.tile(sft[0], (3, 1)), 2000)
+    shifted = paired_bootstrap(np.tile(sft[0] + 0.05 + noise, (3, 1)), np.tile(sft[0], (3, 1)), 2000)
     assert math.isclose(shifted["diff"], 0.05 + noise.mean(), abs_tol=EXACT)
     assert shifted["ci95"][0] < 0.05 + noise.mean() < shifted["ci95"][1]
     # 2,000 resamples estimate a standard error to about 1/sqrt(2 x 2000) = 1.6% (normal approximation)
@@ -514,9 +524,9 @@ def test_resampling_seeds_widens_the_interval_when_seeds_disagree_and_not_when_t
     sft = rng.normal(0.3, 0.3, 100)  # [U]
     d = rng.normal(0.02, 0.1, 100)  # [U]: objective - sft per unit
     offsets = np.array([-0.03, 0.0, 0.03])  # [S]: seed to seed, twice the units' standard error (0.01)
-    agree = compare.paired_bootstrap(np.tile(sft + d, (3, 1)), np.tile(sft, (3, 1)), 2000)
-    one_seed = compare.paired_bootstrap((sft + d)[None], sft[None], 2000)
-    disagree = compare.paired_bootstrap(sft + d + offsets[:, None], sft + offsets[:, None], 2000)
+    agree = paired_bootstrap(np.tile(sft + d, (3, 1)), np.tile(sft, (3, 1)), 2000)
+    one_seed = paired_bootstrap((sft + d)[None], sft[None], 2000)
+    disagree = paired_bootstrap(sft + d + offsets[:, None], sft + offsets[:, None], 2000)
     assert one_seed["seeds"] == [1, 1] and agree["seeds"] == disagree["seeds"] == [3, 3]
     for p in (agree, one_seed, disagree):
         assert math.isclose(p["diff"], d.mean(), abs_tol=EXACT)
@@ -534,12 +544,12 @@ def test_units_without_a_value_and_one_seed_against_three():
     rng = np.random.default_rng(4)
     base, sft = rng.random((1, 40)), rng.random((3, 40))  # [1, U], [3, U]
     base[0, 7], sft[1, 3], sft[:, 5] = np.nan, np.nan, np.nan
-    p = compare.paired_bootstrap(base, sft, 2000)
+    p = paired_bootstrap(base, sft, 2000)
     keep = [u for u in range(40) if u not in (5, 7)]
     expected = np.mean([base[0, u] - np.nanmean(sft[:, u]) for u in keep])
     assert p["units"] == 38 and p["seeds"] == [1, 3] and math.isclose(p["diff"], expected, abs_tol=EXACT)
     assert p["ci95"][0] < expected < p["ci95"][1] and not math.isnan(p["se"])
-    assert compare.paired_bootstrap(np.full((2, 3), np.nan), sft[:, :3], 100)["units"] == 0
+    assert paired_bootstrap(np.full((2, 3), np.nan), sft[:, :3], 100)["units"] == 0
 
 
 def test_the_power_statement_is_the_difference_detected_four_times_in_five():
@@ -547,12 +557,12 @@ def test_the_power_statement_is_the_difference_detected_four_times_in_five():
     error, lies beyond the 5% two-sided critical value (1.96 SE) with probability 0.8."""
     rng = np.random.default_rng(5)
     a, b = rng.normal(0.1, 0.3, (3, 80)), rng.normal(0.0, 0.3, (3, 80))
-    p = compare.paired_bootstrap(a, b, 2000)
+    p = paired_bootstrap(a, b, 2000)
     z = NormalDist()
     power = 1 - z.cdf(z.inv_cdf(0.975) - p["resolves"] / p["se"])
     assert math.isclose(power, 0.8, abs_tol=1e-9)
     assert math.isclose(p["resolves"] / p["se"], 1.96 + 0.84, abs_tol=0.005)
-    assert p == compare.paired_bootstrap(a.copy(), b.copy(), 2000)  # the same draws every time (seed 0)
+    assert p == paired_bootstrap(a.copy(), b.copy(), 2000)  # the same draws every time (seed 0)
 
 
 def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
@@ -598,3 +608,35 @@ def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
     assert "| objective | kernel.compile_rate | kernel.pass@1 |" in md
     assert "resampled: seeds and units)" in md and "- cuset: resolves differences of " in md
     assert "Every metric's resolvable difference" in md
+
+
+# ---------------------------------------------------------------------------------------
+# The presets as data (experiments/comparison/presets.py) and the modules' size
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_a_preset_gives_options_of_the_command_and_a_typed_option_overrides_it(name, tmp_path):
+    """A preset holds options of the command as they would be typed; naming it gives each of them, and an
+    option typed beside it wins: a typed --seeds drops the preset's --seeds-for, a typed --modes its
+    evaluations, a typed --train-args its training arguments (the rest stays the preset's)."""
+    options = {k: v for k, v in PRESETS[name].items() if k != "note"}
+    assert set(options) <= set(vars(build_parser().parse_args([]))), "a preset key that is no option"
+    common = ["--preset", name, "--report-only", "--out", str(tmp_path)]
+    args = parse_args(common)
+    assert args.objectives == options["objectives"].split(",") and args.seeds == options["seeds"]
+    assert args.train_args == shlex.split(options["train_args"])
+    assert args.eval_args == shlex.split(options["eval_args"])
+    assert args.evaluations == evaluations(
+        options.get("evaluation"), None if "evaluation" in options else args.modes
+    )
+    typed = parse_args([*common, "--seeds", "1", "--modes", "kernel", "--train-args", "--max-steps 1"])
+    assert typed.seeds == 1 and typed.seeds_for == {} and typed.evaluations == {"kernel": []}
+    assert typed.train_args == ["--max-steps", "1"] and typed.eval_args == args.eval_args
+
+
+def test_every_module_under_experiments_is_at_most_500_lines():
+    """The comparison is split by concept (experiments/comparison/, one idea a module): no module under
+    experiments/ holds more than 500 lines."""
+    lines = {p: len(p.read_text().splitlines()) for p in (ROOT / "experiments").rglob("*.py")}
+    assert not {str(p.relative_to(ROOT)): n for p, n in lines.items() if n > 500}

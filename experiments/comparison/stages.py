@@ -1,0 +1,64 @@
+"""The four stages as the comparison calls them: their scripts, their own parsers (to check a call before
+it runs) and a call written as a user types it. The method lives in the stages; the comparison only
+decides what to run."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from cuset_common.cli import UserError, load_script
+from cuset_common.paths import ROOT
+
+STAGES = {
+    "01": "01_profile.py",
+    "02": "02_label_regions.py",
+    "03": "03_train_cuset.py",
+    "04": "04_eval_kernels.py",
+}
+# The stage whose arguments each --<name>-args forwards (standalone: stage 04, after --eval-args).
+FORWARDED = {"profile": "01", "regions": "02", "train": "03", "eval": "04", "standalone": "04"}
+
+
+@functools.cache
+def stage_module(key: str):
+    """The stage's own module, to parse a command line the way it will (loaded once, never run here)."""
+    return load_script(STAGES[key])
+
+
+def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
+    """A step's stage call: this Python, the stage script, its arguments, then `extra` (--resume, ...)."""
+    return [sys.executable, str(ROOT / STAGES[step["stage"]]), *step["argv"], *extra]
+
+
+def typed(arg) -> str:
+    """A path inside the repository as a user types it (relative), anything else unchanged."""
+    arg = str(arg)
+    inside = os.path.isabs(arg) and Path(arg).is_relative_to(ROOT)
+    return os.path.relpath(arg) if inside else arg
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as a user types it: `python 03_train_cuset.py ...`."""
+    return shlex.join(["python", *map(typed, cmd[1:])])
+
+
+def stage_refusal(key: str, argv: list[str]) -> str | None:
+    """What stage `key`'s own parse_args (its parser and range checks) says of argv; None if it takes it."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            stage_module(key).parse_args(argv)
+    except SystemExit as e:
+        if e.code == 0:
+            return "it asks for --help"
+        last = said.getvalue().strip().splitlines()[-1:] or [f"exit status {e.code}"]
+        return last[0].removeprefix("error: ").removesuffix("; see --help")
+    except UserError as e:
+        return str(e)
+    return None
