@@ -5,14 +5,14 @@ modes): stopped after 8 stage calls (--stop-after), killed (SIGKILL) in the midd
 re-aggregates); the table checked against numbers recomputed here from the profiles and stage 04's rows;
 how an interrupted stage is continued; refusals of misaligned profiles and bad options; a preset with a
 greedy and a sampled evaluation; variants of stage 02 and stage 03; the paired bootstrap over seeds and
-units and its power statement on matrices whose answer is known; the committed cpu-real record's table."""
+units and its power statement on matrices whose answer is known; the committed cpu-real record's table;
+the presets as the options they give; no module under experiments/ past 500 lines."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -32,7 +32,7 @@ from cuset_common.paths import EVAL_SFT_KERNEL_FILE, SFT_KERNEL_FILE, TINY_MODEL
 from experiments.comparison.bootstrap import paired_bootstrap
 from experiments.comparison.command import main
 from experiments.comparison.metrics import read_profile
-from experiments.comparison.options import build_parser, evaluations, parse_args
+from experiments.comparison.options import evaluations, parse_args
 from experiments.comparison.plan import most_seeds, plan, seeds_text
 from experiments.comparison.presets import PRESETS
 from experiments.comparison.stages import stage_module
@@ -616,20 +616,22 @@ def test_the_committed_cpu_real_record_still_makes_its_table(tmp_path):
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
-def test_a_preset_gives_options_of_the_command_and_a_typed_option_overrides_it(name, tmp_path):
-    """A preset holds options of the command as they would be typed; naming it gives each of them, and an
-    option typed beside it wins: a typed --seeds drops the preset's --seeds-for, a typed --modes its
-    evaluations, a typed --train-args its training arguments (the rest stays the preset's)."""
+def test_a_preset_is_the_options_it_gives_and_a_typed_option_overrides_it(name, tmp_path):
+    """Naming a preset plans the same comparison as typing its options (presets.py holds them as typed);
+    an option typed beside it wins: a typed --seeds drops the preset's --seeds-for, a typed --modes its
+    evaluations, a typed --train-args its training arguments, and the rest stays the preset's."""
     options = {k: v for k, v in PRESETS[name].items() if k != "note"}
-    assert set(options) <= set(vars(build_parser().parse_args([]))), "a preset key that is no option"
-    common = ["--preset", name, "--report-only", "--out", str(tmp_path)]
+    objectives = f"{options.pop('objectives')},profit.t01"  # every objective a --seeds-for may name
+    common = ["--preset", name, "--report-only", "--out", str(tmp_path), "--objectives", objectives]
+    typed_out = []
+    for option, value in options.items():
+        flag = "--" + option.replace("_", "-")
+        if isinstance(value, bool):
+            typed_out.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            typed_out += [x for v in (value if isinstance(value, list) else [value]) for x in (flag, str(v))]
     args = parse_args(common)
-    assert args.objectives == options["objectives"].split(",") and args.seeds == options["seeds"]
-    assert args.train_args == shlex.split(options["train_args"])
-    assert args.eval_args == shlex.split(options["eval_args"])
-    assert args.evaluations == evaluations(
-        options.get("evaluation"), None if "evaluation" in options else args.modes
-    )
+    assert vars(args) == vars(parse_args([*common, *typed_out]))
     typed = parse_args([*common, "--seeds", "1", "--modes", "kernel", "--train-args", "--max-steps 1"])
     assert typed.seeds == 1 and typed.seeds_for == {} and typed.evaluations == {"kernel": []}
     assert typed.train_args == ["--max-steps", "1"] and typed.eval_args == args.eval_args
