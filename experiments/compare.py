@@ -13,12 +13,5 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's pa
 from cuset_common.cli import run_main
 from experiments.comparison.command import main
 
-# tests/test_bad_input.py and tests/test_properties.py reach these through the command's file
-from experiments.comparison.metrics import kernel_metrics, read_profile
-from experiments.comparison.options import parse_args
-from experiments.comparison.steps import finished
-
-__all__ = ["finished", "kernel_metrics", "main", "parse_args", "read_profile"]
-
 if __name__ == "__main__":
     sys.exit(run_main(main))

@@ -38,6 +38,9 @@ from cuset_common.cli import INTERRUPTED, UserError, run_main
 from cuset_common.files import append_jsonl
 from cuset_common.paths import SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
+from experiments.comparison.command import main as compare_main
+from experiments.comparison.metrics import kernel_metrics
+from experiments.comparison.steps import finished
 from harness.report import Progress
 from harness.run_folder import Run
 
@@ -47,7 +50,6 @@ STAGE = {
     "03": load_script("03_train_cuset.py"),
     "04": load_script("04_eval_kernels.py"),
 }
-COMPARE = load_script("experiments/compare.py")
 
 # A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
 # 04-gen: stage 04 with the model answering instead of --solutions.
@@ -966,7 +968,7 @@ def test_compare_refuses_a_bad_option_before_any_work(case, tmp_path, monkeypatc
     argv, says = [a.replace("{tmp}", str(tmp_path)) for a in argv], says.replace("{tmp}", str(tmp_path))
     before = snapshot(tmp_path)
     capsys.readouterr()
-    assert run_main(COMPARE.main, ["--preset", "cpu-quick", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert run_main(compare_main, ["--preset", "cpu-quick", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], err
@@ -981,7 +983,7 @@ def test_compare_refuses_a_loop_of_links_before_any_work(option, tmp_path, monke
     capsys.readouterr()
     assert (
         run_main(
-            COMPARE.main,
+            compare_main,
             ["--preset", "cpu-quick", "--out", str(tmp_path / "out"), option, str(tmp_path / "loop")],
         )
         == 2
@@ -1001,7 +1003,7 @@ def test_compare_makes_a_damaged_stage_04_summary_again_and_names_it_in_a_report
     step = {"stage": "04", "out": run, "inputs": [], "argv": argv}
     summary_path, results_path = run / "summary.json", run / "results.jsonl"
     summary, results = json.loads(summary_path.read_text()), results_path.read_text()
-    assert COMPARE.finished(step) and COMPARE.kernel_metrics(run, "kernel")[3] == 1
+    assert finished(step) and kernel_metrics(run, "kernel")[3] == 1
     for damaged, says in [
         ("{", "absent, or not a JSON object"),
         ("[]", "absent, or not a JSON object"),
@@ -1014,14 +1016,14 @@ def test_compare_makes_a_damaged_stage_04_summary_again_and_names_it_in_a_report
         ),
     ]:
         summary_path.write_text(damaged)
-        assert not COMPARE.finished(step)
+        assert not finished(step)
         with pytest.raises(UserError, match=f"^{re.escape(f'{summary_path}: {says}')}"):
-            COMPARE.kernel_metrics(run, "kernel")
+            kernel_metrics(run, "kernel")
     summary_path.write_text(json.dumps(summary))
     first, rest = results.split("\n", 1)
     results_path.write_text(json.dumps(json.loads(first) | {"level": "1"}) + "\n" + rest)
     with pytest.raises(UserError, match=f"^{re.escape(f'{results_path}:1: a row needs task_id')}"):
-        COMPARE.kernel_metrics(run, "kernel")
+        kernel_metrics(run, "kernel")
 
 
 # ---------------------------------------------------------------------------------------

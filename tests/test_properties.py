@@ -30,6 +30,8 @@ from cuset_common.files import append_jsonl, read_jsonl
 from cuset_common.models import load_tokenizer
 from cuset_common.paths import LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
+from experiments.comparison.metrics import kernel_metrics, read_profile
+from experiments.comparison.options import parse_args as compare_parse_args
 from harness.generation import prompt_ids
 from harness.programs import MIN_OUTPUT_MB
 from harness.run_folder import load_solutions, select_tasks
@@ -38,7 +40,6 @@ STAGE01, STAGE02, STAGE03, STAGE04 = (
     load_script(f)
     for f in ("01_profile.py", "02_label_regions.py", "03_train_cuset.py", "04_eval_kernels.py")
 )
-COMPARE = load_script("experiments/compare.py")
 
 
 def properties(examples: int):
@@ -301,7 +302,7 @@ def readers(artifacts) -> dict[str, list]:
         "regions": train,
         "profile": [
             lambda: STAGE02.load_profile(args02),
-            lambda: COMPARE.read_profile(Path(profile)),
+            lambda: read_profile(Path(profile)),
             *train,
         ],
     }
@@ -601,7 +602,7 @@ def test_compare_reads_any_stage_04_summary_or_names_the_file(eval_run, field, v
         first, rest = original.split("\n", 1)
         path.write_text(json.dumps(with_field(json.loads(first), key, value)) + "\n" + rest)
     try:
-        metrics, _, backend, k = COMPARE.kernel_metrics(eval_run, "kernel")
+        metrics, _, backend, k = kernel_metrics(eval_run, "kernel")
     except UserError as e:
         assert str(e).startswith(f"{path}") and "\n" not in str(e), e
     else:
@@ -659,7 +660,7 @@ ARG_STRINGS = st.lists(WORDS, max_size=6).map(" ".join) | st.text(max_size=30)
 def test_compare_takes_or_refuses_any_forwarded_string_in_one_line(tmp_path, stage, given_args):
     out = tmp_path / "out"
     one_line_or_success(
-        lambda: COMPARE.parse_args(
+        lambda: compare_parse_args(
             ["--preset", "cpu-quick", "--out", str(out), f"--{stage}-args={given_args}"]
         )
     )
@@ -685,7 +686,7 @@ def test_compare_takes_or_refuses_any_forwarded_string_in_one_line(tmp_path, sta
 def test_compare_takes_or_refuses_any_option_value_in_one_line(tmp_path, option, value):
     out = tmp_path / "out"
     one_line_or_success(
-        lambda: COMPARE.parse_args(["--preset", "cpu-quick", "--out", str(out), f"{option}={value}"])
+        lambda: compare_parse_args(["--preset", "cpu-quick", "--out", str(out), f"{option}={value}"])
     )
     assert not out.exists()
 
