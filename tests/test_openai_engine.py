@@ -4,7 +4,8 @@ A small server of the tests' own (http.server on 127.0.0.1) answers each prompt 
 kernels, or, for chosen prompts, with a 500, a 429, malformed JSON or too late: the references pass, the
 failed rows are recorded as such and a rerun completes them, and the key reaches the server but no file.
 Against a real `vllm serve` of the bundled tiny model (skipped where vllm does not import, unless
-CUSET_REQUIRE_VLLM=1), the engine writes the greedy replies vLLM's offline engine writes, cut alike.
+CUSET_REQUIRE_VLLM=1), the engine writes the greedy replies vLLM's offline engine writes, cut alike, and
+draws its seeded samples. The server starts once for the module (about 20 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from conftest import ROOT, load_script
 
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, load_tasks
-from harness.openai_generation import cut_reply
-from harness.vllm_generation import engine_environment
+from harness.generation import prompt_seed
+from harness.openai_generation import chat_body, cut_reply
+from harness.vllm_generation import engine_environment, vllm_platform
 
 ev = load_script("04_eval_kernels.py")
 KEY = "sk-test-secret"
@@ -233,6 +235,37 @@ def test_a_model_the_server_does_not_serve_is_one_line_and_exit_2(tmp_path, caps
     )
 
 
+def test_without_base_url_or_api_model_it_is_one_line_and_exit_2(tmp_path, capsys):
+    code = ev.run_main(ev.main, ["--engine", "openai", "--api-model", MODEL, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: --engine openai needs --base-url") and "\n" not in err
+
+
+def test_a_request_asks_for_the_prompts_samples_with_its_seed_and_the_sampling_settings():
+    """Sampled: n = --num-samples, the prompt's seed (vLLM gives sample s seed + s), temperature, top-p and
+    max_tokens as given. Greedy: one sample (every sample's), top-p 1 and no seed, as vLLM's engine gets
+    them. The messages are those the other engines render."""
+    task = TASKS[0]
+    sampled = ev.parse_args(["--num-samples", "3", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5"])
+    sampled.api_model = MODEL
+    body = chat_body(sampled, task, 2, logprobs=True)
+    assert body == {
+        "model": MODEL,
+        "messages": build_messages(task, 2, "standalone"),
+        "n": 3,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 1024,
+        "seed": prompt_seed(5, task["id"], 2),
+        "logprobs": True,
+    }
+    greedy = ev.parse_args(["--num-samples", "3", "--max-new-tokens", "64"])
+    greedy.api_model = MODEL
+    body = chat_body(greedy, task, 1, logprobs=False)
+    assert (body["n"], body["temperature"], body["top_p"], body["max_tokens"]) == (1, 0.0, 1.0, 64)
+    assert "seed" not in body and "logprobs" not in body
+
+
 def test_a_reply_without_tokens_is_cut_after_the_first_complete_code_block():
     """The text cut (a server without logprobs): right after the closing fence of the first block the mode
     asks for; a block without a kernel does not end the reply."""
@@ -250,18 +283,41 @@ def test_a_reply_without_tokens_is_cut_after_the_first_complete_code_block():
 
 # The six kernel-mode prompts of tests/test_engines.py whose greedy replies end in every way a reply can
 # end (a complete code block, a loop of --loop-stop 9 tokens, the end of the turn, --max-new-tokens).
-SAME = ["--mode", "kernel", "--levels", "1", "--limit", "6", "--max-new-tokens", "800", "--loop-stop", "9"]
-SAME += ["--precision", "fp32", "--threads", "1", "--num-samples", "2", "--generate-only"]
+GREEDY = ["--mode", "kernel", "--levels", "1", "--limit", "6", "--max-new-tokens", "800", "--loop-stop", "9"]
+GREEDY += ["--num-samples", "2"]
+# Three prompts, two seeded samples each, a few tokens.
+SAMPLED = [
+    "--mode",
+    "kernel",
+    "--levels",
+    "1",
+    "--limit",
+    "3",
+    "--max-new-tokens",
+    "24",
+    "--num-samples",
+    "2",
+]
+SAMPLED += ["--temperature", "0.8", "--seed", "3"]
 
 
-@contextlib.contextmanager
-def vllm_server(model: str):
-    """`vllm serve` of `model` on 127.0.0.1 with the offline engine's settings on a CPU (start_engine in
-    harness/vllm_generation.py: fp32, seed 0, eager, vLLM's own generation defaults rather than the model's
-    generation_config, a small KV cache, its environment); yields its base URL once /v1/models answers, and
-    stops its process group however the test ends."""
+@pytest.fixture(scope="module")
+def served_tiny_model():
+    """The base URL of `vllm serve` of the tiny model on 127.0.0.1, with the offline engine's settings on a
+    CPU (start_engine in harness/vllm_generation.py: fp32, seed 0, eager, vLLM's own generation defaults
+    rather than the model's generation_config, a small KV cache, its environment), once /v1/models answers;
+    its process group is stopped however the tests end. Skipped where vllm does not import (failed under
+    CUSET_REQUIRE_VLLM=1) or runs on a GPU only."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        if os.environ.get("CUSET_REQUIRE_VLLM") == "1":
+            pytest.fail(f"CUSET_REQUIRE_VLLM=1 but vllm does not import: {e}")
+        pytest.skip(f"vllm does not import ({e})")
+    if vllm_platform() != "cpu":
+        pytest.skip("compares the engines on a CPU; the vLLM installed here runs on a GPU only")
     port = free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TINY_MODEL)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0"]
     command += ["--enforce-eager", "--generation-config", "vllm", "--max-model-len", "2048"]
     command += ["--kv-cache-memory-bytes", str(64 << 20)]
@@ -294,33 +350,39 @@ def answers(url: str) -> bool:
         return False
 
 
-def test_vllm_serve_gives_the_offline_engines_greedy_replies(tmp_path, monkeypatch):
+def offline_and_served(tmp_path, base: str, argv: list[str]) -> tuple[dict, dict, dict]:
+    """Stage 04 --generate-only in fp32 on one thread with `argv`, through vLLM's offline engine and through
+    the server at `base`: (the offline completions, the served ones, the served run's generation record)."""
+    argv = [*argv, "--precision", "fp32", "--threads", "1", "--generate-only"]
+    offline, served = tmp_path / "vllm", tmp_path / "served"
+    assert ev.main([*argv, "--engine", "vllm", "--device", "cpu", "--out", str(offline)]) == 0
+    model = ["--api-model", str(TINY_MODEL)]
+    assert ev.main([*argv, "--engine", "openai", "--base-url", base, *model, "--out", str(served)]) == 0
+    texts = [
+        {
+            (c["task_id"], c["level"], c["sample"]): c["completion"]
+            for c in read_jsonl(out / "completions.jsonl")
+        }
+        for out in (offline, served)
+    ]
+    return *texts, json.loads((served / "summary.json").read_text())["generation"]
+
+
+def test_vllm_serve_gives_the_offline_engines_greedy_replies(tmp_path, monkeypatch, served_tiny_model):
     """Six prompts, greedy fp32, through `vllm serve` (--engine openai) and through vLLM's offline engine
     (--engine vllm): the same replies, each cut on the same token (the server's logprobs give the tokens;
     the prompts' replies end in all four ways)."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        if os.environ.get("CUSET_REQUIRE_VLLM") == "1":
-            pytest.fail(f"CUSET_REQUIRE_VLLM=1 but vllm does not import: {e}")
-        pytest.skip(f"vllm does not import ({e})")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    model = str(TINY_MODEL)
-    offline = tmp_path / "vllm"
-    assert ev.main([*SAME, "--engine", "vllm", "--device", "cpu", "--out", str(offline)]) == 0
-    served = tmp_path / "served"
-    with vllm_server(model) as base:
-        assert (
-            ev.main(
-                [*SAME, "--engine", "openai", "--base-url", base, "--api-model", model, "--out", str(served)]
-            )
-            == 0
-        )
-    replies = {
-        name: read_jsonl(out / "completions.jsonl") for name, out in (("vllm", offline), ("openai", served))
-    }
-    key = lambda c: (c["task_id"], c["level"], c["sample"])  # noqa: E731
-    assert len(replies["vllm"]) == 12
-    assert sorted(replies["openai"], key=key) == sorted(replies["vllm"], key=key)
-    record = json.loads((served / "summary.json").read_text())["generation"]
-    assert record["cut"] == "by token (logprobs)" and record["errors"] == [] and record["server"] == base
+    offline, served, record = offline_and_served(tmp_path, served_tiny_model, GREEDY)
+    assert len(offline) == 12 and served == offline
+    assert record["cut"] == "by token (logprobs)" and record["errors"] == []
+    assert record["server"] == served_tiny_model
+
+
+def test_vllm_serve_draws_the_offline_engines_seeded_samples(tmp_path, monkeypatch, served_tiny_model):
+    """Three prompts, two samples each at --temperature 0.8: the server, given each prompt's seed and n,
+    draws the samples the offline engine draws."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    offline, served, _ = offline_and_served(tmp_path, served_tiny_model, SAMPLED)
+    assert len(offline) == 6 and served == offline
+    assert sum(offline[t, lv, 0] != offline[t, lv, 1] for t, lv, _ in offline) >= 2  # it sampled
