@@ -674,26 +674,34 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
     )
     a(
         "--base-url",
+        metavar="URL",
         help="--engine openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (vllm serve, SGLang, a "
         "hosted API); the key, if it needs one, from the environment variable OPENAI_API_KEY",
     )
-    a("--api-model", help="--engine openai: the model's name on the server (its /models lists it)")
+    a(
+        "--api-model",
+        metavar="NAME",
+        help="--engine openai: the model's name on the server (its /models lists it)",
+    )
     a(
         "--api-concurrency",
         type=int,
         default=8,
+        metavar="N",
         help="--engine openai: requests in flight at once (default %(default)s)",
     )
     a(
         "--api-timeout",
         type=float,
         default=600.0,
+        metavar="SECONDS",
         help="--engine openai: seconds for one request's answer (default %(default)s)",
     )
     a(
         "--api-retries",
         type=int,
         default=4,
+        metavar="N",
         help="--engine openai: tries after the first on a 429, a 5xx, a timeout or a malformed answer, after "
         "Retry-After or a doubling wait from 1 s (default %(default)s)",
     )
