@@ -23,8 +23,8 @@ model (harness/generation.py), --engine vllm vLLM's offline engine where it is i
 (harness/vllm_generation.py); both get the same prompt token ids and stop the same way. --engine auto
 (default) takes vLLM only where its start-up pays (--engine says when); else the own loop. --engine openai
 asks an OpenAI-compatible server (vllm serve, SGLang, a hosted API) for the same chat messages and cuts its
-replies by the same rules (harness/openai_generation.py); a prompt it gives no reply is a `missing` row with
-its `generation_error`, counted in the summary and asked again when the run is rerun.
+replies by the same rules (harness/openai_generation.py); a prompt it gives no reply is a `generation_error`
+row (outside pass@k), counted in the summary and asked again when the run is rerun.
 --precision auto computes in bf16 where the hardware has it natively (a GPU, or a CPU with AVX512-BF16
 or AMX), else fp32. summary.json's "generation" says which engine, version and dtype ran, its load
 seconds, and the tokens written and their seconds with loading excluded.
@@ -33,9 +33,9 @@ Protocol (docs/evaluation.md, "Protocol"), in the order of this file: extract th
 (fixed flags, parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh
 sandbox folder that holds only the inputs -> compare.py on the files it wrote under data/ -> an
 outcome (harness/outcomes.py): missing, no_code, compile_error, runtime_error, timeout,
-wrong_output, pass; `unsupported` (the emulator cannot run it) and `task_error` are counted apart,
-outside pass@k. Then the task check, pass@k and the summary; main is the recipe. When each build
-and run happens, on how many threads and for how long: harness/schedule.py.
+wrong_output, pass; `unsupported` (the emulator cannot run it), `task_error` and `generation_error`
+are counted apart, outside pass@k. Then the task check, pass@k and the summary; main is the recipe.
+When each build and run happens, on how many threads and for how long: harness/schedule.py.
 
 Task check: a task's scripts are known to accept one program, its own reference; before its
 candidates are judged, that reference goes the same path (one extra compile and run per task with a
@@ -84,7 +84,7 @@ from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
 from harness.gpu_probe import compute_capability, decide_backend, probe_gpu
 from harness.openai_generation import check_server, generate_openai
-from harness.outcomes import APART, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
+from harness.outcomes import APART, GENERATION_ERROR, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
 from harness.program_files import copy_written_files
 from harness.programs import (
     Emulator,
@@ -544,7 +544,7 @@ def group_stats(rows: list[dict], k: int) -> dict:
     for r in judged:
         per_prompt[(r["task_id"], r["level"])].append(r)
     n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
-    usable = [r for r in rows if r["outcome"] != TASK_ERROR]
+    usable = [r for r in rows if r["outcome"] not in (TASK_ERROR, GENERATION_ERROR)]  # no program to build
     compiled = sum(r["outcome"] not in NOT_COMPILED for r in usable)
     out = {"rows": len(rows), "compile_rate": compiled / max(len(usable), 1)}
     out |= {o: sum(r["outcome"] == o for r in rows) for o in APART}
@@ -870,12 +870,13 @@ def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dic
 
 
 def record_generation_errors(args, by_id: dict, generation: dict | None, runner: Runner, run) -> None:
-    """Rows `missing` for the jobs the server gave no reply (the openai engine's record: `errors`), the
-    error in their `generation_error` and log: not the model's failure, a resumed run asks again."""
+    """Rows `generation_error` for the jobs the server gave no reply (the openai engine's record: `errors`),
+    the error in their `generation_error` field and log: not the model's failure, so outside pass@k
+    (harness/outcomes.py: APART); a resumed run asks again."""
     for error in (generation or {}).get("errors", []):
         job = (error["task_id"], error["level"], error["sample"])
         row = job_row(by_id[job[0]], job, args, runner)
-        failed = {"outcome": "missing", "generation_error": error["error"], "log": error["error"]}
+        failed = {"outcome": GENERATION_ERROR, "generation_error": error["error"], "log": error["error"]}
         run.record(job, row | failed)
 
 
@@ -935,9 +936,9 @@ def write_run_summary(
     )
     if summary["generation_errors"]:
         header += (
-            f"\n\n**{summary['generation_errors']} rows got no reply from the server** (outcome `missing`, "
-            f"counted as failures here; `generation_error` in results.jsonl says why): rerun the same "
-            f"command to ask again."
+            f"\n\n**{summary['generation_errors']} rows got no reply from the server** (outcome "
+            f"`generation_error`, outside pass@k; results.jsonl says why): rerun the same command to ask "
+            f"again."
         )
     return write_summary(args.out, summary, header)
 

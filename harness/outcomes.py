@@ -12,11 +12,13 @@ A row the protocol judges ends in one of OUTCOMES, listed in the order of the st
     wrong_output   the task's compare.py judges what the program wrote F
     pass           ... and T
 
-Two more carry no verdict on the program, and are counted apart, outside pass@k (APART).
+Three more carry no verdict on the program, and are counted apart, outside pass@k (APART): the emulator
+could not run it, the task itself is broken, or (--engine openai) the server gave no reply to judge.
 """
 
 OUTCOMES = ("missing", "no_code", "compile_error", "runtime_error", "timeout", "wrong_output", "pass")
 NOT_COMPILED = OUTCOMES[:3]  # the outcomes of a row whose program was never built
 UNSUPPORTED = "unsupported"  # nvcc compiles it, but the CPU emulator cannot run it
 TASK_ERROR = "task_error"  # gen.py failed, or compare.py rejects the task's own reference
-APART = (UNSUPPORTED, TASK_ERROR)
+GENERATION_ERROR = "generation_error"  # the server gave no reply (a resumed run asks again)
+APART = (UNSUPPORTED, TASK_ERROR, GENERATION_ERROR)

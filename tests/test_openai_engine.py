@@ -163,9 +163,10 @@ def stage_04(out, base_url: str, *extra: str) -> list[str]:
 
 def test_failed_requests_are_recorded_on_their_rows_and_a_rerun_completes_them(tmp_path, monkeypatch, capsys):
     """Six prompts, four of which fail on every try of the first run (a 500, a 429, malformed JSON, an
-    answer later than --api-timeout): the run finishes, the other two rows pass, the four are `missing` with
-    the error in `generation_error` and the summary counts them. The same command again asks only for those
-    four, and every row passes. The key went to the server on every request and into no file of --out."""
+    answer later than --api-timeout): the run finishes, the other two rows pass, the four are
+    `generation_error` rows (outside pass@k) saying why, and the summary counts them. The same command
+    again asks only for those four, and every row passes. The key went to the server on every request
+    and into no file of --out."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     a, b = (t["id"] for t in TASKS)
     failures = {(a, 2): "500", (a, 3): "429", (b, 2): "malformed", (b, 3): "slow"}
@@ -176,12 +177,18 @@ def test_failed_requests_are_recorded_on_their_rows_and_a_rerun_completes_them(t
         rows = {(r["task_id"], r["level"]): r for r in read_jsonl(out / "results.jsonl")}
         assert {k for k, r in rows.items() if r["outcome"] == "pass"} == {(a, 1), (b, 1)}
         for prompt in failures:
-            assert rows[prompt]["outcome"] == "missing" and "generation_error" in rows[prompt], prompt
+            assert rows[prompt]["outcome"] == "generation_error" and "generation_error" in rows[prompt], (
+                prompt
+            )
         assert "HTTP 500" in rows[a, 2]["generation_error"] and "HTTP 429" in rows[a, 3]["generation_error"]
         assert "malformed" in rows[b, 2]["generation_error"] and "within --api-timeout" in rows[b, 3]["log"]
         assert all(server.asked.count(p) == 2 for p in failures)  # the first try and one retry
         summary = json.loads((out / "summary.json").read_text())
         assert summary["generation_errors"] == 4 and len(summary["generation"]["errors"]) == 4
+        overall = summary["overall"]  # no reply is no verdict: outside pass@1 and the compile rate
+        assert (
+            overall["generation_error"] == 4 and overall["pass@1"] == 1.0 and overall["compile_rate"] == 1.0
+        )
         assert summary["generation"]["server"] == server.base_url and summary["model"] == MODEL
         assert "4 rows got no reply from the server" in (out / "summary.md").read_text()
 
