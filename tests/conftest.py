@@ -1,4 +1,6 @@
-"""Shared test setup: the repo root on sys.path, and the `gpu` marker that skips without a GPU."""
+"""Shared test setup: the repo root on sys.path; the `gpu` marker that skips without a GPU; the `slow`
+marker that `python -m pytest -m "not slow"` leaves out (the fast tier); the fixtures and helpers that
+several test files use (the tiny model's tokenizer, a refused command line, a pipeline of real artifacts)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cuset_common.cli import load_script, nvidia_smi_lists_a_gpu  # noqa: E402,F401  (tests import load_script from here)
+from cuset_common.cli import load_script, nvidia_smi_lists_a_gpu, run_main  # noqa: E402,F401  (tests import load_script from here)
+from cuset_common.models import load_tokenizer  # noqa: E402
+from cuset_common.paths import TINY_MODEL  # noqa: E402
 from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402
 
 
@@ -24,13 +28,61 @@ def gpu_present() -> bool:
     return nvidia_smi_lists_a_gpu()
 
 
+# The files whose every test runs a stage end to end, builds programs or starts processes: seconds to
+# minutes each. The fast tier (-m "not slow") leaves them out; it keeps the method itself (the loss, the
+# thresholds, the region rule, the tagger, the weights, the artifacts), which those files only exercise
+# again through the stages. Files that mix both mark their slow tests one by one (@pytest.mark.slow).
+SLOW_FILES = {
+    "test_bad_input.py",
+    "test_bad_input_runs.py",
+    "test_bench.py",
+    "test_compare.py",
+    "test_copy_probe.py",
+    "test_data_sources.py",
+    "test_emulator.py",
+    "test_engines.py",
+    "test_eval.py",
+    "test_eval_realset.py",
+    "test_fsdp.py",
+    "test_nearest_train.py",
+    "test_openai_engine.py",
+    "test_profile.py",
+    "test_real_model.py",
+    "test_sandbox.py",
+    "test_sft_variants.py",
+    "test_tasks.py",
+    "test_trl.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
     if gpu_present():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (nvidia-smi -L lists none)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The bundled tiny model's tokenizer, loaded once, the way the stages load it. Tests only read it."""
+    return load_tokenizer(str(TINY_MODEL))
+
+
+def refused(main, argv: list, capsys) -> tuple[str, str]:
+    """Run a main(argv) as the command line does (run_main); assert exit 2 and one `error:` line on stderr,
+    no traceback. Returns that line and what the command printed on stdout."""
+    capsys.readouterr()
+    code = run_main(main, [*map(str, argv)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0], out
 
 
 def program_runner(ev, work: Path, backend: str):

@@ -18,11 +18,6 @@ from cuset_common.paths import TINY_MODEL
 from cuset_common.tasks import signature_parts
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(str(TINY_MODEL))
-
-
 class FakeSpecials(SimpleNamespace):
     """Just what close_turn reads of a tokenizer: its special tokens."""
 
@@ -50,23 +45,23 @@ def test_close_turn_keeps_the_end_of_turn_token_and_nothing_after(specials, resp
     assert close_turn(tok, response, content) == expected
 
 
-def test_encoded_chat_sample_ends_at_the_end_of_turn_token(tokenizer):
+def test_encoded_chat_sample_ends_at_the_end_of_turn_token(tiny_tokenizer):
     record = {"prompt_messages": [{"role": "user", "content": "add"}], "response": "```cpp\nint x;\n```"}
-    enc = encode_sample(tokenizer, record, 512)
+    enc = encode_sample(tiny_tokenizer, record, 512)
     assert enc["response_text"].endswith("<|im_end|>")
-    assert enc["input_ids"][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert enc["input_ids"][-1] == tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
-def test_a_prompt_longer_than_max_length_is_cut_and_has_no_response_tokens(tokenizer):
+def test_a_prompt_longer_than_max_length_is_cut_and_has_no_response_tokens(tiny_tokenizer):
     record = {"prompt_messages": [{"role": "user", "content": "word " * 400}], "response": "int x;"}
-    enc = encode_sample(tokenizer, record, 64)
+    enc = encode_sample(tiny_tokenizer, record, 64)
     assert len(enc["input_ids"]) == 64 and enc["response_start"] == 64 and enc["spans"] == []
     assert enc["truncated"]
 
 
-def test_end_of_turn_ids_hold_the_template_end_token_also_when_eos_is_another(tokenizer):
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert end_of_turn_ids(tokenizer) == [im_end]  # the tiny model: eos is ChatML's end of turn
+def test_end_of_turn_ids_hold_the_template_end_token_also_when_eos_is_another(tiny_tokenizer):
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_ids(tiny_tokenizer) == [im_end]  # the tiny model: eos is ChatML's end of turn
     other = load_tokenizer(str(TINY_MODEL), eos_token="<|endoftext|>")
     assert end_of_turn_ids(other) == sorted([im_end, other.convert_tokens_to_ids("<|endoftext|>")])
 
@@ -177,9 +172,9 @@ def test_a_path_without_a_model_is_one_clear_line(tmp_path, make, message):
         load_tokenizer(str(tmp_path / "m"))
 
 
-def test_a_folder_with_a_tokenizer_but_no_model_names_config_json(tmp_path, tokenizer):
-    tokenizer.save_pretrained(tmp_path / "m")
-    assert load_tokenizer(str(tmp_path / "m")).vocab_size == tokenizer.vocab_size
+def test_a_folder_with_a_tokenizer_but_no_model_names_config_json(tmp_path, tiny_tokenizer):
+    tiny_tokenizer.save_pretrained(tmp_path / "m")
+    assert load_tokenizer(str(tmp_path / "m")).vocab_size == tiny_tokenizer.vocab_size
     with pytest.raises(UserError, match="holds no model.*config.json"):
         load_causal_lm(str(tmp_path / "m"), None)
 

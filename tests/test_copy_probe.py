@@ -56,14 +56,13 @@ def naive_name_probabilities(model, tokenizer, record: dict) -> tuple[list[float
     return name_p, other_p
 
 
-def test_probabilities_match_a_naive_loop_on_the_tiny_model(tmp_path):
+def test_probabilities_match_a_naive_loop_on_the_tiny_model(tmp_path, tiny_tokenizer):
     out = tmp_path / "probe.json"
     assert probe.main(["--limit", "1", "--trials", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     record = load_sft(EVAL_SFT_KERNEL_FILE)[0]
-    tokenizer = probe.load_tokenizer(str(TINY_MODEL))
     model = probe.load_causal_lm(str(TINY_MODEL), torch.float32).eval()
-    name_p, other_p = naive_name_probabilities(model, tokenizer, record)
+    name_p, other_p = naive_name_probabilities(model, tiny_tokenizer, record)
     assert result["name_tokens"] == len(name_p) > 0 and result["other_tokens"] == len(other_p) > 0
     assert result["mean_name_p"] == pytest.approx(sum(name_p) / len(name_p), abs=1e-5)
     assert result["mean_other_p"] == pytest.approx(sum(other_p) / len(other_p), abs=1e-5)
@@ -89,11 +88,11 @@ class IdealCopier(torch.nn.Module):
         return type("Out", (), {"logits": logits})
 
 
-def test_random_repeat_accuracy_is_one_for_an_ideal_copier_and_low_when_it_is_off_by_one():
-    tokenizer = probe.load_tokenizer(str(TINY_MODEL))
+def test_random_repeat_accuracy_is_one_for_an_ideal_copier_and_low_when_it_is_off_by_one(tiny_tokenizer):
     args = probe.parse_args(["--trials", "2", "--span", "12", "--gap", "30"])
-    exact = probe.random_repeat_accuracy(IdealCopier(len(tokenizer)), tokenizer, args, "cpu")
-    shifted = probe.random_repeat_accuracy(IdealCopier(len(tokenizer), shift=1), tokenizer, args, "cpu")
+    vocab = len(tiny_tokenizer)
+    exact = probe.random_repeat_accuracy(IdealCopier(vocab), tiny_tokenizer, args, "cpu")
+    shifted = probe.random_repeat_accuracy(IdealCopier(vocab, shift=1), tiny_tokenizer, args, "cpu")
     assert exact == 1.0
     assert shifted < 0.2
 

@@ -45,11 +45,9 @@ stage = load_script("02_label_regions.py")
 
 
 @pytest.fixture(scope="session")
-def tok() -> tuple[str, str]:
+def tok(tiny_tokenizer) -> tuple[str, str]:
     """(model folder, tokenizer fingerprint) of the bundled tiny model, which the synthetic profiles name."""
-    from transformers import AutoTokenizer
-
-    return str(TINY_MODEL), tokenizer_fingerprint(AutoTokenizer.from_pretrained(TINY_MODEL))
+    return str(TINY_MODEL), tokenizer_fingerprint(tiny_tokenizer)
 
 
 def make_profile(

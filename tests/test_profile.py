@@ -21,7 +21,6 @@ import torch
 from cuset_common.cli import load_script, run_main
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.method import gold_logprob_entropy
-from cuset_common.models import load_tokenizer
 from profiler.batching import for_device, make_batches
 from profiler.shards import partial_dir
 
@@ -73,13 +72,10 @@ def profiled(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def model_and_tokenizer(tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
 
-    return (
-        AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval(),
-        AutoTokenizer.from_pretrained(TINY_MODEL),
-    )
+    return AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32).eval(), tiny_tokenizer
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,7 +409,7 @@ def test_a_model_folder_without_a_model_is_one_line_and_exit_2(tmp_path, capfd, 
 
 
 def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits(
-    tmp_path, monkeypatch, capfd
+    tmp_path, monkeypatch, capfd, tiny_tokenizer
 ):
     """Stage 01 uses cuset_common.models.check_head_is_plain on the first batch's first sample, and
     a model that scales its logits (as Granite does) is refused before any profiling."""
@@ -454,8 +450,7 @@ def test_the_shared_head_check_runs_on_the_first_batch_and_refuses_scaled_logits
     err = capfd.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
     assert err.startswith("error: ") and "logit scaling" in err and "01_profile.py" in err
     assert not out.exists() and not partial_dir(out).exists()
-    tok = load_tokenizer(str(TINY_MODEL))
-    encs = stage.encode_all(tok, load_sft(SFT_SMALL), MAX_LEN)
+    encs = stage.encode_all(tiny_tokenizer, load_sft(SFT_SMALL), MAX_LEN)
     first = make_batches(encs, 2, 16384)[0][0]
     assert calls == [(encs[first]["input_ids"], "01_profile.py")]
 

@@ -27,7 +27,6 @@ from cuset_common.artifacts import META_SCHEMAS, check_schema, tokenizer_fingerp
 from cuset_common.cli import UserError
 from cuset_common.data_sources import load_data
 from cuset_common.files import append_jsonl, read_jsonl
-from cuset_common.models import load_tokenizer
 from cuset_common.paths import LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
 from experiments.comparison.metrics import kernel_metrics, read_profile
@@ -274,7 +273,7 @@ def meta_changed(folder: Path, field: str, value):
 
 
 @pytest.fixture(scope="module")
-def readers(artifacts) -> dict[str, list]:
+def readers(artifacts, tiny_tokenizer) -> dict[str, list]:
     """The readers of each artifact, each a call without arguments: stage 02's load_profile and compare.py's
     read_profile for the profile; stage 03's load_regions (--mask-source profile: it reads the profile too,
     through the regions meta's profile.path; --force: past the sha256 check) for both."""
@@ -295,7 +294,7 @@ def readers(artifacts) -> dict[str, list]:
             str(artifacts["data"].parent / "unused"),
         ]
     )
-    tok_fp = tokenizer_fingerprint(load_tokenizer(str(TINY_MODEL)))
+    tok_fp = tokenizer_fingerprint(tiny_tokenizer)
     data_id = load_data(args03)[1]
     train = [lambda: STAGE03.load_regions(args03, tok_fp, data_id)]
     return {
@@ -465,11 +464,6 @@ def stage04_uses(tasks_path: Path, mode: str, tok, work: Path) -> None:
         rows.append(row)
     append_jsonl(work / "results.jsonl", rows)
     assert STAGE04.summarize(rows, 1, "emulated")["overall"]["rows"] == len(tasks)
-
-
-@pytest.fixture(scope="module")
-def tiny_tokenizer():
-    return load_tokenizer(str(TINY_MODEL))
 
 
 @properties(150)

@@ -91,6 +91,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_processes_wait_for_a_checkpoint_longer_than_the_process_groups_timeout(tmp_path):
     script = tmp_path / "waiter.py"
     script.write_text(WAITER)

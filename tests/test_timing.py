@@ -182,6 +182,7 @@ def reference_program(task: dict) -> str:
     return ev.program_source(task, task["kernel_mode"]["reference_kernels"], "kernel")
 
 
+@pytest.mark.slow
 def test_the_kernel_mode_harness_compiles_with_nvcc(square_task, tmp_path):
     assert HARNESS_TIMING_ARGUMENT == TIMING_ARGUMENT  # the argument stage 04 passes is the one it checks
     (tmp_path / "prog.cu").write_text(reference_program(square_task))
@@ -215,6 +216,7 @@ def timed_run(square_task, tmp_path_factory):
     return execute
 
 
+@pytest.mark.slow
 def test_a_passing_kernel_is_timed_in_a_run_of_its_own(timed_run):
     outcome, log, timing = timed_run()
     assert outcome == "pass", log
@@ -226,6 +228,7 @@ def test_a_passing_kernel_is_timed_in_a_run_of_its_own(timed_run):
     assert 0 < first <= timing["candidate_ms"] <= third, timing
 
 
+@pytest.mark.slow
 def test_a_correct_kernel_too_slow_to_time_passes_with_its_timing_void(timed_run):
     outcome, log, timing = timed_run(timing_timeout=0.01)  # no timing run finishes in 10 ms
     assert outcome == "pass", log

@@ -19,7 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers (and huggingface_hub) 
 import pytest
 import torch
 from conftest import load_script
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "data" / "models" / "tiny-cuda-lm"
@@ -66,11 +66,6 @@ MESSAGES = [
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
-
-
-@pytest.fixture(scope="module")
 def model():
     return AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True, dtype=torch.float32).eval()
 
@@ -92,16 +87,16 @@ def test_folder_is_complete_and_small():
     assert config["model_type"] in ("llama", "qwen2")
 
 
-def test_tokenizer_is_fast_and_round_trips(tok):
-    assert tok.is_fast
+def test_tokenizer_is_fast_and_round_trips(tiny_tokenizer):
+    assert tiny_tokenizer.is_fast
     for text in CUDA_SNIPPETS:
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert tok.decode(ids) == text
+        ids = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tiny_tokenizer.decode(ids) == text
 
 
-def test_offsets_map_tokens_to_their_substrings(tok):
+def test_offsets_map_tokens_to_their_substrings(tiny_tokenizer):
     for text in CUDA_SNIPPETS:
-        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        enc = tiny_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
         # Offsets tile the text: every character belongs to a token, in order.
         assert offsets[0][0] == 0 and offsets[-1][1] == len(text)
@@ -109,36 +104,36 @@ def test_offsets_map_tokens_to_their_substrings(tok):
         assert all(prev[1] <= cur[0] or prev == cur for prev, cur in zip(offsets, offsets[1:]))
         for tid, (a, b) in zip(enc["input_ids"], offsets):
             if text[a:b].isascii():  # a token inside a multi-byte character decodes to part of it
-                assert tok.decode([tid]) == text[a:b]
+                assert tiny_tokenizer.decode([tid]) == text[a:b]
 
 
-def test_cuda_lexemes_have_exact_spans(tok):
+def test_cuda_lexemes_have_exact_spans(tiny_tokenizer):
     text = CUDA_SNIPPETS[1]
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    enc = tiny_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     start = text.index("__syncthreads")
     covering = [text[a:b] for a, b in enc["offset_mapping"] if a < start + len("__syncthreads") and b > start]
     assert "".join(covering).strip() == "__syncthreads"
 
 
-def test_chat_template(tok, model):
-    full = tok.apply_chat_template(MESSAGES, tokenize=False)
-    prompt = tok.apply_chat_template(MESSAGES[:2], tokenize=False, add_generation_prompt=True)
+def test_chat_template(tiny_tokenizer, model):
+    full = tiny_tokenizer.apply_chat_template(MESSAGES, tokenize=False)
+    prompt = tiny_tokenizer.apply_chat_template(MESSAGES[:2], tokenize=False, add_generation_prompt=True)
     positions = [full.index(m["content"]) for m in MESSAGES]
     assert positions == sorted(positions)
     assert prompt.endswith("<|im_start|>assistant\n")
     assert full.startswith(prompt)  # the stages mask the prompt by this prefix
-    assert full.rstrip("\n").endswith(MESSAGES[2]["content"] + tok.eos_token)
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token is not None
-    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
-    assert model.generation_config.pad_token_id == tok.pad_token_id
+    assert full.rstrip("\n").endswith(MESSAGES[2]["content"] + tiny_tokenizer.eos_token)
+    assert tiny_tokenizer.eos_token == "<|im_end|>" and tiny_tokenizer.pad_token is not None
+    assert model.generation_config.eos_token_id == tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert model.generation_config.pad_token_id == tiny_tokenizer.pad_token_id
 
 
-def test_forward_loss_is_trained(tok, model):
-    ids = tok(FIXTURE, add_special_tokens=False, return_tensors="pt")["input_ids"]
+def test_forward_loss_is_trained(tiny_tokenizer, model):
+    ids = tiny_tokenizer(FIXTURE, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
     # A random model sits at ln(vocab); trained weights must be clearly below it.
-    assert math.isfinite(loss) and loss < math.log(len(tok)) - 2.0, loss
+    assert math.isfinite(loss) and loss < math.log(len(tiny_tokenizer)) - 2.0, loss
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +246,7 @@ def run_builder(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_builder_refuses_clearly_without_the_cccl_headers(tmp_path):
     r = run_builder("--cuda-include", str(tmp_path), "--out", str(tmp_path / "model"))
     assert r.returncode == 2, r.stderr
@@ -260,6 +256,7 @@ def test_builder_refuses_clearly_without_the_cccl_headers(tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.slow
 def test_builder_refuses_a_library_with_no_permissive_header(tmp_path):
     include = fake_include(
         tmp_path,

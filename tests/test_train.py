@@ -31,13 +31,6 @@ MAX_LENGTH = 384
 train = load_script("03_train_cuset.py")
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(MODEL)
-
-
 @pytest.fixture
 def small_data(tmp_path):
     """The first 8 records of the bundled SFT data."""
@@ -230,12 +223,12 @@ def test_cuset_keeps_confident_and_region_tokens_and_drops_the_rest():
     assert keep.tolist() == [[True, True, True, True, False]]
 
 
-def test_sft_objective_equals_the_models_own_labels_loss(tokenizer, small_data):
+def test_sft_objective_equals_the_models_own_labels_loss(tiny_tokenizer, small_data):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
-    samples, _ = train.tokenize_dataset(load_sft(small_data)[:3], tokenizer, MAX_LENGTH, None)
-    mb = train.collate(samples, tokenizer.pad_token_id, "cpu")
+    samples, _ = train.tokenize_dataset(load_sft(small_data)[:3], tiny_tokenizer, MAX_LENGTH, None)
+    mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
     labels = mb["ids"].clone()
     labels[:, 1:][~mb["valid"]] = -100
     labels[:, 0] = -100
@@ -251,9 +244,10 @@ def test_sft_objective_equals_the_models_own_labels_loss(tokenizer, small_data):
 def test_chunked_log_probs_never_keep_full_logits_for_backward():
     """Tensors saved for backward do not grow with positions x vocabulary (docs/method.md, "Memory")."""
     b, length, d, vocab, chunk = 2, 64, 16, 5000, 8
-    hidden = torch.randn(b, length, d, requires_grad=True)
-    weight = torch.randn(vocab, d, requires_grad=True)
-    labels = torch.randint(0, vocab, (b, length))
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(b, length, d, generator=g, requires_grad=True)
+    weight = torch.randn(vocab, d, generator=g, requires_grad=True)
+    labels = torch.randint(0, vocab, (b, length), generator=g)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         out = train.gold_logprobs(hidden, weight, labels, chunk)
@@ -270,10 +264,13 @@ def test_chunked_log_probs_never_keep_full_logits_for_backward():
 # ---------------------------------------------------------------------------------------
 
 
-def test_training_lowers_the_loss_and_the_checkpoint_reloads_and_generates(tmp_path, small_data, tokenizer):
+@pytest.mark.slow
+def test_training_lowers_the_loss_and_the_checkpoint_reloads_and_generates(
+    tmp_path, small_data, tiny_tokenizer
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    regions = make_regions(tmp_path, tokenizer, small_data)
+    regions = make_regions(tmp_path, tiny_tokenizer, small_data)
     out = tmp_path / "ckpt"
     assert (
         run(
@@ -310,6 +307,7 @@ def test_training_lowers_the_loss_and_the_checkpoint_reloads_and_generates(tmp_p
     assert gen.shape[1] > ids.shape[1]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_does_not_depend_on_the_micro_batch_split(tmp_path, small_data):
     """Also with activation checkpointing on one side: recomputation must not change the result."""
     outs = []
@@ -321,6 +319,7 @@ def test_gradient_accumulation_does_not_depend_on_the_micro_batch_split(tmp_path
     assert_same_sgd_training(outs[0], outs[1], SGD_STEPS, k_terms=8 * MAX_LENGTH)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_trains_to_the_fp32_losses_within_bf16_precision(tmp_path, small_data):
     logs = {}
     for precision in ("fp32", "bf16"):
@@ -347,10 +346,11 @@ def test_bf16_autocast_trains_to_the_fp32_losses_within_bf16_precision(tmp_path,
     assert logs["bf16"] != logs["fp32"]  # autocast took effect: bf16 rounding shows in the losses
 
 
-def test_resume_after_stop_reproduces_the_uninterrupted_run(tmp_path, small_data, tokenizer):
+@pytest.mark.slow
+def test_resume_after_stop_reproduces_the_uninterrupted_run(tmp_path, small_data, tiny_tokenizer):
     """Bit for bit: a resumed run repeats the same float operations in the same order, so no tolerance is
     needed (and AdamW stays: its moment estimates are the state resume must restore)."""
-    regions = make_regions(tmp_path, tokenizer, small_data)
+    regions = make_regions(tmp_path, tiny_tokenizer, small_data)
     common = dict(regions=regions, objective="cuset", max_steps=4, batch_size=4, micro_batch_size=2)
     straight, sliced = tmp_path / "straight", tmp_path / "sliced"
     assert run(base_args(small_data, straight, **common)) == 0
@@ -362,6 +362,7 @@ def test_resume_after_stop_reproduces_the_uninterrupted_run(tmp_path, small_data
         torch.testing.assert_close(weights_of(sliced)[name], w, atol=0, rtol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_with_the_same_losses(tmp_path, small_data):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     kw = dict(objective="sft", max_steps=8, batch_size=4, micro_batch_size=4)
@@ -380,6 +381,7 @@ def test_a_killed_run_resumes_with_the_same_losses(tmp_path, small_data):
     assert [r["loss"] for r in log_of(killed)] == [r["loss"] for r in log_of(straight)]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_single_process_training(tmp_path, small_data):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     common = dict(objective="sft", micro_batch_size=2, device="cpu", **SGD_ARGS)
@@ -414,10 +416,10 @@ def test_cuset_without_regions_names_stage_02(tmp_path, small_data, capsys):
     assert "02_label_regions.py" in capsys.readouterr().err
 
 
-def test_regions_from_other_data_are_refused(tmp_path, small_data, tokenizer, capsys):
+def test_regions_from_other_data_are_refused(tmp_path, small_data, tiny_tokenizer, capsys):
     other = tmp_path / "other.jsonl"
     other.write_text(small_data.read_text().replace("CUDA", "Cuda", 1))
-    regions = make_regions(tmp_path, tokenizer, other)
+    regions = make_regions(tmp_path, tiny_tokenizer, other)
     code = train.run_main(train.main, list(map(str, base_args(small_data, tmp_path / "o", regions=regions))))
     err = capsys.readouterr().err
     assert code == 2 and "02_label_regions.py" in err and "data_sha256" in err
@@ -451,12 +453,14 @@ def the_error_line(err: str) -> str:
     return lines[0]
 
 
-def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(tokenizer, small_data, monkeypatch):
+def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(
+    tiny_tokenizer, small_data, monkeypatch
+):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
-    samples, _ = train.tokenize_dataset(load_sft(small_data)[:4], tokenizer, MAX_LENGTH, None)
-    mb = train.collate(samples, tokenizer.pad_token_id, "cpu")
+    samples, _ = train.tokenize_dataset(load_sft(small_data)[:4], tiny_tokenizer, MAX_LENGTH, None)
+    mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
     mb["region"] = torch.rand(mb["valid"].shape, generator=torch.Generator().manual_seed(0)) < 0.2
     rows, chunk_fn = [], cuset_common.method._chunk_gold_logp
     monkeypatch.setattr(
@@ -476,7 +480,7 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(tokeniz
         assert new.item() == pytest.approx(old.item(), rel=1e-5), objective
 
 
-def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tokenizer, small_data):
+def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tiny_tokenizer, small_data):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
@@ -485,8 +489,8 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tokenizer, s
         head.weight.copy_(model.lm_head.weight)
         head.bias.copy_(torch.randn(head.bias.shape, generator=torch.Generator().manual_seed(0)))
     model.lm_head = head
-    samples, _ = train.tokenize_dataset(load_sft(small_data)[:3], tokenizer, MAX_LENGTH, None)
-    mb = train.collate(samples, tokenizer.pad_token_id, "cpu")
+    samples, _ = train.tokenize_dataset(load_sft(small_data)[:3], tiny_tokenizer, MAX_LENGTH, None)
+    mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
     train.check_head_is_plain(model, mb["ids"][:1], "stage 03")  # accepted: logits = h @ W.T + b
     logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
     with torch.no_grad():
@@ -500,11 +504,11 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tokenizer, s
     assert head.bias.grad is not None and head.bias.grad.abs().sum() > 0  # the bias is trained too
 
 
-def test_a_model_with_scaled_logits_is_refused_in_one_line(tmp_path, small_data, tokenizer, capsys):
+def test_a_model_with_scaled_logits_is_refused_in_one_line(tmp_path, small_data, tiny_tokenizer, capsys):
     from transformers import GraniteConfig, GraniteForCausalLM
 
     cfg = GraniteConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=len(tiny_tokenizer),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
@@ -513,14 +517,14 @@ def test_a_model_with_scaled_logits_is_refused_in_one_line(tmp_path, small_data,
         max_position_embeddings=512,
         initializer_range=0.5,
         logits_scaling=4.0,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        eos_token_id=tiny_tokenizer.eos_token_id,
         bos_token_id=None,
     )
     torch.manual_seed(0)
     folder = tmp_path / "granite"
     GraniteForCausalLM(cfg).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
     code = train.run_main(
         train.main,
         list(map(str, base_args(small_data, tmp_path / "o", model=folder, objective="sft", max_steps=1))),
@@ -530,7 +534,7 @@ def test_a_model_with_scaled_logits_is_refused_in_one_line(tmp_path, small_data,
     assert not (tmp_path / "o").exists()
 
 
-def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_data, tokenizer, capsys):
+def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_data, tiny_tokenizer, capsys):
     long = {
         "id": "long",
         "messages": [
@@ -540,7 +544,7 @@ def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_
     }
     data = tmp_path / "with_long.jsonl"
     data.write_text(json.dumps(long) + "\n" + small_data.read_text())
-    regions = make_regions(tmp_path, tokenizer, data)  # the long sample: 0 tokens in the offsets
+    regions = make_regions(tmp_path, tiny_tokenizer, data)  # the long sample: 0 tokens in the offsets
     out = tmp_path / "o"
     argv = base_args(
         data, out, regions=regions, max_steps=1, batch_size=8, micro_batch_size=8, precision="auto"
@@ -549,7 +553,7 @@ def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_
     assert "8 samples (1 skipped" in capsys.readouterr().out
     n_resp = [
         len(e["input_ids"]) - e["response_start"]
-        for e in (encode_sample(tokenizer, r, MAX_LENGTH) for r in load_sft(small_data))
+        for e in (encode_sample(tiny_tokenizer, r, MAX_LENGTH) for r in load_sft(small_data))
     ]
     assert log_of(out)[0]["tokens"] == sum(n_resp)  # exactly the 8 others, regions still aligned
     # meta.json records the precision --precision auto resolved to on this machine's CPU, not "auto"
@@ -558,6 +562,7 @@ def test_a_prompt_longer_than_max_length_is_skipped_and_counted(tmp_path, small_
     assert meta["precision"] == resolve_precision("auto", "cpu")
 
 
+@pytest.mark.slow
 def test_resume_with_other_arguments_is_refused_and_the_same_ones_resume(tmp_path, small_data, capsys):
     out = tmp_path / "o"
     kw = dict(objective="sft", max_steps=3, batch_size=4, micro_batch_size=4)
@@ -570,6 +575,7 @@ def test_resume_with_other_arguments_is_refused_and_the_same_ones_resume(tmp_pat
     assert [r["step"] for r in log_of(out)] == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_profile_rewritten_after_stage_02_is_refused(tmp_path, small_data, capsys):
     """Stage 01 rerun on other data into the profile folder that the regions point at."""
     profile_stage, regions_stage = load_script("01_profile.py"), load_script("02_label_regions.py")
@@ -595,11 +601,13 @@ def test_a_profile_rewritten_after_stage_02_is_refused(tmp_path, small_data, cap
 
 
 @pytest.mark.parametrize("damage", ["truncated", "short sample_weight"])
-def test_a_damaged_regions_artifact_is_one_line_and_exit_2(tmp_path, small_data, tokenizer, capsys, damage):
+def test_a_damaged_regions_artifact_is_one_line_and_exit_2(
+    tmp_path, small_data, tiny_tokenizer, capsys, damage
+):
     from safetensors.numpy import load_file as load_np
     from safetensors.numpy import save_file
 
-    regions = make_regions(tmp_path, tokenizer, small_data)
+    regions = make_regions(tmp_path, tiny_tokenizer, small_data)
     f = regions / "tensors.safetensors"
     if damage == "truncated":
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
@@ -613,12 +621,12 @@ def test_a_damaged_regions_artifact_is_one_line_and_exit_2(tmp_path, small_data,
 
 @pytest.mark.parametrize("content", ["nothing", "a tokenizer only"])
 def test_a_model_folder_without_a_model_is_one_line_and_exit_2(
-    tmp_path, small_data, tokenizer, capsys, content
+    tmp_path, small_data, tiny_tokenizer, capsys, content
 ):
     folder = tmp_path / "m"
     folder.mkdir()
     if content == "a tokenizer only":
-        tokenizer.save_pretrained(folder)
+        tiny_tokenizer.save_pretrained(folder)
     code = train.run_main(
         train.main, list(map(str, base_args(small_data, tmp_path / "o", model=folder, objective="sft")))
     )
