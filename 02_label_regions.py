@@ -6,7 +6,7 @@ write-back). This stage finds those regions in the stage-01 profile and weights 
 mass, in the order the data flows (the rules are our reconstruction; notation and formulas:
 docs/method.md "Regions"):
 
-  threshold  tau_i of each sample, a quantile of its confidences p0_it; a token is low when p0_it < tau_i
+  threshold  tau_i of each sample (cuset_common.method.sample_threshold); a token is low when p0_it < tau_i
   seeds      the low-confidence CUDA-sensitive tokens
   growth     low tokens chain across at most --gap confident tokens; a chain that holds a seed is a region
   snapping   a region extends to the whole source lines it touches; overlapping regions merge
@@ -111,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--tau-max", type=float, default=TAU_MAX, help="upper bound on tau_i")
     ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
-    ap.add_argument("--alpha", type=float, default=1.0, help="weight slope: w = 1 + alpha * m / mean(m)")
+    ap.add_argument("--alpha", type=float, default=1.0, help="slope of the weight w_i in the region mass m_i")
     ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
     ap.add_argument(
         "--weight-norm",
@@ -201,8 +201,8 @@ def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> No
 
 
 def adaptive_thresholds(p: np.ndarray, offsets: np.ndarray, rho: float, tau_max: float) -> np.ndarray:
-    """tau_i = min(tau_max, quantile_rho(p0 over sample i's tokens)) -> [S] float64: sample_threshold, the
-    kappa_i of stage 03, on the samples padded into rows, THRESHOLD_ROWS samples at a time.
+    """tau_i of every sample -> [S] float64: sample_threshold (stage 03's kappa_i) of the samples' p0,
+    padded into rows, THRESHOLD_ROWS samples at a time.
 
     Assumption: a sample without response tokens gets tau = 0 (no token can be below it).
     """
@@ -300,14 +300,10 @@ def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n_t
 def sample_weights(
     mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float, norm: str = "token-mean"
 ) -> np.ndarray:
-    """w_i = clip(1 + alpha * m_i / mean(m), 1, w_max); norm "token-mean" then divides by the token-weighted
-    mean so that sum_i n_i w_i / sum_i n_i = 1, norm "none" keeps the clipped weights.
-
-    Why token-mean 1: the cuset loss is sum_i w_i sum_t k_it l_it / N (docs/method.md), so a mean weight of
-    1 per token keeps it on the sft scale and one learning rate serves both. The price: once any sample has
-    a region the divisor exceeds 1, so samples with little or no region mass end below 1, down-weighted
-    against sft (the report gives how many and how far). Assumption: mean(m) is over samples with response
-    tokens; with no region anywhere every weight is 1. The rescale only divides, so w stays <= w_max.
+    """w_i of every sample from its region mass m_i [S] and token count n_i [S] (the rule, why its
+    token-weighted mean is 1 and its assumptions: docs/method.md "Regions", Sample weight). norm
+    "token-mean" rescales the clipped weights to that mean, "none" keeps them. The rescale only divides,
+    so w stays <= w_max.
     """
     mean_m = mass[n_tok > 0].mean()
     raw = np.clip(1.0 + alpha * mass / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(mass)

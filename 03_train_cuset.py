@@ -4,8 +4,9 @@ PyTorch loop.
 CuSeT changes two things in ordinary SFT: a keep mask k_it over the response tokens (the tokens the model
 is already confident in are kept, the others dropped unless they lie in a CUDA-sensitive region of stage
 02) and a weight w_i per sample (stage 02's, growing with its region mass). The objectives, the
-notation (k_it, kappa_i, N, ...) and our assumptions: docs/method.md "Objectives"; objective_loss states
-each loss as its specification.
+notation (k_it, kappa_i, N, ...) and our assumptions: docs/method.md "Objectives". Here OBJECTIVES holds
+each objective as data (its mask, whether w_i applies, its per-token factor) and objective_loss is the one
+loss they share.
 
 Commands
   python 03_train_cuset.py                                   # tiny model, bundled data, cuset
@@ -49,6 +50,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -86,14 +88,45 @@ from training.scale import (
 )
 
 STAGE = "03_train_cuset"
-OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
-REGION_OBJECTIVES = ("cuset", "cuset-mask", "cuset-weight")
 DEFAULT_REGIONS = DATA / "artifacts" / "regions"
+PROFIT_THRESHOLD = 0.1  # default of --profit-threshold: ProFit's fixed threshold on p_it
 
 
 # ---------------------------------------------------------------------------------------
-# 1. The keep mask k_it and the loss
+# 1. The objectives, the keep mask k_it and the loss
 # ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One row of docs/method.md "Objectives": an objective's three choices in the one loss all of them
+    share (objective_loss)."""
+
+    mask: Literal["all", "profit", "cuset"]  # k_it: every response token, ProFit's or CuSeT's (keep_mask)
+    weighted: bool  # w_i: stage 02's sample weight, else 1
+    scaled_by_p: bool  # f_it: p_it (Dynamic Fine-Tuning), else 1
+
+    @property
+    def uses_regions(self) -> bool:
+        """Whether it needs stage 02's artifact: the region mask r_it (cuset mask) or the weights w_i."""
+        return self.mask == "cuset" or self.weighted
+
+
+OBJECTIVES = {
+    "sft": Objective(mask="all", weighted=False, scaled_by_p=False),
+    "dft": Objective(mask="all", weighted=False, scaled_by_p=True),
+    "profit": Objective(mask="profit", weighted=False, scaled_by_p=False),
+    "cuset": Objective(mask="cuset", weighted=True, scaled_by_p=False),
+    "cuset-mask": Objective(mask="cuset", weighted=False, scaled_by_p=False),  # ablation: the mask alone
+    "cuset-weight": Objective(mask="all", weighted=True, scaled_by_p=False),  # ablation: the weights alone
+}
+REGION_OBJECTIVES = tuple(name for name, objective in OBJECTIVES.items() if objective.uses_regions)
+
+
+def mask_probability(mask_source: str, batch: dict) -> torch.Tensor | None:
+    """The probability kappa_i and k_it are computed from (--mask-source): the stage-01 profile's p0 [B, L]
+    for "profile"; None for "online", which objective_loss reads as the current model's p_it."""
+    return batch["p0"] if mask_source == "profile" else None
 
 
 def keep_mask(
@@ -106,16 +139,17 @@ def keep_mask(
     tau_max: float,
     profit_threshold: float,
 ) -> torch.Tensor:
-    """k_it [B, L] bool: which response tokens count in the loss, before weighting (objective_loss).
+    """k_it [B, L] bool: which response tokens count in the loss, the objective's mask in OBJECTIVES.
 
-    cuset and cuset-mask keep a token the model is confident in (p_it at least the sample's threshold
-    kappa_i: exploited) and drop a low-confidence one unless it lies in a CUDA-sensitive region (r_it:
-    preserved); profit keeps p_it >= profit_threshold; the others keep every response token.
+    "cuset" keeps a token the model is confident in (p_it >= kappa_i, sample_threshold: exploited) and a
+    low-confidence one only in a CUDA-sensitive region (r_it: preserved); "profit" keeps
+    p_it >= profit_threshold; "all" keeps every response token (docs/method.md "Objectives").
     """
-    if objective in ("cuset", "cuset-mask"):
+    mask = OBJECTIVES[objective].mask
+    if mask == "cuset":
         kappa = sample_threshold(p, valid, rho, tau_max)  # [B]
         return valid & ((p >= kappa[:, None]) | region)
-    if objective == "profit":
+    if mask == "profit":
         return valid & (p >= profit_threshold)
     return valid
 
@@ -131,33 +165,31 @@ def objective_loss(
     p_mask: torch.Tensor | None = None,
     rho: float = RHO,
     tau_max: float = TAU_MAX,
-    profit_threshold: float = 0.1,
+    profit_threshold: float = PROFIT_THRESHOLD,
 ) -> tuple[torch.Tensor, dict]:
-    """The loss of one micro-batch, already divided by the global normaliser N (docs/method.md "Objectives").
-
-    With l_it = -log q(y_it), p_it = exp(-l_it) detached, summed over the response tokens t of samples i:
-        sft           sum l / N
-        dft           sum p l / N                               (Dynamic Fine-Tuning)
-        profit        sum 1[p >= profit_threshold] l / N        (ProFit: a fixed threshold)
-        cuset         sum_i w_i sum_t k_it l_it / N,  k_it = 1[p_it >= kappa_i] or r_it
-        cuset-mask    cuset with every w_i = 1                  (ablation: the mask alone)
-        cuset-weight  cuset with every k_it = 1                 (ablation: the weights alone)
-    kappa_i = min(tau_max, quantile_rho(p_i)) (sample_threshold), from p_mask: the current model's p
-    (online, adaptive: the default) or the stage-01 profile's p0 (--mask-source profile).
+    """The loss of one micro-batch, already divided by the global normaliser N: the objective's row of
+    OBJECTIVES (its mask k_it, weight w_i and factor f_it) in the loss docs/method.md "Objectives" defines.
 
     logp [B, L] log q(gold) (with grad); valid [B, L] bool response tokens; region [B, L] bool r_it;
-    weight [B] w_i; n_tokens N (the global batch's, counted by the caller); p_mask [B, L] or None (then
-    exp(logp), detached). Returns (loss, stats) with stats as sums, so that they add up over micro-batches.
+    weight [B] w_i; n_tokens N (the global batch's, counted by the caller); p_mask [B, L], what the mask is
+    computed from (mask_probability; None: the current model's p_it). Returns (loss, stats) with stats as
+    sums, so that they add up over micro-batches.
     """
-    nll = -logp
-    p = logp.detach().exp()
-    p_mask = p if p_mask is None else p_mask
+    spec = OBJECTIVES[objective]
+    nll = -logp  # l_it
+    p = logp.detach().exp()  # p_it: selects and scales, never differentiated
     keep = keep_mask(
-        objective, p_mask, valid, region, rho=rho, tau_max=tau_max, profit_threshold=profit_threshold
+        objective,
+        p if p_mask is None else p_mask,
+        valid,
+        region,
+        rho=rho,
+        tau_max=tau_max,
+        profit_threshold=profit_threshold,
     )
-    w = weight if objective in ("cuset", "cuset-weight") else torch.ones_like(weight)
+    w = weight if spec.weighted else torch.ones_like(weight)
     coef = keep.float() * w[:, None].float()  # [B, L]
-    if objective == "dft":
+    if spec.scaled_by_p:
         coef = coef * p
     loss = (coef * nll).sum() / n_tokens
     stats = {
@@ -370,6 +402,7 @@ class Training:
 
 
 def mask_knobs(args) -> dict:
+    """keep_mask's knobs from the run's arguments."""
     return dict(rho=args.rho, tau_max=args.tau_max, profit_threshold=args.profit_threshold)
 
 
@@ -380,9 +413,22 @@ def count_kept(t: Training, micro: list[dict]) -> float:
     for mb in micro:
         with t.autocast:
             logp = t.net(mb["ids"], mb["attn"], mb["valid"])
-        p = mb["p0"] if t.args.mask_source == "profile" else logp.float().exp()
-        kept += keep_mask(t.args.objective, p, mb["valid"], mb["region"], **mask_knobs(t.args)).sum().item()
+        kept += micro_batch_loss(t.args, mb, logp, 1.0)[1]["kept"]  # its stats only: N is not known yet
     return float(all_reduce_stats({"kept": kept}, t.world, t.device)["kept"])
+
+
+def micro_batch_loss(args, mb: dict, logp: torch.Tensor, n_tokens: float) -> tuple[torch.Tensor, dict]:
+    """objective_loss of a collated micro-batch under the run's objective, mask source and knobs."""
+    return objective_loss(
+        logp,
+        mb["valid"],
+        mb["region"],
+        mb["weight"],
+        n_tokens,
+        args.objective,
+        p_mask=mask_probability(args.mask_source, mb),
+        **mask_knobs(args),
+    )
 
 
 def optimizer_step(t: Training, batch: list[dict]) -> dict:
@@ -406,17 +452,7 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
         with ctx:
             with t.autocast:
                 logp = t.net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-            p_mask = mb["p0"] if args.mask_source == "profile" else None
-            loss, s = objective_loss(
-                logp,
-                mb["valid"],
-                mb["region"],
-                mb["weight"],
-                max(n_norm, 1.0),
-                args.objective,
-                p_mask=p_mask,
-                **mask_knobs(args),
-            )
+            loss, s = micro_batch_loss(args, mb, logp, max(n_norm, 1.0))
             # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
             (loss * t.world).backward()
         s["loss"] = loss.item()
@@ -559,8 +595,8 @@ def add_schedule_arguments(ap: ArgumentParser) -> None:
 def add_method_arguments(ap: ArgumentParser) -> None:
     """The knobs of the mask and the normaliser (docs/method.md "Objectives")."""
     a = ap.add_argument
-    a("--rho", type=float, default=RHO, help="quantile of p defining kappa_i (docs/method.md)")
-    a("--tau-max", type=float, default=TAU_MAX, help="upper bound of kappa_i (docs/method.md)")
+    a("--rho", type=float, default=RHO, help="quantile of p defining kappa_i (default: %(default)s)")
+    a("--tau-max", type=float, default=TAU_MAX, help="upper bound of kappa_i (default: %(default)s)")
     a(
         "--mask-source",
         choices=("online", "profile"),
@@ -568,7 +604,12 @@ def add_method_arguments(ap: ArgumentParser) -> None:
         help="p for kappa and the mask: the current model's, or the stage-01 profile's (p0) the regions used",
     )
     a("--norm", choices=("all", "kept"), default="all", help="N counts all response tokens or only kept ones")
-    a("--profit-threshold", type=float, default=0.1, help="ProFit's fixed p threshold")
+    a(
+        "--profit-threshold",
+        type=float,
+        default=PROFIT_THRESHOLD,
+        help="ProFit's fixed threshold on p (default: %(default)s)",
+    )
 
 
 def add_run_arguments(ap: ArgumentParser) -> None:

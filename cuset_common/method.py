@@ -1,7 +1,7 @@
 """The formulas two stages share, defined once: the per-sample threshold (stage 02's tau_i, stage 03's
 kappa_i) and the output layer applied chunk by chunk to the gold token (stages 01 and 03).
 
-The stage files state each formula in their docstrings and call these (docs/method.md). Both stages take
+docs/method.md states each formula; the stages call these functions and point there. Both stages take
 log p(gold) the same way, gold_log_softmax of float32 logits chunk by chunk: stage 01 without grad (it
 needs the whole log-softmax for the entropy too), stage 03 under a checkpoint per chunk.
 """
@@ -19,11 +19,12 @@ TAU_MAX = 0.5
 
 
 def sample_threshold(p: torch.Tensor, valid: torch.Tensor, rho: float, tau_max: float) -> torch.Tensor:
-    """min(tau_max, quantile_rho(p_it over valid t)) for each row of p [B, L] -> [B], in p's dtype.
+    """The per-sample threshold of each row of p [B, L] -> [B], in p's dtype: tau_i on p0 (stage 02),
+    kappa_i on p (stage 03); the rule: docs/method.md "Regions", Threshold.
 
-    Quantile with linear interpolation (torch.quantile's default, and numpy's) over each row's valid
-    tokens, all rows at once and without a device sync: invalid positions are NaN, which nanquantile
-    ignores. A row with no valid token (all NaN) gets tau_max (it has no token to compare anyway).
+    Linear interpolation (torch.quantile's default, and numpy's) over each row's valid tokens, all rows at
+    once and without a device sync: invalid positions are NaN, which nanquantile ignores. A row with no
+    valid token (all NaN) gets tau_max (it has no token to compare anyway).
     """
     q = torch.nanquantile(torch.where(valid, p, torch.nan), rho, dim=1)  # [B], NaN for empty rows
     return torch.nan_to_num(q.clamp(max=tau_max), nan=tau_max)

@@ -158,7 +158,7 @@ class CusetSFTTrainer(SFTTrainer):
             loss_inputs["weight"],
             max(float(n_tokens), 1.0),
             a.objective,
-            p_mask=loss_inputs["p0"] if a.mask_source == "profile" else None,
+            p_mask=train03.mask_probability(a.mask_source, loss_inputs),
             **train03.mask_knobs(a),
         )
         for key, value in (stats | {"loss": loss.item()}).items():
