@@ -74,6 +74,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # The dynamic loader's cache and configuration; alternatives holds the links behind cc, c++, g++ on Debian.
 ETC_KEEP = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
 TMP_MB, SHM_MB = 512, 64  # the private /tmp and /dev/shm live in memory: bounded
+PRLIMIT = shutil.which("prlimit") or "prlimit"  # util-linux's, on every Debian and Ubuntu system (_limits)
 STDIN_MAX = 65536  # stdin bytes are written into a pipe before the program starts: at most one pipe buffer
 HOST_DEV = Path("/dev")  # where the GPU backend's nodes come from (run_sandboxed's gpu_dev)
 # The NVIDIA nodes a CUDA program opens: the control node, one per GPU, unified memory and its tools node
@@ -477,16 +478,20 @@ def _process_limit(nproc: int) -> int:
     return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
 
-def _limits(cpu_s: int, file_mb: int, nproc: int):
-    nproc = _process_limit(nproc)  # counted here, in the parent: the child only applies it
-
-    def apply():
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+def _limits(cpu_s: int, file_mb: int, nproc: int) -> list[str]:
+    """The command prefix that sets the resource limits for what it runs (util-linux's prlimit, which
+    execs the command with them). Not a preexec_fn: Python code between fork and exec is unsafe while
+    other threads run (stage 04 builds and runs on a pool of threads), and a child of this process did
+    crash there under load."""
+    nproc = _process_limit(nproc)  # counted here, in the parent
+    return [
+        PRLIMIT,
+        f"--cpu={cpu_s}",
+        f"--fsize={file_mb << 20}",
+        f"--nproc={nproc}",
+        "--core=0",
+        "--",
+    ]
 
 
 def _scrubbed_env(home: str) -> dict[str, str]:
@@ -692,17 +697,20 @@ def _run(
     stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
-            argv,
+            [*_limits(cpu_s, file_mb, nproc), *argv],
             cwd=folder,
             env=_scrubbed_env(str(folder)) | (env or {}),
             stdin=stdin_fd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_limits(cpu_s, file_mb, nproc),
         )
     except BlockingIOError as e:  # we could not fork either: the machine (or this user) is out of processes
         raise SandboxBusy(f"cannot start {argv[0]}: {e}") from None
+    except FileNotFoundError:
+        if shutil.which(PRLIMIT) is None:
+            raise SandboxError("prlimit is not installed: apt-get install util-linux") from None
+        raise
     finally:
         if stdin is not None:
             os.close(stdin_fd)
@@ -712,6 +720,10 @@ def _run(
     exited = _exited(proc, timeout)
     _kill_everything(proc)
     reader.join(timeout=5)  # only a process that escaped (isolate=False) can still hold the pipe
+    if not capture.started and not exited and not capture.text().strip():
+        # the budget ran out before the program could start (a budget shorter than the sandbox's start on
+        # a busy machine): a timeout like any other, not a broken setup
+        return None, f"the sandbox did not start within {timeout:g} s"
     if not capture.started:
         why = capture.text().strip() or f"the sandbox did not start within {timeout} s"
         raise (SandboxBusy if SHORTAGE in why else SandboxError)(why)
