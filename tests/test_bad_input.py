@@ -10,9 +10,9 @@ on a bad --data (a parquet file with two columns of one name or damaged pages, a
 and JSON nested deeper than Python reads are one line too; --data through a pipe is read once; Ctrl-C is
 one line saying what is kept and how to go on (exit 130), a real SIGINT to stage 03 included.
 
-Each test runs a stage's real main() on real artifacts that the module fixture makes with the bundled tiny
-model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every file there
-afterwards."""
+Each test runs a stage's real main() on real artifacts that conftest's `world` fixture makes with the
+bundled tiny model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every
+file there afterwards."""
 
 from __future__ import annotations
 
@@ -31,148 +31,29 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, gpu_present, load_script
+from conftest import ARGS, MADE, ROOT, SCRIPTS, gpu_present, load_script, refused, snapshot
 
 from cuset_common.artifacts import aside_dir, finishes_out, open_out
 from cuset_common.cli import INTERRUPTED, UserError, run_main
 from cuset_common.files import append_jsonl
-from cuset_common.paths import SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
-from cuset_common.tasks import load_tasks
+from cuset_common.paths import SFT_KERNEL_FILE, TINY_MODEL
 from experiments.comparison.command import main as compare_main
 from experiments.comparison.metrics import kernel_metrics
 from experiments.comparison.steps import finished
 from harness.report import Progress
 from harness.run_folder import Run
 
-STAGE = {
-    "01": load_script("01_profile.py"),
-    "02": load_script("02_label_regions.py"),
-    "03": load_script("03_train_cuset.py"),
-    "04": load_script("04_eval_kernels.py"),
-}
+STAGE = {stage: load_script(script) for stage, script in SCRIPTS.items()}
+MAIN = {name: STAGE[name[:2]].main for name in ARGS}  # "04-gen" is stage 04 answering with the model
 
-# A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
-# 04-gen: stage 04 with the model answering instead of --solutions.
-ARGS = {
-    "01": lambda w: ["--data", w["data"], "--max-length", "256", "--device", "cpu", "--out", w["new"]],
-    "02": lambda w: [
-        "--data",
-        w["data"],
-        "--profile",
-        w["profile"],
-        "--permutations",
-        "5",
-        "--html-samples",
-        "1",
-        "--out",
-        w["new"],
-    ],
-    "03": lambda w: [
-        "--data",
-        w["data"],
-        "--objective",
-        "sft",
-        "--max-length",
-        "256",
-        "--max-steps",
-        "1",
-        "--batch-size",
-        "4",
-        "--micro-batch-size",
-        "4",
-        "--device",
-        "cpu",
-        "--out",
-        w["new"],
-    ],
-    "04": lambda w: [
-        "--tasks",
-        w["tasks"],
-        "--split",
-        "all",
-        "--levels",
-        "1",
-        "--solutions",
-        w["sols"],
-        "--backend",
-        "emulate",
-        "--no-task-check",
-        "--out",
-        w["new"],
-    ],
-    "04-gen": lambda w: [
-        "--tasks",
-        w["tasks"],
-        "--split",
-        "all",
-        "--levels",
-        "1",
-        "--max-new-tokens",
-        "8",
-        "--backend",
-        "emulate",
-        "--no-task-check",
-        "--out",
-        w["new"],
-    ],
-}
-# Where each stage's real artifact lies in the world, and another stage's artifact for it.
-MADE = {"01": "profile", "02": "regions", "03": "ckpt", "04": "run"}
+# Another stage's artifact for each stage (conftest's MADE: where each stage's own lies in the world).
 OTHER = {"01": "regions", "02": "ckpt", "03": "profile", "04": "profile"}
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, Path]:
-    """A folder with the user's files and one real artifact of each stage (made here, once)."""
-    root = tmp_path_factory.mktemp("world")
-    w = {
-        "root": root,
-        "new": root / "new",
-        "data": root / "d8.jsonl",
-        "tasks": root / "tasks.jsonl",
-        "sols": root / "sols.jsonl",
-        "mine": root / "mine",
-        "afile": root / "notes.txt",
-        **{MADE[stage]: root / MADE[stage] for stage in MADE},
-    }
-    w["data"].write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
-    tasks = [t for t in load_tasks(TASKS_FILE) if t["split"] == "eval"][:2]
-    w["tasks"].write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    answers = [{"task_id": t["id"], "level": 1, "sample": 0, "completion": "no code"} for t in tasks]
-    w["sols"].write_text("".join(json.dumps(a) + "\n" for a in answers))
-    for stage in MADE:  # in order: stage 02 reads the profile
-        assert STAGE[stage].main([*map(str, ARGS[stage](w)), "--out", str(w[MADE[stage]])]) == 0
-    w["mine"].mkdir()
-    shutil.copy(w["data"], w["mine"] / "precious.jsonl")
-    shutil.copy(w["tasks"], w["mine"] / "tasks.jsonl")
-    w["afile"].write_text("the user's notes\n")
-    return w
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """sha256 of every file under root (hidden ones too), and every folder, by relative path."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(root.rglob("*"))
-    }
-
-
-def refused(stage: str, argv: list, capsys) -> tuple[str, str]:
-    """Run a stage (01 .. 04) as the command line does; assert exit 2 and one `error:` line on stderr.
-    Returns that line and what the stage printed on stdout."""
-    capsys.readouterr()
-    code = run_main(STAGE[stage[:2]].main, [*map(str, argv)])
-    out, err = capsys.readouterr()
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0], out
 
 
 def refuses_and_keeps(w: dict, stage: str, extra: list, says: str, capsys) -> tuple[str, str]:
     """The stage refuses the world's call + extra in one line naming `says`; every file stays as it was."""
     before = snapshot(w["root"])
-    line, out = refused(stage, [*ARGS[stage](w), *extra], capsys)
+    line, out = refused(MAIN[stage], [*ARGS[stage](w), *extra], capsys)
     assert says in line, line
     assert snapshot(w["root"]) == before
     return line, out
@@ -563,7 +444,7 @@ def test_a_damaged_row_of_a_run_being_resumed_is_one_line(world, tmp_path, capsy
         json.dumps(json.loads(rows[0]) | {"outcome": None}) + "\n" + "".join(rows[1:])
     )
     before = snapshot(run)
-    line, _ = refused("04", [*ARGS["04"](world), "--out", run], capsys)
+    line, _ = refused(MAIN["04"], [*ARGS["04"](world), "--out", run], capsys)
     assert f"{run / 'results.jsonl'}: row 1 lacks outcome or holds another type there" in line
     assert snapshot(run) == before
 
@@ -729,7 +610,7 @@ def test_force_through_a_link_then_a_failed_force_on_the_real_folder_keeps_the_l
     last = snapshot(real)
     bad = config_at_odds(tmp_path, {"vocab_size": 9000})
     argv = [*ARGS["04-gen" if stage == "04" else stage](world), "--model", bad, "--force", "--out", real]
-    line, printed = refused(stage, argv, capsys)
+    line, printed = refused(MAIN[stage], argv, capsys)
     assert "config.json disagrees with the weight files" in line
     assert ("rows already done" in printed) == (stage == "04")
     assert snapshot(real) == last and still_linked(real, link)
@@ -791,7 +672,7 @@ def test_a_loop_of_links_as_out_is_refused(world, stage, loop, tmp_path, capsys)
         (tmp_path / name).symlink_to(target)
     out = tmp_path / "a" / "sub" if loop == "inside" else tmp_path / "a"
     before = sorted(os.listdir(tmp_path))
-    line, _ = refused(stage, [*ARGS[stage](world), "--out", out], capsys)
+    line, _ = refused(MAIN[stage], [*ARGS[stage](world), "--out", out], capsys)
     assert f"--out {out}: its symbolic links form a loop" in line
     assert sorted(os.listdir(tmp_path)) == before
 
@@ -830,7 +711,7 @@ def test_a_read_only_out_or_file_in_it_is_refused_before_the_work(world, stage, 
     try:
         before = snapshot(tmp_path)
         force = ["--force"] if stage in ("03", "04") else []
-        line, _ = refused(stage, [*ARGS[stage](world), "--out", out, *force], capsys)
+        line, _ = refused(MAIN[stage], [*ARGS[stage](world), "--out", out, *force], capsys)
         assert f"--out {out}: {(out / what).resolve()} is read-only here" in line
         assert snapshot(tmp_path) == before and names_in(tmp_path) == ["out"]
     finally:
@@ -1088,7 +969,7 @@ def test_a_run_whose_fingerprint_nests_too_deeply_is_another_run(world, tmp_path
     shutil.copytree(world["run"], run)
     (run / "fingerprint.json").write_text("[" * 100_000 + "]" * 100_000 + "\n")
     before = snapshot(run)
-    line, _ = refused("04", [*ARGS["04"](world), "--out", run], capsys)
+    line, _ = refused(MAIN["04"], [*ARGS["04"](world), "--out", run], capsys)
     assert "holds another run" in line and "fingerprint.json" in line, line
     assert snapshot(run) == before
 
@@ -1212,7 +1093,7 @@ def test_a_damaged_resume_state_of_stage_03_is_one_line(world, tmp_path, capsys,
     assert STAGE["03"].main([*argv, "--stop-after", "1"]) == 0
     (out / "resume" / "args.json").write_text(DAMAGED_STATE[damage])
     before = snapshot(out)
-    line, _ = refused("03", [*argv, "--resume"], capsys)
+    line, _ = refused(MAIN["03"], [*argv, "--resume"], capsys)
     assert f"{out / 'resume' / 'args.json'}:" in line and "--force" in line, line
     assert snapshot(out) == before
 
@@ -1227,6 +1108,6 @@ def test_a_damaged_partial_state_of_stage_01_is_one_line(world, tmp_path, capsys
     (partial / "state.json").write_text(state)
     before = snapshot(tmp_path)
     argv = [*ARGS["01"](world)[:-1], out, "--resume"]
-    line, _ = refused("01", argv, capsys)
+    line, _ = refused(MAIN["01"], argv, capsys)
     assert f"{partial / 'state.json'}:" in line and f"delete {partial}" in line, line
     assert snapshot(tmp_path) == before

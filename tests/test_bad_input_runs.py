@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ARGS, MADE, ROOT, SCRIPTS, load_script, snapshot
+from conftest import ARGS, MADE, ROOT, SCRIPTS, load_script, refused, snapshot
 from safetensors.numpy import load_file
 
 from cuset_common.cli import run_main
@@ -59,17 +59,6 @@ def holding_the_lock(stage: str, argv: list, out: Path):
         run.stderr.close()
 
 
-def refused(main, argv: list, capsys) -> str:
-    """Run a main as the command line does; assert exit 2 and one `error:` line on stderr, and return it."""
-    capsys.readouterr()
-    code = run_main(main, [*map(str, argv)])
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
-
-
 # ---------------------------------------------------------------------------------------
 # One run per --out
 # ---------------------------------------------------------------------------------------
@@ -85,7 +74,7 @@ def test_a_second_run_into_a_held_out_exits_2_and_the_first_finishes(world, stag
     argv = [*ARGS[stage](world), "--out", out]
     with holding_the_lock(stage, argv, out) as first:
         before = snapshot(tmp_path)
-        line = refused(STAGE[stage].main, [*argv, *second], capsys)
+        line, _ = refused(STAGE[stage].main, [*argv, *second], capsys)
         assert "another run is writing there" in line and HOLDER.format(first.pid) in line, line
         assert snapshot(tmp_path) == before  # the second run touched nothing, not even the lock file
         first.send_signal(signal.SIGCONT)
@@ -99,7 +88,7 @@ def test_a_second_compare_into_a_held_folder_exits_2(tmp_path, capsys):
     shutil.copytree(ROOT / "docs" / "records" / "cpu-real", record)
     argv = ["--preset", "cpu-real", "--report-only", "--out", record]
     with holding_the_lock("compare", argv, record) as first:
-        line = refused(load_script("experiments/compare.py").main, argv, capsys)
+        line, _ = refused(load_script("experiments/compare.py").main, argv, capsys)
         assert "another run is writing there" in line and HOLDER.format(first.pid) in line, line
 
 
@@ -170,7 +159,7 @@ def test_an_artifact_holding_another_runs_tensors_is_refused(
 ):
     mixed = twin_artifact(world, stage, other_run(world), file, tmp_path)
     before = snapshot(tmp_path)
-    line = refused(
+    line, _ = refused(
         STAGE[reader].main, [*ARGS[reader](world), *reading(mixed), "--out", tmp_path / "next"], capsys
     )
     assert f"{mixed / file}: not the file this artifact wrote" in line and rerun in line, line
@@ -183,7 +172,7 @@ def test_an_artifact_that_records_no_files_is_refused(world, tmp_path, capsys):
     meta = json.loads((profile / "meta.json").read_text())
     del meta["files"]
     (profile / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    line = refused(
+    line, _ = refused(
         STAGE["02"].main, [*ARGS["02"](world), "--profile", profile, "--out", tmp_path / "r"], capsys
     )
     assert "records no sha256 of tensors.safetensors" in line and "01_profile.py" in line, line

@@ -20,11 +20,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import ARGS, ROOT, SCRIPTS, load_script, refused
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cuset_common.cli import UserError, run_main
+from cuset_common.cli import UserError
 from cuset_common.data import load_sft
 from cuset_common.data_sources import data_checks, load_data
 from cuset_common.files import sha256_file
@@ -34,11 +34,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 SFT_SMALL = ROOT / "tests" / "fixtures" / "sft_small.jsonl"
-STAGE = {
-    "01": load_script("01_profile.py"),
-    "02": load_script("02_label_regions.py"),
-    "03": load_script("03_train_cuset.py"),
-}
+STAGE = {stage: load_script(SCRIPTS[stage]) for stage in ("01", "02", "03")}
 # Column names no code knows in advance: spaces, punctuation, mixed case.
 FIELDS = "prompt=Port this module to CUDA:\\n{Torch Module},response=kernel.cu,system=Sys Prompt"
 KEEP = "Passed?=true"
@@ -76,17 +72,6 @@ def namespace(data: Path, fields: str | None = None, where: tuple[str, ...] = ()
     return ns
 
 
-def refused(stage: str, argv: list[str], capsys) -> str:
-    """Run a stage as the command line does; assert exit 2 with one `error:` line and no traceback."""
-    capsys.readouterr()
-    code = run_main(STAGE[stage].main, argv)
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def parquet_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tables") / "attempts.parquet"
@@ -96,48 +81,31 @@ def parquet_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pipeline(parquet_file, tmp_path_factory) -> dict[str, Path]:
-    """Stages 01, 02 and 03 on the parquet file, mapped and filtered (made once, read by several tests)."""
+    """Stages 01, 02 and 03 (cuset, on those regions) on the parquet file, mapped and filtered: conftest's
+    calls of the stages with this --data appended (argparse keeps the last), made once, read by several
+    tests."""
     root = tmp_path_factory.mktemp("pipeline")
-    out = {"profile": root / "profile", "regions": root / "regions", "ckpt": root / "ckpt"}
-    common = [*data_args(parquet_file), "--model", str(TINY_MODEL)]
-    cpu = ["--device", "cpu"]
-    assert STAGE["01"].main([*common, *cpu, "--max-length", "256", "--out", str(out["profile"])]) == 0
-    assert (
-        STAGE["02"].main(
-            [
-                *common,
-                "--profile",
-                str(out["profile"]),
-                "--permutations",
-                "5",
-                "--html-samples",
-                "1",
-                "--out",
-                str(out["regions"]),
-            ]
-        )
-        == 0
-    )
-    assert (
-        STAGE["03"].main(
-            [
-                *common,
-                *cpu,
-                "--regions",
-                str(out["regions"]),
-                "--max-steps",
-                "1",
-                "--batch-size",
-                "2",
-                "--micro-batch-size",
-                "2",
-                "--out",
-                str(out["ckpt"]),
-            ]
-        )
-        == 0
-    )
-    return out
+    w = {
+        "data": parquet_file,
+        "profile": root / "profile",
+        "regions": root / "regions",
+        "ckpt": root / "ckpt",
+    }
+    data = [*data_args(parquet_file), "--model", TINY_MODEL]
+    cuset = [
+        "--objective",
+        "cuset",
+        "--regions",
+        w["regions"],
+        "--batch-size",
+        "2",
+        "--micro-batch-size",
+        "2",
+    ]
+    for stage, made, extra in (("01", "profile", []), ("02", "regions", []), ("03", "ckpt", cuset)):
+        argv = [*ARGS[stage](w | {"new": w[made]}), *data, *extra]
+        assert STAGE[stage].main([*map(str, argv)]) == 0
+    return w
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,7 +178,7 @@ def test_another_mapping_or_filter_of_the_same_file_is_refused(
         if stage == "02"
         else ["--regions", str(pipeline["regions"]), "--max-steps", "1", "--device", "cpu"]
     )
-    line = refused(stage, [*argv, "--out", str(tmp_path / "new")], capsys)
+    line, _ = refused(STAGE[stage].main, [*argv, "--out", str(tmp_path / "new")], capsys)
     assert "was made from different inputs" in line and says in line, line
     assert not (tmp_path / "new").exists()
 
@@ -282,7 +250,7 @@ COLUMNS = (
 )
 def test_a_bad_mapping_is_one_line_naming_what_exists(fields, where, says, parquet_file, tmp_path, capsys):
     out = tmp_path / "profile"
-    line = refused("01", [*data_args(parquet_file, fields, where), "--out", str(out)], capsys)
+    line, _ = refused(STAGE["01"].main, [*data_args(parquet_file, fields, where), "--out", str(out)], capsys)
     assert says.replace("{file}", str(parquet_file)) in line, line
     assert not out.exists()
 
@@ -448,8 +416,8 @@ def test_a_damaged_save_to_disk_folder_is_one_line_naming_it(tmp_path):
 
 
 def test_a_folder_without_a_dataset_is_named(tmp_path, capsys):
-    line = refused(
-        "01",
+    line, _ = refused(
+        STAGE["01"].main,
         ["--data", str(tmp_path), "--data-fields", "prompt=q,response=a", "--out", str(tmp_path / "p")],
         capsys,
     )

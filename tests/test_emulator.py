@@ -165,8 +165,14 @@ def test_unsupported_features_are_refused_with_a_reason(snippet, reason):
         translate(snippet + "int main() { return 0; }\n")
 
 
-def test_comments_about_half_warps_and_variables_named_half_are_not_half_precision():
-    translate("// a half-warp reads one address\n/* half */ int main() { int half = 8 >> 1; return half; }\n")
+def test_comments_about_half_warps_and_variables_named_half_are_not_half_precision(tmp_path):
+    """`half` in a comment or as a variable's name is not cuda_fp16's type: the program is translated, not
+    refused as half precision, and runs as written."""
+    source = (
+        "// a half-warp reads one address\n"
+        '/* half */ int main() { int half = 8 >> 1; printf("%d\\n", half); }\n'
+    )
+    assert output(tmp_path, source) == "4\n"
 
 
 # ---------------------------------------------------------------------------------------
