@@ -95,7 +95,9 @@ def describe(interval: str) -> str:
 def load_script(relpath: str):
     """Import a stage script by path, for tests and benchmarks (a stage's file name starts with a digit,
     so `import` cannot name it; the stages themselves never import each other)."""
-    spec = importlib.util.spec_from_file_location(Path(relpath).stem.replace("-", "_"), ROOT / relpath)
+    # named by its path (integrations/trl.py: integrations.trl), so as not to shadow a library of its stem
+    name = ".".join(Path(relpath).with_suffix("").parts).replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)
