@@ -56,6 +56,7 @@ SLOW_FILES = {
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark every test of SLOW_FILES `slow`; without a GPU, skip the tests marked `gpu`."""
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
