@@ -37,7 +37,8 @@ before the first step) and training/checkpoint.py (the resume state, the final c
 Refused before any work (exit 2, one line): artifacts from other data or tokenizer, a profile
 rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
 --resume with other arguments than the run's, a number out of its range, an --out that is not this
-stage's run (README, Errors; --force starts over, keeping the previous run until the new one succeeds).
+stage's run (README, "Pipeline and artifacts"; --force starts over, keeping the previous run until the
+new one succeeds), an --out another run holds.
 Samples whose prompt fills --max-length have no response token: they are skipped and counted.
 """
 

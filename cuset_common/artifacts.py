@@ -188,7 +188,7 @@ def usable_path(value) -> bool:
 
 PATH = ("a path or hub id (a string without NUL, as a file system takes it)", usable_path)
 CATEGORY_NAMES = (
-    'an object of category names by code, e.g. {"1": "api"}',
+    'an object of category names by code, e.g. {"1": "signature"}',
     lambda v: (
         isinstance(v, dict)
         and all(re.fullmatch("[0-9]+", k) and isinstance(name, str) for k, name in v.items())

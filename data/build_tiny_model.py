@@ -48,7 +48,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
-import hashlib
 import json
 import math
 import re
@@ -77,10 +76,12 @@ transformers.utils.logging.disable_progress_bar()  # one line per step is the lo
 
 # The shared plumbing lives at the repo root; this builder lives in data/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cuset_common.cli import UserError
-from cuset_common.files import replace_dir_atomic, write_text_atomic
+from cuset_common.cli import UserError, load_script
+from cuset_common.files import replace_dir_atomic, sha256_file, write_text_atomic
 from cuset_common.paths import LEVELS, MODES, ROOT, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, fence, load_tasks
+
+STAGE_03 = load_script("03_train_cuset.py")  # its learning-rate schedule, the one the tiny model trained on
 
 EOT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [EOT, IM_START, IM_END]  # ids 0, 1, 2
@@ -657,11 +658,9 @@ def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.op
 
 
 def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Linear warmup, then cosine decay to 10% of the peak at --steps."""
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    """Stage 03's schedule (03_train_cuset.py: lr_at): linear warmup, then cosine decay to 10% of the peak
+    at --steps."""
+    return STAGE_03.lr_at(step, args.steps, args.warmup, args.lr, 0.1)
 
 
 def sample_batch(
@@ -844,10 +843,6 @@ def shown(path: Path) -> str:
     """A path as the report shows it: relative to the repo when inside it, so reports are portable."""
     path = Path(path).resolve()
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def toolkit_versions(include: Path) -> dict:
