@@ -61,7 +61,7 @@ from cuset_common.artifacts import (
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data_sources import add_data_arguments, data_checks, data_flags, load_data
 from cuset_common.files import json_safe, read_jsonl, sha256_file
-from cuset_common.method import RHO, TAU_MAX, sample_threshold
+from cuset_common.method import CODES, RHO, TAU_MAX, sample_threshold
 from cuset_common.models import load_tokenizer
 from cuset_common.paths import DATA, TINY_MODEL
 from labeling.labels import RegionLabels
@@ -286,8 +286,8 @@ def region_categories(region_id: np.ndarray, category: np.ndarray, n_regions: in
     """Majority category of each region's sensitive tokens, uint8 [R]; a tie: the lower code (assumption)."""
     inside = (region_id >= 0) & (category > 0)
     counts = np.bincount(
-        region_id[inside].astype(np.int64) * 10 + category[inside], minlength=n_regions * 10
-    ).reshape(n_regions, 10)
+        region_id[inside].astype(np.int64) * CODES + category[inside], minlength=n_regions * CODES
+    ).reshape(n_regions, CODES)
     return (np.argmax(counts[:, 1:], axis=1) + 1).astype(np.uint8)  # argmax picks the first maximum
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cuset_common.method import CODES
 from labeling.labels import RegionLabels
 from labeling.report import num, pct
 
@@ -53,20 +54,22 @@ def in_multi_token_run(low: np.ndarray, sample_of: np.ndarray, gap: int, chain_r
 
 
 def run_counts(low: np.ndarray, multi: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """int64 [2, 10]: per category code (0 = not sensitive), low tokens in multi-token runs and low tokens."""
-    return np.stack([np.bincount(codes[multi], minlength=10), np.bincount(codes[low], minlength=10)])
+    """int64 [2, CODES]: per category code (0 = not sensitive), low tokens in multi-token runs and low
+    tokens."""
+    return np.stack([np.bincount(codes[multi], minlength=CODES), np.bincount(codes[low], minlength=CODES)])
 
 
 def run_shares(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Share of low tokens in runs from run_counts [..., 2, 10]: (all sensitive [...], per code [..., 10]);
-    NaN where a kind has no low token."""
+    """Share of low tokens in runs from run_counts [..., 2, CODES]: (all sensitive [...], per code
+    [..., CODES]); NaN where a kind has no low token."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return counts[..., 0, 1:].sum(-1) / counts[..., 1, 1:].sum(-1), counts[..., 0, :] / counts[..., 1, :]
 
 
 def low_share_gap(counts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Low-confidence share of sensitive tokens minus that of other tokens, from run_counts [..., 2, 10] and
-    the tokens per code [10]. Either share alone is about rho by construction; their difference is not."""
+    """Low-confidence share of sensitive tokens minus that of other tokens, from run_counts [..., 2, CODES]
+    and the tokens per code [CODES]. Either share alone is about rho by construction; their difference is
+    not."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return counts[..., 1, 1:].sum(-1) / tokens[1:].sum() - counts[..., 1, 0] / tokens[0]
 
@@ -79,14 +82,14 @@ def low_share_gap(counts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 def shuffled_confidence_null(
     p, token_tau, codes, sample_of, gap: int, n_perm: int, rng, chain_rule: ChainRule
 ) -> np.ndarray:
-    """Nulls (a) and (c): run_counts [n_perm, 2, 10] with each sample's confidences shuffled over its
+    """Nulls (a) and (c): run_counts [n_perm, 2, CODES] with each sample's confidences shuffled over its
     positions (token_tau [T]: tau_i of each token's sample).
 
     Tags, positions and each sample's tau stay fixed and low confidence may land anywhere, so a
     rejection says low confidence comes in runs, for whatever tokens the statistic is on; it says
     nothing about CUDA sensitivity unless (c), the same test on untagged tokens, does not reject.
     """
-    out = np.zeros((n_perm, 2, 10), np.int64)
+    out = np.zeros((n_perm, 2, CODES), np.int64)
     for k in range(n_perm):
         low = p[np.argsort(sample_of + rng.random(len(p)))] < token_tau  # [T] a shuffle within each sample
         out[k] = run_counts(low, in_multi_token_run(low, sample_of, gap, chain_rule), codes)
@@ -94,7 +97,8 @@ def shuffled_confidence_null(
 
 
 def rotated_tags_null(low, multi, codes, offsets, sample_of, n_perm: int, rng) -> np.ndarray:
-    """Null (b): run_counts [n_perm, 2, 10] with each sample's tags rotated (cyclically) by a random offset.
+    """Null (b): run_counts [n_perm, 2, CODES] with each sample's tags rotated (cyclically) by a random
+    offset.
 
     Confidences and runs stay fixed, and the tags keep their own spacing (a lexeme of several
     tokens stays whole), so a rejection says sensitive low tokens sit in runs more than the other
@@ -102,7 +106,7 @@ def rotated_tags_null(low, multi, codes, offsets, sample_of, n_perm: int, rng) -
     """
     n, start = np.diff(offsets)[sample_of], offsets[sample_of]  # [T] length and first token of its sample
     pos = np.arange(len(codes)) - start  # [T] position within the sample
-    out = np.zeros((n_perm, 2, 10), np.int64)
+    out = np.zeros((n_perm, 2, CODES), np.int64)
     for k in range(n_perm):
         shift = rng.integers(np.maximum(np.diff(offsets), 1))[sample_of]  # [T] one offset per sample
         out[k] = run_counts(low, multi, codes[start + (pos + shift) % n])
@@ -112,8 +116,8 @@ def rotated_tags_null(low, multi, codes, offsets, sample_of, n_perm: int, rng) -
 def draw_nulls(
     labels: RegionLabels, args: argparse.Namespace, chain_rule: ChainRule
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """run_counts observed [2, 10], under null (a) and (c) [n_perm, 2, 10] and under null (b) [n_perm, 2, 10],
-    the draws in this order from one generator seeded with --seed."""
+    """run_counts observed [2, CODES], under null (a) and (c) [n_perm, 2, CODES] and under null (b)
+    [n_perm, 2, CODES], the draws in this order from one generator seeded with --seed."""
     low, codes, sample_of = labels.low, labels.category, labels.sample_of
     multi = in_multi_token_run(low, sample_of, args.gap, chain_rule)
     rng = np.random.default_rng(args.seed)
@@ -189,7 +193,7 @@ def compute_finding(
 ) -> dict:
     """Every figure of the report (also stored in meta.json); low confidence means p0_it < tau_i."""
     p, codes, low = labels.confidence, labels.category, labels.low
-    sensitive, tokens = codes > 0, np.bincount(codes, minlength=10)  # [T], [10] tokens per code
+    sensitive, tokens = codes > 0, np.bincount(codes, minlength=CODES)  # [T], [CODES] tokens per code
     observed, null_a, null_b = draw_nulls(labels, args, chain_rule)
     (obs_s, obs_c), (a_s, a_c), (b_s, b_c) = run_shares(observed), run_shares(null_a), run_shares(null_b)
     nulls = {
@@ -225,7 +229,7 @@ def compute_finding(
 
 def category_figures(labels: RegionLabels, names: dict[int, str], observed, obs_c, a_c, b_c) -> dict:
     """Per category: its tokens and low ones, its share in runs against nulls (a) and (b) (shares per code:
-    obs_c [10], a_c and b_c [n_perm, 10]), p raw and Holm-adjusted over the categories, its regions."""
+    obs_c [CODES], a_c and b_c [n_perm, CODES]), p raw and Holm-adjusted over the categories, its regions."""
     p, codes, low = labels.confidence, labels.category, labels.low
     p_a, p_b = ([p_value(obs_c[c], null[:, c]) for c in names] for null in (a_c, b_c))
     return {

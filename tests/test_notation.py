@@ -98,3 +98,12 @@ def test_each_formula_is_computed_in_one_place_of_the_code(formula):
 @pytest.mark.parametrize("formula", list(FORMULAS_IN_DOCS))
 def test_docs_method_writes_each_formula_out_once(formula):
     assert len(re.findall(FORMULAS_IN_DOCS[formula], METHOD.read_text())) == 1
+
+
+def test_the_category_codes_are_counted_once():
+    """c_it's values, 0 and one code per category: CODES (cuset_common/method.py) is what stage 02 and the
+    observation count over, so it must cover every category the tagger assigns."""
+    from cuset_common.method import CODES
+    from profiler.tagger import CATEGORIES
+
+    assert sorted(CATEGORIES) == list(range(1, CODES))
