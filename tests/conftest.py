@@ -121,6 +121,14 @@ def program_runner(ev, work: Path, backend: str):
 # A small pipeline of real artifacts, for the tests of bad input and of runs that meet in one --out
 # ---------------------------------------------------------------------------------------
 
+
+def eval_args(w: dict, *source) -> list:
+    """Stage 04 on the world's two tasks at level 1, emulated, without the task check, its replies from
+    `source` (--solutions, or the model with generation flags)."""
+    tasks = ["--tasks", w["tasks"], "--split", "all", "--levels", "1"]
+    return [*tasks, *source, "--backend", "emulate", "--no-task-check", "--out", w["new"]]
+
+
 # A valid call of each stage on the world's files (a test appends what it spoils: argparse keeps the last).
 # 04-gen: stage 04 with the model answering instead of --solutions.
 ARGS = {
@@ -155,36 +163,8 @@ ARGS = {
         "--out",
         w["new"],
     ],
-    "04": lambda w: [
-        "--tasks",
-        w["tasks"],
-        "--split",
-        "all",
-        "--levels",
-        "1",
-        "--solutions",
-        w["sols"],
-        "--backend",
-        "emulate",
-        "--no-task-check",
-        "--out",
-        w["new"],
-    ],
-    "04-gen": lambda w: [
-        "--tasks",
-        w["tasks"],
-        "--split",
-        "all",
-        "--levels",
-        "1",
-        "--max-new-tokens",
-        "8",
-        "--backend",
-        "emulate",
-        "--no-task-check",
-        "--out",
-        w["new"],
-    ],
+    "04": lambda w: eval_args(w, "--solutions", w["sols"]),
+    "04-gen": lambda w: eval_args(w, "--max-new-tokens", "8"),
 }
 # The script of each stage, and where its real artifact lies in the world.
 SCRIPTS = {
