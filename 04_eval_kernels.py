@@ -275,11 +275,8 @@ def execute(
     under data/ with the references (compare_outputs). Returns (outcome, log, timing); `timed` (kernel
     mode on the GPU): a program that passes is then timed in a run of its own (time_kernels), so that
     the outcome is decided before and apart from timing, and a slow but correct kernel still passes."""
-    run_dir = fresh_run_folder(task, exe, gen_dir, workdir / "run")
     started = time.monotonic()
-    code, log = runner.untrusted(
-        ["./prog"], run_dir, timeout, file_mb=output_limit_mb(task), nproc=64, env=env
-    )
+    code, log = run_fresh(task, exe, gen_dir, workdir / "run", timeout, runner, env)
     took = {"run_s": round(time.monotonic() - started, 2)}
     if code is None:
         return "timeout", f"no exit within {timeout:g} s\n{log}", took
@@ -290,6 +287,30 @@ def execute(
         return "wrong_output", log + judged, took
     timing = time_kernels(task, exe, gen_dir, workdir, timing_timeout, runner, env) if timed else {}
     return "pass", log + judged, took | timing
+
+
+def run_fresh(
+    task: dict,
+    exe: Path,
+    gen_dir: Path,
+    run_dir: Path,
+    timeout: float,
+    runner: Runner,
+    env: dict[str, str] | None,
+    *argv: str,
+    stdin: str | None = None,
+) -> tuple[int | None, str]:
+    """The program with `argv` in a fresh `run_dir` (fresh_run_folder), as untrusted code, within
+    `timeout`: (exit status or None, its log)."""
+    return runner.untrusted(
+        ["./prog", *argv],
+        fresh_run_folder(task, exe, gen_dir, run_dir),
+        timeout,
+        file_mb=output_limit_mb(task),
+        nproc=64,
+        env=env,
+        stdin=None if stdin is None else stdin.encode(),
+    )
 
 
 def fresh_run_folder(task: dict, exe: Path, gen_dir: Path, run_dir: Path) -> Path:
@@ -315,16 +336,9 @@ def time_kernels(
     folder, within its own `timeout` (--timing-timeout). Returns the row's timing fields (harness/timing.py:
     read_timing), or {"timing_void": why} when it gives none; a fresh random nonce on stdin, which the
     timing line must carry, tells the harness's line from one forged by candidate code."""
-    run_dir = fresh_run_folder(task, exe, gen_dir, workdir / "timing")
     nonce = secrets.token_hex(16)
-    code, log = runner.untrusted(
-        ["./prog", TIMING_ARGUMENT],
-        run_dir,
-        timeout,
-        file_mb=output_limit_mb(task),
-        nproc=64,
-        env=env,
-        stdin=f"{nonce}\n".encode(),
+    code, log = run_fresh(
+        task, exe, gen_dir, workdir / "timing", timeout, runner, env, TIMING_ARGUMENT, stdin=f"{nonce}\n"
     )
     if code is None:
         return {"timing_void": f"the timing run did not exit within {timeout:g} s (--timing-timeout)"}
