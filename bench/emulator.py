@@ -1,5 +1,5 @@
-"""How long the CPU emulator takes on every reference program (its speed budget: the 170-task x
-2-mode reference run in under 10 minutes on 2 cores).
+"""How long the CPU emulator takes on every reference program, to hold it to its speed budget for the
+170-task x 2-mode reference run (docs/performance.md, "Stage 04: sandboxed compiles against plain nvcc").
 
 For each task and mode: translate the reference (harness/emulate.py), build it with g++ against
 the runtime header (precompiled once, as stage 04 does), run gen.py once per task, time the

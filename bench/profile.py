@@ -20,7 +20,7 @@ process's CPU time on a CPU (on a shared machine wall time measures the schedule
 there, as OpenMP threads spin while they wait and bill it as CPU time), wall time on a GPU. Peak
 extra memory is measured once per variant in a forked child (bench/common.py says how).
 
-    python bench/profile.py                 # full: a few minutes on 2 CPU cores
+    python bench/profile.py                 # full: both shapes at the default sizes
     python bench/profile.py --quick         # CI smoke: tiny sizes, one round, checks only that it runs
     python bench/profile.py --device cuda   # on a GPU (both under bf16 autocast, the stage's default)
 """

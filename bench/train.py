@@ -27,7 +27,7 @@ time on a CPU (bench/common.py, clock: wall time on a shared machine measures th
 --threads 1 there), wall time on a GPU. Peak extra memory: once per variant in a forked child, on top
 of the loaded model, data and (part 1) AdamW state (bench/common.py says how).
 
-    python bench/train.py                   # full: a few minutes on 2 CPU cores
+    python bench/train.py                   # full: every part at the default sizes
     python bench/train.py --quick           # CI smoke: tiny sizes, one round, checks only that it runs
     python bench/train.py --device cuda     # on a GPU (stage 03 runs under bf16 autocast there)
     python bench/train.py --parts precision --threads 1   # fp32 against bf16 on SmolLM2

@@ -58,7 +58,8 @@ from cuset_common.paths import (
 from cuset_common.tasks import build_messages, fence, load_tasks
 
 # Renamed copies per train task in the bundled kernel-mode file. With the originals that is
-# 102 x (1 + 9) = 1,020 records: about 5 minutes for one stage-03 epoch on 2 CPU cores.
+# 102 x (1 + 9) = 1,020 records, few enough for a stage-03 epoch on the tiny model on a CPU
+# (docs/performance.md, "Building the models", times it).
 DEFAULT_VARIANTS = 9
 
 

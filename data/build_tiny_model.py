@@ -24,12 +24,12 @@ Deterministic: the same tasks file, CCCL headers, arguments and thread count giv
 tokenizer and the same weights (on the same CPU type). bf16 autocast is on by default only where
 the CPU computes bfloat16 natively; the bundled model was built with it on, so pass --bf16 to
 reproduce it. --max-minutes is a wall-clock safety cap; a build that hits it stops early, says so,
-and is no longer the deterministic default. A full build takes about 11 minutes on one core of a CPU
-with AVX512-BF16, about 12 in float32 on 2 idle cores of one without.
+and is no longer the deterministic default. How long a full build takes, with and without native
+bf16: docs/performance.md, "Building the models".
 
     python data/build_tiny_model.py                                  # full build
     python data/build_tiny_model.py --threads 2                      # float32 on a CPU without bf16
-    python data/build_tiny_model.py --steps 60 --out /tmp/tiny       # quick check (~2 min)
+    python data/build_tiny_model.py --steps 60 --out /tmp/tiny       # quick check
     python data/build_tiny_model.py --cuda-include /opt/cuda/include # toolkit elsewhere
 
 Inputs: data/tasks/tasks.jsonl (read at build time), the CUDA toolkit's include folder with the
@@ -202,16 +202,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--bf16",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="bfloat16 autocast for training matmuls, ~1.8x faster on CPUs with AVX512-BF16 or AMX "
-        "but ~2.3x slower than float32 on CPUs without; weights stay float32 (default: on where "
-        "this CPU computes bfloat16 natively, off elsewhere)",
+        help="bfloat16 autocast for training matmuls, faster on CPUs with AVX512-BF16 or AMX but slower "
+        "than float32 on CPUs without (emulated); weights stay float32 (default: on where this CPU "
+        "computes bfloat16 natively, off elsewhere)",
     )
     ap.add_argument(
         "--seed", type=int, default=1234, help="seed for init and batch order (default: %(default)s)"
     )
-    # One thread: on a shared 2-core machine two threads wait on each other whenever another
-    # process takes a core (measured: 2 threads 6.7k tok/s alone but ~1k tok/s beside a compile;
-    # 1 thread ~3.4k tok/s either way).
+    # One thread: on a shared machine two threads wait on each other whenever another process takes
+    # a core, where one thread keeps its pace (docs/performance.md, "Building the models").
     ap.add_argument(
         "--threads",
         type=int,
@@ -254,9 +253,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def native_bf16() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without it autocast
-    emulates bf16 and trains slower than float32: measured on a 2.8 GHz Xeon with AVX512 but no
-    AVX512-BF16, this model at 4 x 1024 tokens, 670 tok/s bf16 vs 1,546 fp32 on one thread (1,418
-    vs 2,838 on two), so the default build would run past --max-minutes."""
+    emulates bf16 and trains slower than float32, enough to run the default build past --max-minutes
+    (the measurement: docs/performance.md, "Building the models")."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu, private but long-standing
     return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 

@@ -44,10 +44,10 @@ Split across processes or sessions. `--runs sft-seed1,cuset-seed1` runs the base
 only, and writes no table (two processes with one torch thread each share 2 cores; give --no-eval-base to
 all but one, so that one evaluates the base model; keep their trainings apart where memory is short:
 docs/comparison.md gives what stage 03 holds). `--save-record DIR` copies every finished group (base,
-runs) into DIR without checkpoint weights (about 1 MB a run; commit it: a new machine starts without
-runs/), and `--report-only --out DIR` makes the table from such a record as
-it is, running nothing and checking no freshness (a record restored from git has no weights, and checkout
-times for mtimes).
+runs) into DIR without checkpoint weights (small enough to commit, and meant to be: a new machine starts
+without runs/; docs/comparison.md gives the sizes), and `--report-only --out DIR` makes the table from
+such a record as it is, running nothing and checking no freshness (a record restored from git has no
+weights, and checkout times for mtimes).
 
 Metrics (comparison.md says what each column means). Token metrics come from stage 01's profile of the
 checkpoint on the held-out data, aligned token by token with the base model's (same tokenizer and data,

@@ -82,10 +82,9 @@ seeds and prompts. Split it across processes and sessions with --runs and keep w
         "objectives": "sft,dft,profit,cuset,cuset-mask,cuset-weight",
         "seeds": 3,
         # The power calculation asks for more seeds of the pair the question is about: with 3 the interval
-        # of cuset - sft in pass@1 was 0.025 wide each side, projected to about 0.022 with 5
-        # (docs/notebook.md, "seed 2, dft, cuset-mask and the profit diagnostic"; the record,
-        # docs/records/cpu-power/comparison.md, measures it). profit.t01, the diagnostic of profit's
-        # threshold, is one run when --objectives names it.
+        # of cuset - sft in pass@1 stood at the design's bar, and 5 narrow it (docs/comparison.md, "The
+        # powered design", gives the figures; the record, docs/records/cpu-power/comparison.md, measures
+        # them). profit.t01, the diagnostic of profit's threshold, is one run when --objectives names it.
         "seeds_for": "sft=5,cuset=5,profit.t01=1",
         "train_args": "--lr 1e-4 --epochs 1",
         "evaluation": [

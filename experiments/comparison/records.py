@@ -1,5 +1,5 @@
-"""Records: the finished results of --out without checkpoint weights (about 1 MB a run), to commit and to
-make the table from as they are (--report-only) on a machine that has no runs/."""
+"""Records: the finished results of --out without checkpoint weights (small enough to commit; their sizes:
+docs/comparison.md), to make the table from as they are (--report-only) on a machine that has no runs/."""
 
 from __future__ import annotations
 
