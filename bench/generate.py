@@ -33,18 +33,18 @@ from pathlib import Path
 
 # the repo root instead of bench/, whose profile.py would shadow the standard library's (torch imports it)
 sys.path[0] = str(Path(__file__).resolve().parents[1])
-from bench.common import limits_line, machine, machine_limits, print_table  # noqa: E402
-from cuset_common.cli import (
-    bf16_supported,  # noqa: E402
-    load_script,
-)
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bench.common import limits_line, machine, machine_limits, print_table
+from cuset_common.cli import bf16_supported, load_script
 from cuset_common.data import end_of_turn_ids
 from cuset_common.models import model_parameters
 from cuset_common.paths import SMOLLM2_MODEL as SMOLLM2
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, load_tasks
-from harness.generation import default_threads  # noqa: E402
-from harness.vllm_generation import generate_vllm  # noqa: E402
+from harness.generation import default_threads
+from harness.vllm_generation import generate_vllm
 
 BATCH = 8  # the anchor's prompts per model.generate call: stage 04's default --gen-batch-size
 STAGE04 = str(Path(__file__).resolve().parents[1] / "04_eval_kernels.py")
@@ -105,9 +105,6 @@ def anchor(args) -> dict:
     """What a user writes: BATCH prompts per model.generate call (left-padded), fp32, greedy, every default
     left as it is but the end of the turn. {"tokens", "seconds", "load_s"}: tokens generated up to and with
     each row's first end-of-turn token (the padding after it is not a token written)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(args.model, padding_side="left")

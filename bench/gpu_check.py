@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from cuset_common.cli import BF16_LOSS_RTOL, ArgumentParser, UserError, run_main
@@ -560,8 +562,6 @@ STEPS = (
 def missing_gpu() -> str | None:
     """Why this machine cannot run the check, or None: torch must see a CUDA device (stages 01-03) and
     the driver list one (stage 04's --backend gpu: nvidia-smi or /proc/driver/nvidia)."""
-    import torch
-
     if not torch.cuda.is_available():
         if torch.version.cuda is None:
             return f"torch {torch.__version__} is a CPU build; run this on a machine with an NVIDIA GPU"
@@ -575,8 +575,6 @@ def missing_gpu() -> str | None:
 
 
 def describe_gpu() -> dict:
-    import torch
-
     major, minor = torch.cuda.get_device_capability(0)
     return {
         "name": torch.cuda.get_device_name(0),

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from .paths import ROOT
 
 
@@ -107,12 +109,10 @@ def load_script(relpath: str):
 def pick_device(name: str = "auto") -> str:
     """--device as torch names it: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N;
     anything else, or a GPU that is not there, is a UserError before any work."""
-    import torch
-
     if name == "auto":
         if torch.cuda.is_available():
             return "cuda"
-        check_no_unusable_gpu(torch)
+        check_no_unusable_gpu()
         return "cpu"
     try:
         device = torch.device(name)
@@ -133,7 +133,7 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
-def check_no_unusable_gpu(torch) -> None:
+def check_no_unusable_gpu() -> None:
     """Refuse --device auto where nvidia-smi lists a GPU that this torch cannot use (a CPU-only wheel
     installed by mistake, or a driver older than torch's CUDA): running on the CPU is then no one's choice."""
     if not nvidia_smi_lists_a_gpu():
@@ -171,8 +171,6 @@ def bf16_supported(device: str) -> bool:
     capability 8.0 or more (computes_bf16), or a CPU whose /proc/cpuinfo flags hold one of BF16_CPU_FLAGS.
     Where /proc/cpuinfo cannot be read (not Linux) the answer is False: fp32 is never wrong, only slower."""
     if device.startswith("cuda"):
-        import torch
-
         return torch.cuda.is_available() and computes_bf16(torch.cuda.get_device_capability(device))
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()

@@ -7,8 +7,9 @@ columns: a .parquet, .json (an array of objects, or JSON lines) or .jsonl file, 
 a folder written by `Dataset.save_to_disk`, or a hub dataset `hf:owner/name[@revision][:split]`.
 `--data-fields` maps columns onto the record (a prompt may be a template over several columns), and
 `--data-where COLUMN=VALUE` keeps only matching rows; without --data-fields each row must itself be a record
-in one of the four forms. pyarrow is imported only for parquet and `datasets` only for a dataset folder or
-the hub, so the JSONL path needs only the stages' own four packages. A file that is a pipe (`--data
+in one of the four forms. pyarrow and `datasets` are optional (not in requirements.txt), so they are
+imported inside the functions that use them: pyarrow only for parquet, `datasets` only for a dataset folder
+or the hub; the JSONL path needs only the stages' own four packages. A file that is a pipe (`--data
 <(command)`, /dev/stdin) is read once, into memory (read_pipe), and read and hashed from those bytes.
 
 What the libraries raise on a bad file or id (pyarrow on a damaged parquet file or one with two columns of
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import re
 import shlex
@@ -32,6 +34,17 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import huggingface_hub
+from huggingface_hub.errors import (
+    CorruptedCacheException,
+    EntryNotFoundError,
+    HfHubHTTPError,
+    HFValidationError,
+    RepositoryNotFoundError,
+    XetDownloadError,
+)
+from huggingface_hub.utils import validate_repo_id
 
 from .cli import UserError
 from .data import jsonl_lines, load_sft, normalize_record
@@ -579,7 +592,6 @@ def hub_split(text: str, repo: str, revision: str | None, split: str) -> tuple[T
     split's fingerprint (a hash of that revision and the split expression)."""
     import datasets
     import pyarrow as pa
-    from huggingface_hub.errors import CorruptedCacheException, EntryNotFoundError, XetDownloadError
 
     # No network, no such split, a damaged file, a failed download: most raise an OSError or a ValueError;
     # datasets' and pyarrow's base classes and the hub library's errors that are neither catch the rest
@@ -606,9 +618,6 @@ def hub_split(text: str, repo: str, revision: str | None, split: str) -> tuple[T
 def check_hub_id(text: str, repo: str) -> None:
     """Refuse an owner/name the hub library would refuse (two dots or dashes in a row, a name ending in a
     dot, over 96 characters, ...): its rules, checked before anything is looked up, cached or online."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
     try:
         validate_repo_id(repo)
     except HFValidationError as e:
@@ -620,9 +629,6 @@ def check_hub_id(text: str, repo: str) -> None:
 def check_hub_dataset(text: str, repo: str, revision: str | None) -> None:
     """Refuse in about a second a dataset that is neither in the local cache nor reachable on the hub;
     without this, datasets retries for about 25 s, printing each retry."""
-    import huggingface_hub
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-
     cached = huggingface_hub.try_to_load_from_cache(repo, "README.md", revision=revision, repo_type="dataset")
     if isinstance(cached, str):
         return
@@ -649,8 +655,6 @@ def reason(error: Exception) -> str:
 
 
 def import_or_refuse(module: str, package: str, data: str):
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -225,8 +226,6 @@ def open_input(path: Path):
 
 
 def sha256_file(path: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open_input(Path(path)) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -9,6 +9,19 @@ import math
 import struct
 from pathlib import Path
 
+import huggingface_hub
+import torch
+import transformers  # its Auto classes named through it: transformers loads them on first use, not here
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    RepositoryNotFoundError,
+    StrictDataclassError,
+)
+from safetensors import SafetensorError
+from transformers.utils import logging as transformers_logging
+
 from .artifacts import check_file_records
 from .cli import UserError
 from .files import read_json_object
@@ -52,14 +65,6 @@ def check_hub_id(name: str) -> None:
     """Refuse in about a second a name that is neither a local folder nor a hub id we can use: not in the
     local cache, and the hub unreachable (offline, no network) or without it. A reachable hub that has it
     passes: from_pretrained downloads it. Without this, from_pretrained retries for about 45 s first."""
-    import huggingface_hub
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        RepositoryNotFoundError,
-    )
-
     start = f"--model {name}: no local folder {name}, and hub id {name}"
     fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
     try:
@@ -90,41 +95,34 @@ def quiet_transformers():
     """Within: transformers prints errors only, and no progress bar. Loading a model prints a multi-line
     report of the tensors it could not match and its config's doubts; the loaders here turn what matters
     of them into one line (a refusal), and a refusal must be the only line."""
-    from transformers.utils import logging
-
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
+    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
-        logging.set_verbosity(verbosity)
+        transformers_logging.set_verbosity(verbosity)
         if bars:
-            logging.enable_progress_bar()
+            transformers_logging.enable_progress_bar()
 
 
 # What transformers raises for a config.json it cannot build a model from: its config classes' own
 # validation (a number written as a string, heads that do not divide the width), or torch on a size < 0.
-def config_errors() -> tuple[type, ...]:
-    from huggingface_hub.errors import StrictDataclassError
-
-    return StrictDataclassError, TypeError, RuntimeError
+CONFIG_ERRORS = (StrictDataclassError, TypeError, RuntimeError)
 
 
 def load_tokenizer(name: str, need_offsets: bool = True, **kwargs):
     """The model's tokenizer, fast when need_offsets (character spans). A failure is one line naming the
     path."""
-    from transformers import AutoTokenizer
-
     check_model_source(name, ("tokenizer",))
     try:
         with quiet_transformers():  # it reads config.json too
-            tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError, ImportError, KeyError) as e:
         raise UserError(
             f"--model {name}: cannot load its tokenizer ({str(e).splitlines()[0] if str(e) else e!r})"
         ) from None
-    except config_errors() as e:
+    except CONFIG_ERRORS as e:
         raise UserError(
             f"--model {name}: cannot load its tokenizer: its config.json is refused "
             f"({one_line(e)}); fix config.json, or point --model at the folder save_pretrained "
@@ -141,21 +139,18 @@ def load_causal_lm(name: str, dtype):
     """AutoModelForCausalLM in `dtype`; a failure is one line naming the path and what is wrong: a file
     missing or damaged, a config.json that transformers refuses (a number written as a string, heads that
     do not divide the width), or one that disagrees with the weights (check_loading_info)."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
-
     check_model_source(name, ("model config", "model weights"))
     check_trained_weights(Path(name).expanduser())
     try:
         with quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
                 name, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
             )
     except (OSError, ValueError, ImportError, KeyError, SafetensorError) as e:  # Safetensor: a damaged file
         raise UserError(
             f"--model {name}: cannot load the model ({str(e).splitlines()[0] if str(e) else e!r})"
         ) from None
-    except config_errors() as e:
+    except CONFIG_ERRORS as e:
         raise UserError(
             f"--model {name}: its config.json cannot describe a model ({one_line(e)}); fix "
             f"config.json, or point --model at the folder save_pretrained wrote"
@@ -224,8 +219,6 @@ def check_head_is_plain(model, input_ids, stage: str) -> None:
     (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1), plus the rounding
     of the model's logits to their own dtype.
     """
-    import torch
-
     captured = {}
 
     def keep(_module, _inputs, out):

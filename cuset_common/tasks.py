@@ -9,6 +9,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .artifacts import json_kind
 from .cli import UserError
 from .files import read_jsonl
@@ -128,8 +130,6 @@ def buffer_bytes(buf: dict) -> int:
 
 def item_size(dtype: str) -> int:
     """buffer_bytes' item size of a dtype."""
-    import numpy as np
-
     if re.fullmatch(r"[A-Za-z]\w*", dtype):
         try:
             with warnings.catch_warnings():  # numpy warns of deprecated aliases ("a" for "S")

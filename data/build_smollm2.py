@@ -36,6 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common.cli import UserError, run_main
 from cuset_common.files import replace_dir_atomic, write_text_atomic
@@ -78,9 +81,6 @@ def sha256(path: Path) -> str:
 
 def dequantized(gguf: Path):
     """(tokenizer, model) from the GGUF: float32 weights, in a model transformers can save."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
@@ -100,8 +100,6 @@ def dequantized(gguf: Path):
 
 def same_logits(a, b, tokenizer) -> bool:
     """The two models' logits on one chat prompt are equal bit for bit."""
-    import torch
-
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "Write a CUDA kernel."},
@@ -138,9 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists() and not (args.out / "build_report.json").is_file() and any(args.out.iterdir()):
         raise UserError(f"--out {args.out} holds files this builder did not write; name another folder")
     gguf = find_gguf()
-    import torch
-    from transformers import AutoModelForCausalLM
-
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()

