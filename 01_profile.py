@@ -1,7 +1,7 @@
 """Stage 01: profile a base model on SFT data, token by token, and tag CUDA-sensitive tokens.
 
 For every response token of every sample: the probability of the gold token under teacher
-forcing (its "confidence", p0_it in docs/method.md), the entropy of the predicted distribution,
+forcing (its confidence, p0_it in docs/method.md's notation), the entropy of the predicted distribution,
 whether the model's most likely token is the gold one (its argmax: token accuracy), and the token's
 CUDA-sensitivity category c_it (docs/method.md "CUDA sensitivity"; codes 1..9, 0 = none). Stage 02
 turns these into low-confidence CUDA-sensitive regions and sample weights.
@@ -19,9 +19,9 @@ Inputs -> outputs
            folder or hf:owner/name[:split] mapped by --data-fields, filtered by --data-where (docs/data.md)
   -> --out (default data/artifacts/profile), written atomically (cuset_common.artifacts.write_artifact):
      tensors.safetensors  flat over the response tokens of all samples, in data order:
-                          token_ids int32 [T], confidence float32 [T], entropy float16 [T] (nats),
+                          token_ids int32 [T], p0 float32 [T], entropy float16 [T] (nats),
                           argmax_correct uint8 [T] (1: the argmax of the logits is the gold token;
-                          ties go to the lowest id, as torch.argmax), sensitive uint8 [T],
+                          ties go to the lowest id, as torch.argmax), c uint8 [T],
                           char_start/char_end int32 [T] (span in the response text), line_index
                           int32 [T] (0-based line of char_start), sample_offsets int64 [S+1]
      samples.jsonl        per sample: index, id, line, response_text, n_prompt_tokens,
@@ -105,10 +105,10 @@ RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do n
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
 TOKEN_DTYPES = {
     "token_ids": np.int32,
-    "confidence": np.float32,
+    "p0": np.float32,  # p0_it, the confidence
     "entropy": np.float16,
     "argmax_correct": np.uint8,
-    "sensitive": np.uint8,
+    "c": np.uint8,  # c_it, the category code, 0 = not sensitive
     "char_start": np.int32,
     "char_end": np.int32,
     "line_index": np.int32,
@@ -131,7 +131,7 @@ def encode_all(tokenizer, records: list[dict], max_length: int) -> list[dict]:
 def score_batch(
     body, head, encs: list[dict], pad_id: int, device: str, chunk_rows: int, use_bf16: bool
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(confidence [n_i], entropy [n_i], argmax_correct [n_i] uint8) per sample of one right-padded batch."""
+    """(p0 [n_i], entropy [n_i], argmax_correct [n_i] uint8) per sample of one right-padded batch."""
     lengths = [len(e["input_ids"]) for e in encs]
     ids, mask = right_pad([e["input_ids"] for e in encs], pad_id)  # [B, L] each
     ids, mask = ids.to(device), mask.to(device)
@@ -139,20 +139,21 @@ def score_batch(
         hidden = body(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, L, H]
     # position t predicts token t + 1: keep only the positions that predict response tokens
     starts = [e["response_start"] for e in encs]
-    rows_b = torch.cat([torch.full((lengths[b] - starts[b],), b) for b in range(len(encs))])  # [N]
-    rows_t = torch.cat([torch.arange(starts[b] - 1, lengths[b] - 1) for b in range(len(encs))])  # [N]
+    rows_b = torch.cat([torch.full((lengths[b] - starts[b],), b) for b in range(len(encs))])  # [rows]
+    rows_t = torch.cat([torch.arange(starts[b] - 1, lengths[b] - 1) for b in range(len(encs))])  # [rows]
     rows_b, rows_t = rows_b.to(device), rows_t.to(device)
-    gold = ids[rows_b, rows_t + 1]  # [N]
-    logp, ent, ok = gold_logprob_entropy(head, hidden[rows_b, rows_t], gold, chunk_rows, use_bf16)  # [N] each
-    conf, ent, ok = logp.exp().cpu().numpy(), ent.cpu().numpy(), ok.cpu().numpy().astype(np.uint8)
+    gold = ids[rows_b, rows_t + 1]  # [rows]
+    # log p0, entropy, argmax == gold: [rows] each
+    log_p0, ent, ok = gold_logprob_entropy(head, hidden[rows_b, rows_t], gold, chunk_rows, use_bf16)
+    p0, ent, ok = log_p0.exp().cpu().numpy(), ent.cpu().numpy(), ok.cpu().numpy().astype(np.uint8)
     cuts = np.cumsum([0] + [lengths[b] - starts[b] for b in range(len(encs))])
-    return [tuple(a[cuts[b] : cuts[b + 1]] for a in (conf, ent, ok)) for b in range(len(encs))]
+    return [tuple(a[cuts[b] : cuts[b + 1]] for a in (p0, ent, ok)) for b in range(len(encs))]
 
 
 def profile(
     model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str, use_bf16: bool, run: dict
 ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
-    """Confidence, entropy and argmax_correct per sample (data order; no response tokens: empty arrays), and
+    """p0, entropy and argmax_correct per sample (data order; no response tokens: empty arrays), and
     the batch it resumed at. Finished batches go to <out>.partial/ every --save-every seconds."""
     weight, bias = output_head(model)
     body, head = model.base_model, lambda h: head_logits(h, weight, bias)  # what check_head_is_plain checks
@@ -187,25 +188,25 @@ def profile(
 
 def room_needed(encs: list[dict]) -> int:
     """Bytes of the artifact (TOKEN_DTYPES per token; samples.jsonl, the response texts with JSON escapes,
-    counted twice), plus the shards in <out>.partial (float32 confidence and entropy, uint8 argmax per
+    counted twice), plus the shards in <out>.partial (float32 p0 and entropy, uint8 argmax per
     token), which stay until the artifact is in place."""
     per_token = sum(np.dtype(d).itemsize for d in TOKEN_DTYPES.values()) + 4 + 4 + 1
     text_bytes = sum(len(e["response_text"].encode()) for e in encs)
     return sum(len(e["spans"]) for e in encs) * per_token + 2 * text_bytes
 
 
-def build_artifact(records, encs, results, tags) -> tuple[dict[str, np.ndarray], list[dict], dict]:
+def build_artifact(records, encs, results, c_per_sample) -> tuple[dict[str, np.ndarray], list[dict], dict]:
     """Flat tensors over all response tokens (data order), per-sample records and counts."""
     cols: dict[str, list] = {k: [] for k in TOKEN_DTYPES}
     samples, offsets = [], [0]
-    for i, (rec, enc, (conf, ent, ok), sensitive) in enumerate(zip(records, encs, results, tags)):
+    for i, (rec, enc, (p0, ent, ok), c) in enumerate(zip(records, encs, results, c_per_sample)):
         spans = enc["spans"]
         starts = [s for s, _ in spans]
         cols["token_ids"].append(np.asarray(enc["input_ids"][enc["response_start"] :], dtype=np.int32))
-        cols["confidence"].append(conf.astype(np.float32))
+        cols["p0"].append(p0.astype(np.float32))
         cols["entropy"].append(ent.astype(np.float16))
         cols["argmax_correct"].append(ok.astype(np.uint8))
-        cols["sensitive"].append(sensitive)
+        cols["c"].append(c)
         cols["char_start"].append(np.asarray(starts, dtype=np.int32))
         cols["char_end"].append(np.asarray([e for _, e in spans], dtype=np.int32))
         cols["line_index"].append(np.asarray(line_indices(enc["response_text"], starts), dtype=np.int32))
@@ -350,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     results, resumed_at = profile(model, tokenizer, encs, args, device, use_bf16, run)  # p0_it and the rest
-    tags = [tag_tokens(e["response_text"], e["spans"]) for e in encs]  # c_it
-    tensors, samples, counts = build_artifact(records, encs, results, tags)
+    c_per_sample = [tag_tokens(e["response_text"], e["spans"]) for e in encs]  # c_it, uint8 [n_i] each
+    tensors, samples, counts = build_artifact(records, encs, results, c_per_sample)
     meta = profile_meta(args, run, data_id, counts, bool(tokenizer.chat_template), resumed_at)
     samples_text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
     write_artifact(args.out, tensors, meta, extra_files={"samples.jsonl": samples_text})

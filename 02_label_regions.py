@@ -24,12 +24,12 @@ Inputs -> outputs:
   -> regions artifact (default data/artifacts/regions):
      tensors.safetensors  region_id int32 [T] (-1 = none), region_category uint8 [R],
                           region_start / region_end int64 [R] (flat token index, end exclusive),
-                          tau / sample_mass / sample_weight float32 [S], sample_offsets int64 [S+1]
+                          tau / m / w float32 [S] (tau_i, m_i, w_i), sample_offsets int64 [S+1]
      meta.json            stage, args, model, tokenizer_fingerprint, data, max_length, categories,
                           profile {path (absolute), meta_sha256, tensors_sha256}, counts,
                           finding (the report's figures)
      report.md            the finding (also printed)
-     regions.html         self-contained page: tokens shaded by confidence, regions outlined
+     regions.html         self-contained page: tokens shaded by p0, regions outlined
 
 Commands:
   python 02_label_regions.py                                   # bundled tiny model + data
@@ -71,9 +71,9 @@ from labeling.report import render_html, render_report
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {
     "token_ids": np.int32,
-    "confidence": np.float32,
+    "p0": np.float32,
     "entropy": np.float16,
-    "sensitive": np.uint8,
+    "c": np.uint8,
     "char_start": np.int32,
     "char_end": np.int32,
     "line_index": np.int32,
@@ -171,10 +171,8 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
         raise UserError(f"{args.profile}/samples.jsonl: a sample lacks its response_text; rerun {hint}")
     check_profile_tensors(tensors, len(samples), args.profile, hint)
     names = {int(k): v for k, v in sorted((meta.get("categories") or {}).items(), key=lambda kv: int(kv[0]))}
-    if not set(np.unique(tensors["sensitive"]).tolist()) <= {0, *names}:
-        raise UserError(
-            f"{args.profile}: meta.json 'categories' lacks a code used in 'sensitive'; rerun {hint}"
-        )
+    if not set(np.unique(tensors["c"]).tolist()) <= {0, *names}:
+        raise UserError(f"{args.profile}: meta.json 'categories' lacks a code used in 'c'; rerun {hint}")
     return tensors, meta, samples, names
 
 
@@ -184,7 +182,7 @@ def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> No
     def bad(msg: str) -> UserError:
         return UserError(f"{where}: {msg}; rerun {hint}")
 
-    offsets, n_tokens = t["sample_offsets"], len(t["confidence"])
+    offsets, n_tokens = t["sample_offsets"], len(t["p0"])
     if len(offsets) != n_samples + 1:
         raise bad(f"sample_offsets cover {len(offsets) - 1} samples but samples.jsonl holds {n_samples}")
     if n_tokens == 0:
@@ -200,26 +198,26 @@ def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> No
 # ---------------------------------------------------------------------------------------
 
 
-def adaptive_thresholds(p: np.ndarray, offsets: np.ndarray, rho: float, tau_max: float) -> np.ndarray:
+def adaptive_thresholds(p0: np.ndarray, offsets: np.ndarray, rho: float, tau_max: float) -> np.ndarray:
     """tau_i of every sample -> [S] float64: sample_threshold (stage 03's kappa_i) of the samples' p0,
     padded into rows, THRESHOLD_ROWS samples at a time.
 
     Assumption: a sample without response tokens gets tau = 0 (no token can be below it).
     """
-    n_tok, tau = np.diff(offsets), np.zeros(len(offsets) - 1)  # [S], [S]
-    for lo in range(0, len(n_tok), THRESHOLD_ROWS):
-        n = n_tok[lo : lo + THRESHOLD_ROWS]  # [b]
-        valid = np.arange(max(int(n.max()), 1)) < n[:, None]  # [b, W]
+    n, tau = np.diff(offsets), np.zeros(len(offsets) - 1)  # n_i [S], tau_i [S]
+    for lo in range(0, len(n), THRESHOLD_ROWS):
+        n_block = n[lo : lo + THRESHOLD_ROWS]  # [b]
+        valid = np.arange(max(int(n_block.max()), 1)) < n_block[:, None]  # [b, W]
         rows = np.zeros(valid.shape)  # [b, W]; row-major True entries are the block's tokens in order
-        rows[valid] = p[offsets[lo] : offsets[lo + len(n)]]
+        rows[valid] = p0[offsets[lo] : offsets[lo + len(n_block)]]
         block = sample_threshold(torch.from_numpy(rows), torch.from_numpy(valid), rho, tau_max)  # [b]
-        tau[lo : lo + len(n)] = block.numpy()
-    return np.where(n_tok > 0, tau, 0.0)
+        tau[lo : lo + len(n_block)] = block.numpy()
+    return np.where(n > 0, tau, 0.0)
 
 
-def seed_tokens(low: np.ndarray, category: np.ndarray) -> np.ndarray:
-    """bool [T]: the seeds of regions, the tokens both low-confidence and CUDA-sensitive."""
-    return low & (category > 0)
+def seed_tokens(low: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """bool [T]: the seeds of regions, the tokens both low-confidence and CUDA-sensitive (c_it > 0)."""
+    return low & (c > 0)
 
 
 def low_chains(low: np.ndarray, sample_of: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -282,56 +280,56 @@ def label_tokens(starts: np.ndarray, ends: np.ndarray, n_tokens: int) -> np.ndar
     return np.where(inside, np.cumsum(opened)[:n_tokens] - 1, -1).astype(np.int32)
 
 
-def region_categories(region_id: np.ndarray, category: np.ndarray, n_regions: int) -> np.ndarray:
+def region_categories(region_id: np.ndarray, c: np.ndarray, n_regions: int) -> np.ndarray:
     """Majority category of each region's sensitive tokens, uint8 [R]; a tie: the lower code (assumption)."""
-    inside = (region_id >= 0) & (category > 0)
+    inside = (region_id >= 0) & (c > 0)
     counts = np.bincount(
-        region_id[inside].astype(np.int64) * CODES + category[inside], minlength=n_regions * CODES
+        region_id[inside].astype(np.int64) * CODES + c[inside], minlength=n_regions * CODES
     ).reshape(n_regions, CODES)
     return (np.argmax(counts[:, 1:], axis=1) + 1).astype(np.uint8)  # argmax picks the first maximum
 
 
-def region_mass(p: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n_tok: np.ndarray) -> np.ndarray:
+def region_mass(p0: np.ndarray, region_id: np.ndarray, sample_of: np.ndarray, n: np.ndarray) -> np.ndarray:
     """m_i = sum over sample i's region tokens of (1 - p0), divided by n_i; [S] (0 for an empty sample)."""
-    summed = np.bincount(sample_of, weights=(1.0 - p) * (region_id >= 0), minlength=len(n_tok))
-    return summed / np.maximum(n_tok, 1)
+    summed = np.bincount(sample_of, weights=(1.0 - p0) * (region_id >= 0), minlength=len(n))
+    return summed / np.maximum(n, 1)
 
 
 def sample_weights(
-    mass: np.ndarray, n_tok: np.ndarray, alpha: float, w_max: float, norm: str = "token-mean"
+    m: np.ndarray, n: np.ndarray, alpha: float, w_max: float, norm: str = "token-mean"
 ) -> np.ndarray:
     """w_i of every sample from its region mass m_i [S] and token count n_i [S] (the rule, why its
     token-weighted mean is 1 and its assumptions: docs/method.md "Regions", Sample weight). norm
     "token-mean" rescales the clipped weights to that mean, "none" keeps them. The rescale only divides,
     so w stays <= w_max.
     """
-    mean_m = mass[n_tok > 0].mean()
-    raw = np.clip(1.0 + alpha * mass / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(mass)
-    return raw * n_tok.sum() / (n_tok * raw).sum() if norm == "token-mean" else raw
+    mean_m = m[n > 0].mean()
+    raw = np.clip(1.0 + alpha * m / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(m)
+    return raw * n.sum() / (n * raw).sum() if norm == "token-mean" else raw
 
 
 def label_regions(t: dict, args: argparse.Namespace) -> RegionLabels:
     """The region rule on the profile's tensors t, step by step: thresholds, seeds, growth, snapping and
     merging, categories, region mass, sample weights."""
-    p = t["confidence"].astype(np.float64)  # p0_it [T]
-    category, line_index, offsets = t["sensitive"], t["line_index"].astype(np.int64), t["sample_offsets"]
-    n_tok = np.diff(offsets)  # n_i [S]
-    sample_of = np.repeat(np.arange(len(n_tok)), n_tok)  # [T] sample of each token
+    p0, c = t["p0"].astype(np.float64), t["c"]  # p0_it [T], c_it [T]
+    line_index, offsets = t["line_index"].astype(np.int64), t["sample_offsets"]
+    n = np.diff(offsets)  # n_i [S]
+    sample_of = np.repeat(np.arange(len(n)), n)  # [T] sample of each token
 
-    tau = adaptive_thresholds(p, offsets, args.rho, args.tau_max)  # [S]
-    low = p < tau[sample_of]  # [T]
-    starts, ends = grow_regions(low, seed_tokens(low, category), sample_of, args.gap)  # [R]
+    tau = adaptive_thresholds(p0, offsets, args.rho, args.tau_max)  # tau_i [S]
+    low = p0 < tau[sample_of]  # [T]
+    starts, ends = grow_regions(low, seed_tokens(low, c), sample_of, args.gap)  # [R]
     if args.snap_lines:
         starts, ends = merge_overlaps(*snap_to_lines(starts, ends, line_index, sample_of))
-    region_id = label_tokens(starts, ends, len(p))  # [T]
-    mass = region_mass(p, region_id, sample_of, n_tok)  # [S]
+    region_id = label_tokens(starts, ends, len(p0))  # [T]
+    m = region_mass(p0, region_id, sample_of, n)  # m_i [S]
     return RegionLabels(
         sample_offsets=offsets,
-        tokens_per_sample=n_tok,
+        n=n,
         sample_of=sample_of,
-        confidence=p,
+        p0=p0,
         entropy=t["entropy"].astype(np.float64),
-        category=category,
+        c=c,
         line_index=line_index,
         char_start=t["char_start"],
         char_end=t["char_end"],
@@ -340,9 +338,9 @@ def label_regions(t: dict, args: argparse.Namespace) -> RegionLabels:
         region_id=region_id,
         region_start=starts,
         region_end=ends,
-        region_category=region_categories(region_id, category, len(starts)),
-        mass=mass,
-        weight=sample_weights(mass, n_tok, args.alpha, args.w_max, args.weight_norm),
+        region_category=region_categories(region_id, c, len(starts)),
+        m=m,
+        w=sample_weights(m, n, args.alpha, args.w_max, args.weight_norm),
     )
 
 
@@ -359,8 +357,8 @@ def artifact_tensors(labels: RegionLabels) -> dict[str, np.ndarray]:
         "region_start": labels.region_start,
         "region_end": labels.region_end,
         "tau": labels.tau.astype(np.float32),
-        "sample_mass": labels.mass.astype(np.float32),
-        "sample_weight": labels.weight.astype(np.float32),
+        "m": labels.m.astype(np.float32),
+        "w": labels.w.astype(np.float32),
         "sample_offsets": labels.sample_offsets.astype(np.int64),
     }
 
@@ -378,11 +376,11 @@ def artifact_meta(args: argparse.Namespace, profile_meta: dict, labels: RegionLa
             "tensors_sha256": sha256_file(args.profile / "tensors.safetensors"),
         },
         "counts": {
-            "samples": len(labels.tokens_per_sample),
-            "response_tokens": len(labels.confidence),
+            "samples": len(labels.n),
+            "response_tokens": len(labels.p0),
             "regions": len(labels.region_start),
             "region_tokens": int((labels.region_id >= 0).sum()),
-            "seeds": int(seed_tokens(labels.low, labels.category).sum()),
+            "seeds": int(seed_tokens(labels.low, labels.c).sum()),
         },
         "finding": json_safe(finding),
     }

@@ -134,7 +134,7 @@ def keep_mask(
     objective: str,
     p: torch.Tensor,
     valid: torch.Tensor,
-    region: torch.Tensor,
+    r: torch.Tensor,
     *,
     rho: float,
     tau_max: float,
@@ -149,18 +149,18 @@ def keep_mask(
     mask = OBJECTIVES[objective].mask
     if mask == "cuset":
         kappa = sample_threshold(p, valid, rho, tau_max)  # [B]
-        return valid & ((p >= kappa[:, None]) | region)
+        return valid & ((p >= kappa[:, None]) | r)
     if mask == "profit":
         return valid & (p >= profit_threshold)
     return valid
 
 
 def objective_loss(
-    logp: torch.Tensor,
+    log_q: torch.Tensor,
     valid: torch.Tensor,
-    region: torch.Tensor,
-    weight: torch.Tensor,
-    n_tokens: float,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    N: float,
     objective: str,
     *,
     p_mask: torch.Tensor | None = None,
@@ -171,32 +171,30 @@ def objective_loss(
     """The loss of one micro-batch, already divided by the global normaliser N: the objective's row of
     OBJECTIVES (its mask k_it, weight w_i and factor f_it) in the loss docs/method.md "Objectives" defines.
 
-    logp [B, L] log q(gold) (with grad); valid [B, L] bool response tokens; region [B, L] bool r_it;
-    weight [B] w_i; n_tokens N (the global batch's, counted by the caller); p_mask [B, L], what the mask is
+    log_q [B, L] log q(y_it) (with grad); valid [B, L] bool response tokens; r [B, L] bool r_it; w [B] w_i;
+    N the global batch's response tokens (counted by the caller); p_mask [B, L], what the mask is
     computed from (mask_probability; None: the current model's p_it). Returns (loss, stats) with stats as
     sums, so that they add up over micro-batches.
     """
     spec = OBJECTIVES[objective]
-    nll = -logp  # l_it
-    p = logp.detach().exp()  # p_it: selects and scales, never differentiated
-    keep = keep_mask(
+    nll = -log_q  # l_it [B, L]
+    p = log_q.detach().exp()  # p_it [B, L]: selects and scales, never differentiated
+    k = keep_mask(
         objective,
         p if p_mask is None else p_mask,
         valid,
-        region,
+        r,
         rho=rho,
         tau_max=tau_max,
         profit_threshold=profit_threshold,
-    )
-    w = weight if spec.weighted else torch.ones_like(weight)
-    coef = keep.float() * w[:, None].float()  # [B, L]
-    if spec.scaled_by_p:
-        coef = coef * p
-    loss = (coef * nll).sum() / n_tokens
+    )  # k_it [B, L]
+    w = w if spec.weighted else torch.ones_like(w)  # [B]
+    f = p if spec.scaled_by_p else torch.ones_like(p)  # f_it [B, L]
+    loss = (w[:, None].float() * f * k.float() * nll).sum() / N
     stats = {
         "tokens": valid.sum().item(),
-        "kept": keep.sum().item(),
-        "region": (region & valid).sum().item(),
+        "kept": k.sum().item(),
+        "region": (r & valid).sum().item(),
         "weight_sum": (w[:, None] * valid).sum().item(),
         "nll_sum": (nll * valid).sum().item(),
     }
@@ -227,7 +225,7 @@ def load_regions(args, tok_fp: str, data_id: dict) -> dict | None:
         "02_label_regions",
         hint,
         token_tensors={"region_id": np.int32},
-        sample_tensors={"sample_weight": np.float32},
+        sample_tensors={"w": np.float32},
     )
     expected = {"tokenizer_fingerprint": tok_fp, **data_checks(data_id)}
     found = {"tokenizer_fingerprint": meta.get("tokenizer_fingerprint"), **data_checks(meta.get("data"))}
@@ -235,15 +233,15 @@ def load_regions(args, tok_fp: str, data_id: dict) -> dict | None:
     out = {
         "meta": meta,
         "offsets": tensors["sample_offsets"],
-        "region": tensors["region_id"] >= 0,
-        "weight": tensors["sample_weight"],
+        "r": tensors["region_id"] >= 0,  # r_it [T]
+        "w": tensors["w"],  # w_i [S]
     }
     if args.mask_source == "profile":
-        out["p0"] = load_profile_confidence(args, meta, out["offsets"], expected)
+        out["p0"] = load_profile_p0(args, meta, out["offsets"], expected)
     return out
 
 
-def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expected: dict) -> np.ndarray:
+def load_profile_p0(args, regions_meta: dict, offsets: np.ndarray, expected: dict) -> np.ndarray:
     """p0 of the stage-01 profile that stage 02 read (--mask-source profile), refused if it changed since.
 
     The regions artifact records the profile's absolute path and the sha256 of its meta.json: a profile
@@ -256,7 +254,7 @@ def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expec
         f"python 01_profile.py --out {prof_dir}, then python 02_label_regions.py --profile {prof_dir} "
         f"--out {args.regions}, with this --model and --data"
     )
-    prof, meta = read_artifact(prof_dir, "01_profile", hint, token_tensors={"confidence": np.float32})
+    prof, meta = read_artifact(prof_dir, "01_profile", hint, token_tensors={"p0": np.float32})
     if sha256_file(prof_dir / "meta.json") != recorded["meta_sha256"] and not args.force:
         raise UserError(
             f"{prof_dir} is not the profile {args.regions} was labelled on (its meta.json "
@@ -271,7 +269,7 @@ def load_profile_confidence(args, regions_meta: dict, offsets: np.ndarray, expec
             f"{int(prof['sample_offsets'][-1])}) do not line up with {args.regions} "
             f"({len(offsets) - 1}, {int(offsets[-1])}); rerun {hint}"
         )
-    return prof["confidence"]
+    return prof["p0"]
 
 
 def tokenize_dataset(
@@ -289,8 +287,8 @@ def tokenize_dataset(
         s = {
             "input_ids": enc["input_ids"],
             "start": enc["response_start"],
-            "weight": 1.0,
-            "region": np.zeros(n_resp, dtype=bool),
+            "w": 1.0,
+            "r": np.zeros(n_resp, dtype=bool),
             "p0": None,
         }
         if regions is not None:
@@ -301,8 +299,8 @@ def tokenize_dataset(
                     "artifact; rerun stages 01 and 02 with the same --max-length and data"
                 )
             s.update(
-                region=regions["region"][lo:hi],
-                weight=float(regions["weight"][i]),
+                r=regions["r"][lo:hi],
+                w=float(regions["w"][i]),
                 p0=regions["p0"][lo:hi] if "p0" in regions else None,
             )
         skipped += n_resp == 0
@@ -315,18 +313,18 @@ def collate(samples: list[dict], pad_id: int, device: str) -> dict:
     ids, attn = right_pad([s["input_ids"] for s in samples], pad_id)  # [B, L] each
     b, length = ids.shape
     valid = torch.zeros((b, length - 1), dtype=torch.bool)  # over target positions
-    region = torch.zeros((b, length - 1), dtype=torch.bool)
+    r = torch.zeros((b, length - 1), dtype=torch.bool)
     p0 = torch.ones((b, length - 1), dtype=torch.float32)
     for i, s in enumerate(samples):
         n, start = len(s["input_ids"]), s["start"]
         # response token j sits at position start + j and is predicted from position start + j - 1
         lo, hi = start - 1, n - 1
         valid[i, lo:hi] = True
-        region[i, lo:hi] = torch.from_numpy(np.asarray(s["region"], dtype=bool))
+        r[i, lo:hi] = torch.from_numpy(np.asarray(s["r"], dtype=bool))
         if s["p0"] is not None:
             p0[i, lo:hi] = torch.from_numpy(np.asarray(s["p0"], dtype=np.float32))
-    weight = torch.tensor([s["weight"] for s in samples], dtype=torch.float32)
-    batch = dict(ids=ids, attn=attn, valid=valid, region=region, p0=p0, weight=weight)
+    w = torch.tensor([s["w"] for s in samples], dtype=torch.float32)  # [B]
+    batch = dict(ids=ids, attn=attn, valid=valid, r=r, p0=p0, w=w)
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -339,7 +337,7 @@ class GoldLogProbs(torch.nn.Module):
     """Model body + chunked output layer -> log q(next token) [B, L-1], 0 off `valid`. DDP wraps this module.
 
     Only the response positions reach the output layer (prompt and padding are most positions, and the
-    head is most of the cost with a 150k vocabulary): gathered to [N, d], scored, scattered back.
+    head is most of the cost with a 150k vocabulary): gathered to [rows, d], scored, scattered back.
     """
 
     def __init__(self, model, chunk: int):
@@ -349,8 +347,8 @@ class GoldLogProbs(torch.nn.Module):
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, L, d]
         weight, bias = output_head(self.model)
-        logp = gold_logprobs(hidden[:, :-1][valid], weight, ids[:, 1:][valid], self.chunk, bias)  # [N]
-        return torch.zeros(valid.shape, dtype=logp.dtype, device=logp.device).masked_scatter(valid, logp)
+        log_q = gold_logprobs(hidden[:, :-1][valid], weight, ids[:, 1:][valid], self.chunk, bias)  # [rows]
+        return torch.zeros(valid.shape, dtype=log_q.dtype, device=log_q.device).masked_scatter(valid, log_q)
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,19 +411,19 @@ def count_kept(t: Training, micro: list[dict]) -> float:
     kept = 0
     for mb in micro:
         with t.autocast:
-            logp = t.net(mb["ids"], mb["attn"], mb["valid"])
-        kept += micro_batch_loss(t.args, mb, logp, 1.0)[1]["kept"]  # its stats only: N is not known yet
+            log_q = t.net(mb["ids"], mb["attn"], mb["valid"])
+        kept += micro_batch_loss(t.args, mb, log_q, 1.0)[1]["kept"]  # its stats only: N is not known yet
     return float(all_reduce_stats({"kept": kept}, t.world, t.device)["kept"])
 
 
-def micro_batch_loss(args, mb: dict, logp: torch.Tensor, n_tokens: float) -> tuple[torch.Tensor, dict]:
+def micro_batch_loss(args, mb: dict, log_q: torch.Tensor, N: float) -> tuple[torch.Tensor, dict]:
     """objective_loss of a collated micro-batch under the run's objective, mask source and knobs."""
     return objective_loss(
-        logp,
+        log_q,
         mb["valid"],
-        mb["region"],
-        mb["weight"],
-        n_tokens,
+        mb["r"],
+        mb["w"],
+        N,
         args.objective,
         p_mask=mask_probability(args.mask_source, mb),
         **mask_knobs(args),
@@ -441,9 +439,13 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
     # padding, and their gradients add up to the same sum however the share is grouped
     mine = sorted(batch[t.rank :: t.world], key=lambda s: len(s["input_ids"]))
     micro = [collate(mine[i : i + size], t.pad_id, t.device) for i in range(0, len(mine), size)]
-    # N: response tokens of the whole global batch, before masking (docs/method.md "Objectives").
-    n_all = sum(len(s["input_ids"]) - s["start"] for s in batch)
-    n_norm = float(n_all) if args.norm == "all" else count_kept(t, micro)
+    # N: the response tokens of the whole global batch, counted before masking (docs/method.md "Objectives");
+    # with --norm kept, the kept ones
+    N = (
+        float(sum(len(s["input_ids"]) - s["start"] for s in batch))
+        if args.norm == "all"
+        else count_kept(t, micro)
+    )
     stats = {"tokens": 0, "kept": 0, "region": 0, "weight_sum": 0.0, "nll_sum": 0.0, "loss": 0.0}
     for k, mb in enumerate(micro):
         last = k == len(micro) - 1
@@ -452,8 +454,8 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
         ctx = t.net.no_sync() if (t.world > 1 and not last and not args.fsdp) else torch.enable_grad()
         with ctx:
             with t.autocast:
-                logp = t.net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-            loss, s = micro_batch_loss(args, mb, logp, max(n_norm, 1.0))
+                log_q = t.net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
+            loss, s = micro_batch_loss(args, mb, log_q, max(N, 1.0))
             # DDP and FSDP average gradients over processes; our loss is already a global sum / N.
             (loss * t.world).backward()
         s["loss"] = loss.item()
@@ -538,7 +540,7 @@ RANGES = {
     "rho": "[0, 1]",
     "tau_max": "(0, 1]",
     "profit_threshold": "[0, 1]",
-    "chunk_size": "[1, inf)",
+    "chunk_rows": "[1, inf)",
     "save_every": "[1, inf)",
     "stop_after": "[1, inf)",
     "seed": "[0, inf)",
@@ -616,7 +618,7 @@ def add_method_arguments(ap: ArgumentParser) -> None:
 def add_run_arguments(ap: ArgumentParser) -> None:
     """Memory, processes, resume and the device: how the run is carried out, not what it computes."""
     a = ap.add_argument
-    a("--chunk-size", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
+    a("--chunk-rows", type=int, default=1024, help="positions per lm_head chunk (memory ~ chunk x vocab)")
     a("--grad-checkpointing", action="store_true", help="recompute activations in backward")
     a(
         "--fsdp",
@@ -659,7 +661,7 @@ def add_run_arguments(ap: ArgumentParser) -> None:
 
 # Arguments --resume may change: they do not change the trained weights. Where the run is and how it is
 # checkpointed and stopped (out, resume, force, save_every, stop_after), and the memory knobs whose
-# equivalence the tests check (micro_batch_size, chunk_size, grad_checkpointing: the same sums, split
+# equivalence the tests check (micro_batch_size, chunk_rows, grad_checkpointing: the same sums, split
 # otherwise), so that a run can resume on a smaller GPU. Everything else (objective, data, lr, schedule,
 # max_length, seed, device and hence precision, ...) would make the resumed run another run.
 # So are --fsdp and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is
@@ -671,7 +673,7 @@ RESUME_MAY_CHANGE = {
     "save_every",
     "stop_after",
     "micro_batch_size",
-    "chunk_size",
+    "chunk_rows",
     "grad_checkpointing",
     "fsdp",
     "fsdp_keep_gathered",
@@ -717,7 +719,7 @@ def place_model(
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.config.use_cache = False
     model.train()
-    net = GoldLogProbs(model, args.chunk_size)
+    net = GoldLogProbs(model, args.chunk_rows)
     plan = memory_plan(model, args, world, device, max_length, precision)
     if args.fsdp:
         shard_fsdp(net, args, fsdp_mesh(device, world))

@@ -3,7 +3,7 @@ the model's own `model(labels=...)` cross-entropy.
 
 Part 1, objectives. One optimizer step of stage 03's loop as one process runs it (its collate,
 GoldLogProbs, objective_loss; backward, grad clip, AdamW step) on the bundled tiny model, with its
-defaults (--chunk-size 1024), for every --objective, on the same batch in one micro-batch: the
+defaults (--chunk-rows 1024), for every --objective, on the same batch in one micro-batch: the
 first 4 bundled samples cut at --length tokens. Region masks and sample weights are synthetic (a seeded
 18% of response tokens in regions, weights uniform in [1, 3], about what stage 02 gives on the
 bundled data): the cost does not depend on their values, and the bench then needs no stage 01/02 run.
@@ -123,8 +123,8 @@ def synthetic_samples(stage, tok, n: int, max_length: int) -> list[dict]:
     samples, _ = stage.tokenize_dataset(load_sft(SFT_FILE)[:n], tok, max_length, None)
     rng = np.random.default_rng(0)
     for s in samples:
-        s["region"] = rng.random(len(s["region"])) < REGION_SHARE
-        s["weight"] = float(rng.uniform(*WEIGHT_RANGE))
+        s["r"] = rng.random(len(s["r"])) < REGION_SHARE
+        s["w"] = float(rng.uniform(*WEIGHT_RANGE))
     return samples
 
 
@@ -134,20 +134,18 @@ def objective_steps(
     """objective -> one optimizer step of stage 03's loop on `samples` (returns the loss)."""
     defaults = stage.parse_args([])
     knobs = dict(rho=defaults.rho, tau_max=defaults.tau_max, profit_threshold=defaults.profit_threshold)
-    net = stage.GoldLogProbs(model, defaults.chunk_size)
+    net = stage.GoldLogProbs(model, defaults.chunk_rows)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-6
     )  # tiny: the weights barely move between variants
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
     mb = stage.collate(samples, pad_id, device)  # one micro-batch of them all
-    n_tokens = float(sum(len(s["input_ids"]) - s["start"] for s in samples))  # N, before masking
+    N = float(sum(len(s["input_ids"]) - s["start"] for s in samples))  # before masking
 
     def step(objective: str) -> float:
         with autocast:
-            logp = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
-        loss, _ = stage.objective_loss(
-            logp, mb["valid"], mb["region"], mb["weight"], n_tokens, objective, **knobs
-        )
+            log_q = net(mb["ids"], mb["attn"], mb["valid"])  # [b, L-1]
+        loss, _ = stage.objective_loss(log_q, mb["valid"], mb["r"], mb["w"], N, objective, **knobs)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), defaults.grad_clip)
         optimizer.step()
@@ -162,8 +160,8 @@ def head_variants(stage, model, sample: dict, pad_id: int, device: str) -> dict[
     """'plain model(labels=...)' and 'stage 03 chunked head' -> forward + backward of the sft loss."""
     mb = stage.collate([sample], pad_id, device)
     labels = mb["ids"].masked_fill(torch.arange(mb["ids"].shape[1], device=device) < sample["start"], -100)
-    net = stage.GoldLogProbs(model, stage.parse_args([]).chunk_size)
-    n_tokens = float(mb["valid"].sum())
+    net = stage.GoldLogProbs(model, stage.parse_args([]).chunk_rows)
+    N = float(mb["valid"].sum())
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
 
     def plain() -> float:
@@ -177,8 +175,8 @@ def head_variants(stage, model, sample: dict, pad_id: int, device: str) -> dict[
 
     def chunked() -> float:
         with autocast:
-            logp = net(mb["ids"], mb["attn"], mb["valid"])
-        loss, _ = stage.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], n_tokens, "sft")
+            log_q = net(mb["ids"], mb["attn"], mb["valid"])
+        loss, _ = stage.objective_loss(log_q, mb["valid"], mb["r"], mb["w"], N, "sft")
         loss.backward()
         model.zero_grad(set_to_none=True)
         return loss.item()

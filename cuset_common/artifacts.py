@@ -4,24 +4,33 @@ checks that refuse foreign ones, and the one rule for every stage's --out folder
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
 import json
 import os
+import platform
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
 from .cli import UserError
 from .files import real_path, replace_dir_atomic, sha256_file
 from .out_lock import lock_out, release_out_locks
 
-SCHEMA_VERSION = 1
+# Schema 2 names the per-token and per-sample tensors in docs/method.md's notation (p0, c, m, w). Schema 1
+# named them in words; a schema-1 artifact is still read, through this one mapping (read_artifact renames
+# its tensors as it loads them; its files stay as they are), so folders written before stay usable.
+SCHEMA_VERSION = 2
+SCHEMA_1_TENSOR_NAMES = {"confidence": "p0", "sensitive": "c", "sample_mass": "m", "sample_weight": "w"}
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 of the tokenizer's full definition (vocab, merges, specials) and chat template."""
-    import hashlib
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     spec = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
     spec += "\n" + str(getattr(tokenizer, "chat_template", None))
@@ -29,20 +38,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def library_versions() -> dict[str, str]:
-    import platform
-
-    import numpy
-    import safetensors
-    import torch
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": numpy.__version__,
-    }
+    """The versions of Python and of the four packages every stage needs (their installed distributions)."""
+    packages = ("torch", "transformers", "safetensors", "numpy")
+    return {"python": platform.python_version()} | {p: importlib.metadata.version(p) for p in packages}
 
 
 def artifact_meta(meta: dict, folder: Path | None = None) -> dict:
@@ -93,8 +91,6 @@ def write_artifact(
 ) -> None:
     """Write tensors (numpy arrays) + text files + meta.json (recording the others: artifact_meta) to a
     temp folder, then swap it in (into the folder a link out_dir points to: real_path)."""
-    from safetensors.numpy import save_file
-
     out_dir = real_path(out_dir, "--out")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
@@ -125,8 +121,6 @@ def read_artifact(
     schema: what meta.json must hold (check_schema); default: META_SCHEMAS of the stage, the fields its
     readers use.
     """
-    from safetensors.numpy import load_file
-
     art_dir = Path(art_dir)
     meta_path, tensor_path = art_dir / "meta.json", art_dir / "tensors.safetensors"
     if not meta_path.is_file() or not tensor_path.is_file():
@@ -143,10 +137,10 @@ def read_artifact(
     if not isinstance(meta, dict) or meta.get("stage") != expected_stage:
         stage = meta.get("stage") if isinstance(meta, dict) else None
         raise UserError(f"{art_dir}: is a {stage!r} artifact, expected {expected_stage!r}")
-    if meta.get("schema_version") != SCHEMA_VERSION:
+    if meta.get("schema_version") not in READABLE_SCHEMAS:
         raise UserError(
             f"{art_dir}: schema version {meta.get('schema_version')} but this code reads "
-            f"{SCHEMA_VERSION}; rerun {rerun_hint}"
+            f"{' and '.join(map(str, READABLE_SCHEMAS))}; rerun {rerun_hint}"
         )
     check_schema(
         meta, META_SCHEMAS.get(expected_stage, {}) if schema is None else schema, meta_path, rerun_hint
@@ -159,6 +153,8 @@ def read_artifact(
             f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
             f"rerun {rerun_hint}"
         ) from None
+    if meta["schema_version"] == 1:
+        tensors = {SCHEMA_1_TENSOR_NAMES.get(name, name): t for name, t in tensors.items()}
     if token_tensors is not None or sample_tensors is not None:
         check_flat_tensors(
             tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ", rerun_hint
@@ -252,7 +248,6 @@ def check_flat_tensors(
     t: dict, token_tensors: dict, sample_tensors: dict, meta: dict, where: str, rerun_hint: str
 ) -> None:
     """The artifact contract for flat per-token data: names, dtypes, lengths and sample_offsets."""
-    import numpy as np
 
     def bad(msg: str) -> UserError:
         return UserError(f"{where}{msg}; rerun {rerun_hint}")

@@ -77,7 +77,7 @@ except ImportError as e:  # TRL is optional for the rest of the project
 train03 = load_script("03_train_cuset.py")
 
 # What stage 03's collate adds to a batch beside the model's inputs: objective_loss's arguments.
-LOSS_INPUTS = ("valid", "region", "weight", "p0")
+LOSS_INPUTS = ("valid", "r", "w", "p0")
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,13 +150,13 @@ class CusetSFTTrainer(SFTTrainer):
         loss_inputs = {k: inputs.pop(k) for k in LOSS_INPUTS}
         outputs = model(**inputs, fused_lm_head=True)  # log_probs [B, L-1]: log q(labels), 0 off them
         # evaluate() calls without a step's N: the batch's own response tokens then
-        n_tokens = loss_inputs["valid"].sum() if num_items_in_batch is None else num_items_in_batch
+        N = loss_inputs["valid"].sum() if num_items_in_batch is None else num_items_in_batch
         loss, stats = train03.objective_loss(
             outputs.log_probs,
             loss_inputs["valid"],
-            loss_inputs["region"],
-            loss_inputs["weight"],
-            max(float(n_tokens), 1.0),
+            loss_inputs["r"],
+            loss_inputs["w"],
+            max(float(N), 1.0),
             a.objective,
             p_mask=train03.mask_probability(a.mask_source, loss_inputs),
             **train03.mask_knobs(a),

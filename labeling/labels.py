@@ -15,11 +15,11 @@ import numpy as np
 @dataclass(frozen=True)
 class RegionLabels:
     sample_offsets: np.ndarray  # int64 [S+1]: sample i's tokens are sample_offsets[i]:sample_offsets[i+1]
-    tokens_per_sample: np.ndarray  # n_i, int64 [S]
+    n: np.ndarray  # n_i, int64 [S]
     sample_of: np.ndarray  # int [T]: the sample i of each token
-    confidence: np.ndarray  # p0_it, float64 [T]: the base model's probability of the gold token
+    p0: np.ndarray  # p0_it, float64 [T]: the base model's probability of the gold token
     entropy: np.ndarray  # float64 [T]: entropy of the base model's next-token distribution, in nats
-    category: np.ndarray  # c_it, uint8 [T]: CUDA-sensitivity category code, 0 = not sensitive
+    c: np.ndarray  # c_it, uint8 [T]: CUDA-sensitivity category code, 0 = not sensitive
     line_index: np.ndarray  # int64 [T]: source line of the token's first character, within its response
     char_start: np.ndarray  # int32 [T]: the token's characters in its response text, start ...
     char_end: np.ndarray  # int32 [T]: ... and end (exclusive)
@@ -29,5 +29,5 @@ class RegionLabels:
     region_start: np.ndarray  # int64 [R]: first token of each region (flat index)
     region_end: np.ndarray  # int64 [R]: one past its last token
     region_category: np.ndarray  # uint8 [R]: majority category of the region's sensitive tokens
-    mass: np.ndarray  # m_i, float64 [S]: region mass
-    weight: np.ndarray  # w_i, float64 [S]: sample weight
+    m: np.ndarray  # m_i, float64 [S]: region mass
+    w: np.ndarray  # w_i, float64 [S]: sample weight

@@ -53,10 +53,10 @@ def in_multi_token_run(low: np.ndarray, sample_of: np.ndarray, gap: int, chain_r
     return out
 
 
-def run_counts(low: np.ndarray, multi: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """int64 [2, CODES]: per category code (0 = not sensitive), low tokens in multi-token runs and low
+def run_counts(low: np.ndarray, multi: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """int64 [2, CODES]: per category code c_it (0 = not sensitive), low tokens in multi-token runs and low
     tokens."""
-    return np.stack([np.bincount(codes[multi], minlength=CODES), np.bincount(codes[low], minlength=CODES)])
+    return np.stack([np.bincount(c[multi], minlength=CODES), np.bincount(c[low], minlength=CODES)])
 
 
 def run_shares(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +80,7 @@ def low_share_gap(counts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 
 def shuffled_confidence_null(
-    p, token_tau, codes, sample_of, gap: int, n_perm: int, rng, chain_rule: ChainRule
+    p0, token_tau, c, sample_of, gap: int, n_perm: int, rng, chain_rule: ChainRule
 ) -> np.ndarray:
     """Nulls (a) and (c): run_counts [n_perm, 2, CODES] with each sample's confidences shuffled over its
     positions (token_tau [T]: tau_i of each token's sample).
@@ -91,12 +91,12 @@ def shuffled_confidence_null(
     """
     out = np.zeros((n_perm, 2, CODES), np.int64)
     for k in range(n_perm):
-        low = p[np.argsort(sample_of + rng.random(len(p)))] < token_tau  # [T] a shuffle within each sample
-        out[k] = run_counts(low, in_multi_token_run(low, sample_of, gap, chain_rule), codes)
+        low = p0[np.argsort(sample_of + rng.random(len(p0)))] < token_tau  # [T] a shuffle within each sample
+        out[k] = run_counts(low, in_multi_token_run(low, sample_of, gap, chain_rule), c)
     return out
 
 
-def rotated_tags_null(low, multi, codes, offsets, sample_of, n_perm: int, rng) -> np.ndarray:
+def rotated_tags_null(low, multi, c, offsets, sample_of, n_perm: int, rng) -> np.ndarray:
     """Null (b): run_counts [n_perm, 2, CODES] with each sample's tags rotated (cyclically) by a random
     offset.
 
@@ -105,11 +105,11 @@ def rotated_tags_null(low, multi, codes, offsets, sample_of, n_perm: int, rng) -
     low tokens of the same samples: the CUDA-specific claim.
     """
     n, start = np.diff(offsets)[sample_of], offsets[sample_of]  # [T] length and first token of its sample
-    pos = np.arange(len(codes)) - start  # [T] position within the sample
+    pos = np.arange(len(c)) - start  # [T] position within the sample
     out = np.zeros((n_perm, 2, CODES), np.int64)
     for k in range(n_perm):
         shift = rng.integers(np.maximum(np.diff(offsets), 1))[sample_of]  # [T] one offset per sample
-        out[k] = run_counts(low, multi, codes[start + (pos + shift) % n])
+        out[k] = run_counts(low, multi, c[start + (pos + shift) % n])
     return out
 
 
@@ -118,15 +118,15 @@ def draw_nulls(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """run_counts observed [2, CODES], under null (a) and (c) [n_perm, 2, CODES] and under null (b)
     [n_perm, 2, CODES], the draws in this order from one generator seeded with --seed."""
-    low, codes, sample_of = labels.low, labels.category, labels.sample_of
+    low, c, sample_of = labels.low, labels.c, labels.sample_of
     multi = in_multi_token_run(low, sample_of, args.gap, chain_rule)
     rng = np.random.default_rng(args.seed)
     token_tau = labels.tau[sample_of]  # [T]
     null_a = shuffled_confidence_null(
-        labels.confidence, token_tau, codes, sample_of, args.gap, args.permutations, rng, chain_rule
+        labels.p0, token_tau, c, sample_of, args.gap, args.permutations, rng, chain_rule
     )
-    null_b = rotated_tags_null(low, multi, codes, labels.sample_offsets, sample_of, args.permutations, rng)
-    return run_counts(low, multi, codes), null_a, null_b
+    null_b = rotated_tags_null(low, multi, c, labels.sample_offsets, sample_of, args.permutations, rng)
+    return run_counts(low, multi, c), null_a, null_b
 
 
 # ---------------------------------------------------------------------------------------
@@ -192,8 +192,8 @@ def compute_finding(
     labels: RegionLabels, names: dict[int, str], args: argparse.Namespace, chain_rule: ChainRule
 ) -> dict:
     """Every figure of the report (also stored in meta.json); low confidence means p0_it < tau_i."""
-    p, codes, low = labels.confidence, labels.category, labels.low
-    sensitive, tokens = codes > 0, np.bincount(codes, minlength=CODES)  # [T], [CODES] tokens per code
+    p0, c, low = labels.p0, labels.c, labels.low
+    sensitive, tokens = c > 0, np.bincount(c, minlength=CODES)  # [T], [CODES] tokens per code
     observed, null_a, null_b = draw_nulls(labels, args, chain_rule)
     (obs_s, obs_c), (a_s, a_c), (b_s, b_c) = run_shares(observed), run_shares(null_a), run_shares(null_b)
     nulls = {
@@ -207,7 +207,7 @@ def compute_finding(
         "test": "sensitive minus other, against the tag rotations of null (b), two-sided",
     }
     finding = {
-        "tokens": len(p),
+        "tokens": len(p0),
         "sensitive_tokens": int(sensitive.sum()),
         "low_conf_tokens": int(low.sum()),
         "permutations": args.permutations,
@@ -215,8 +215,8 @@ def compute_finding(
         "level": LEVEL,
         "nulls": nulls,
         "low_share": low_share,
-        "above_tau_max_sensitive": mean(p[sensitive] >= args.tau_max),
-        "above_tau_max_other": mean(p[~sensitive] >= args.tau_max),
+        "above_tau_max_sensitive": mean(p0[sensitive] >= args.tau_max),
+        "above_tau_max_other": mean(p0[~sensitive] >= args.tau_max),
         "mean_entropy_sensitive": mean(labels.entropy[sensitive]),
         "mean_entropy_other": mean(labels.entropy[~sensitive]),
         "per_category": category_figures(labels, names, observed, obs_c, a_c, b_c),
@@ -230,25 +230,25 @@ def compute_finding(
 def category_figures(labels: RegionLabels, names: dict[int, str], observed, obs_c, a_c, b_c) -> dict:
     """Per category: its tokens and low ones, its share in runs against nulls (a) and (b) (shares per code:
     obs_c [CODES], a_c and b_c [n_perm, CODES]), p raw and Holm-adjusted over the categories, its regions."""
-    p, codes, low = labels.confidence, labels.category, labels.low
-    p_a, p_b = ([p_value(obs_c[c], null[:, c]) for c in names] for null in (a_c, b_c))
+    p0, c, low = labels.p0, labels.c, labels.low
+    p_a, p_b = ([p_value(obs_c[code], null[:, code]) for code in names] for null in (a_c, b_c))
     return {
         name: {
-            "code": c,
-            "tokens": int((codes == c).sum()),
-            "low_conf_tokens": int(observed[1, c]),
-            "low_conf_share": mean(low[codes == c]),
-            "mean_p": mean(p[codes == c]),
-            "clustered_share": float(obs_c[c]),
-            "null_a_mean": mean(a_c[:, c]),
+            "code": code,
+            "tokens": int((c == code).sum()),
+            "low_conf_tokens": int(observed[1, code]),
+            "low_conf_share": mean(low[c == code]),
+            "mean_p": mean(p0[c == code]),
+            "clustered_share": float(obs_c[code]),
+            "null_a_mean": mean(a_c[:, code]),
             "p_a": pa,
             "p_a_holm": ha,
-            "null_b_mean": mean(b_c[:, c]),
+            "null_b_mean": mean(b_c[:, code]),
             "p_b": pb,
             "p_b_holm": hb,
-            "regions": int((labels.region_category == c).sum()),
+            "regions": int((labels.region_category == code).sum()),
         }
-        for (c, name), pa, ha, pb, hb in zip(names.items(), p_a, holm(p_a), p_b, holm(p_b))
+        for (code, name), pa, ha, pb, hb in zip(names.items(), p_a, holm(p_a), p_b, holm(p_b))
     }
 
 
@@ -272,15 +272,15 @@ def region_figures(labels: RegionLabels) -> dict:
 def weight_figures(labels: RegionLabels, norm: str) -> dict:
     """The sample weights w_i over the samples with response tokens: spread, how many end above and below 1,
     mean region mass, the token-weighted mean."""
-    has, w = labels.tokens_per_sample > 0, labels.weight
+    has, w = labels.n > 0, labels.w
     return {
         "norm": norm,
         "samples": int(has.sum()),
         **spread(w[has]),
         "samples_above_1": int(np.sum(w[has] > 1.0)),
         "samples_below_1": int(np.sum(w[has] < 1.0)),
-        "mean_mass": mean(labels.mass[has]),
-        "token_weighted_mean": float((w * labels.tokens_per_sample).sum() / len(labels.confidence)),
+        "mean_mass": mean(labels.m[has]),
+        "token_weighted_mean": float((w * labels.n).sum() / len(labels.p0)),
     }
 
 

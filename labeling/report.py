@@ -250,9 +250,9 @@ def render_line(
             spans.append(html.escape(text))
             continue
         g = first + t  # flat token index
-        c, p, rid = int(labels.category[g]), float(labels.confidence[g]), int(labels.region_id[g])
-        tip = f"p={p:.4f}" + (f" · {names[c]}" if c else "") + (f" · R{rid}" if rid >= 0 else "")
-        style = f"background:{shade(p)}" + (f";--c:{CATEGORY_COLORS[c]}" if c else "")
+        c, p0, rid = int(labels.c[g]), float(labels.p0[g]), int(labels.region_id[g])
+        tip = f"p={p0:.4f}" + (f" · {names[c]}" if c else "") + (f" · R{rid}" if rid >= 0 else "")
+        style = f"background:{shade(p0)}" + (f";--c:{CATEGORY_COLORS[c]}" if c else "")
         cls = " ".join(name for name, on in (("s", c), ("lo", labels.low[g])) if on)
         spans.append(
             f'<span{f" class={cls!r}" if cls else ""} style="{style}" title="{html.escape(tip)}">'
@@ -291,8 +291,8 @@ def render_sample(i: int, sample: dict, labels: RegionLabels, names: dict[int, s
         n = hi + 1
     head = (
         f"<h2>#{i} · {html.escape(str(sample.get('id')))}</h2><div class='meta'>{b - a} response tokens · "
-        f"τ = {labels.tau[i]:.3g} · {len(rs)} regions · mass {labels.mass[i]:.4f} · "
-        f"weight {labels.weight[i]:.3f}</div>"
+        f"τ = {labels.tau[i]:.3g} · {len(rs)} regions · mass {labels.m[i]:.4f} · "
+        f"weight {labels.w[i]:.3f}</div>"
     )
     tail = "<div class='trunc'>… truncated at max_length</div>" if sample.get("truncated") else ""
     return f"<section class='sample'>{head}<div class='code'>{''.join(out)}{tail}</div></section>"
@@ -302,7 +302,7 @@ def render_html(
     labels: RegionLabels, samples: list[dict], f: dict, args: argparse.Namespace, names: dict[int, str]
 ) -> str:
     """regions.html: a legend, then the --html-samples samples of highest region mass, highest first."""
-    shown = np.argsort(-labels.mass, kind="stable")[: args.html_samples].tolist()
+    shown = np.argsort(-labels.m, kind="stable")[: args.html_samples].tolist()
     sections = [render_sample(i, samples[i], labels, names) for i in shown]
     swatches = "".join(
         f"<span class='sw' style='background:{shade(q)}'>{q:g}</span>"

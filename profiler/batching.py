@@ -103,20 +103,20 @@ def print_profile_summary(
     tensors: dict[str, np.ndarray], counts: dict, out: Path, categories: dict[int, str]
 ) -> None:
     """Stage 01's closing lines: counts, mean confidence, entropy and accuracy, and each category."""
-    conf, sens = tensors["confidence"], tensors["sensitive"]
+    p0, c = tensors["p0"], tensors["c"]  # [T] each
     print(
         f"[profile] {counts['samples']} samples, {counts['response_tokens']} response tokens, "
         f"{counts['truncated']} truncated, {counts['no_response']} without response tokens"
     )
-    if len(conf):
+    if len(p0):
         entropy = tensors["entropy"].astype(np.float32).mean()
         print(
-            f"[profile] mean confidence {conf.mean():.3f}, mean entropy {entropy:.3f} nats, "
+            f"[profile] mean confidence {p0.mean():.3f}, mean entropy {entropy:.3f} nats, "
             f"token accuracy (argmax = gold) {tensors['argmax_correct'].mean():.1%}, "
-            f"CUDA-sensitive {(sens > 0).mean():.1%} of tokens"
+            f"CUDA-sensitive {(c > 0).mean():.1%} of tokens"
         )
     for code, name in categories.items():
-        sel = sens == code
+        sel = c == code
         if sel.any():
-            print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {conf[sel].mean():.3f}")
+            print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {p0[sel].mean():.3f}")
     print(f"[profile] wrote {out}")

@@ -12,10 +12,14 @@ import os
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from cuset_common.artifacts import check_resume_args
 from cuset_common.cli import UserError
 from cuset_common.files import read_json_object, write_text_atomic
+
+# A sample's results, in the order stage 01's score_batch returns them; a shard holds them for its tokens.
+SHARD_RESULTS = ("p0", "entropy", "argmax_correct")
 
 
 def partial_dir(out: Path) -> Path:
@@ -56,8 +60,6 @@ def check_partial(partial: Path, run: dict, resume: bool, may_change: set[str]) 
 
 def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:
     """Results of batches [b0, b1) as one shard, written to a temp name and renamed (never half a shard)."""
-    from safetensors.numpy import save_file
-
     if not (partial / "state.json").exists():
         write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
     order = [i for b in batches[b0:b1] for i in b]
@@ -65,7 +67,7 @@ def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: 
     save_file(
         {
             "samples": np.asarray(order, dtype=np.int64),  # [m] sample indices, batch order
-            "confidence": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
+            "p0": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
             "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32),  # [n]
             "argmax_correct": np.concatenate([results[i][2] for i in order]).astype(np.uint8),
         },  # [n]
@@ -76,25 +78,22 @@ def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: 
 
 def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], results: list) -> int:
     """Put the shards' results in place; returns the first batch still to do."""
-    from safetensors.numpy import load_file
-
     done = 0
     for f in sorted(partial.glob("batches-*.safetensors")):  # zero-padded names sort in batch order
         b0, b1 = map(int, f.stem.split("-")[1:])
         t, order = load_file(str(f)), [i for b in batches[b0:b1] for i in b]
         cuts = np.cumsum([0] + [len(encs[i]["spans"]) for i in order])
-        if "argmax_correct" not in t:
+        missing = [name for name in SHARD_RESULTS if name not in t]
+        if missing:
             raise UserError(
-                f"{f}: written by an older version of this stage (no argmax_correct); delete "
+                f"{f}: written by an older version of this stage (no {missing[0]}); delete "
                 f"{partial} to start over"
             )
-        if b0 != done or t["samples"].tolist() != order or len(t["confidence"]) != cuts[-1]:
+        if b0 != done or t["samples"].tolist() != order or len(t["p0"]) != cuts[-1]:
             raise UserError(
                 f"{f}: does not continue batch {done} of this run's plan; delete {partial} to start over"
             )
         for k, i in enumerate(order):
-            results[i] = tuple(
-                t[name][cuts[k] : cuts[k + 1]] for name in ("confidence", "entropy", "argmax_correct")
-            )
+            results[i] = tuple(t[name][cuts[k] : cuts[k + 1]] for name in SHARD_RESULTS)
         done = b1
     return done

@@ -301,13 +301,14 @@ def category_masks(text: str) -> dict[int, np.ndarray]:
 
 
 def tag_tokens(text: str, spans: list[tuple[int, int]]) -> np.ndarray:
-    """Category code (uint8 [T]) of each token span (start, end) in `text`: first overlapping in PRIORITY."""
-    tags = np.zeros(len(spans), dtype=np.uint8)
+    """c_it, the category code (uint8 [T]) of each token span (start, end) in `text`: the first in PRIORITY
+    whose matches the span overlaps, 0 when none does."""
+    c = np.zeros(len(spans), dtype=np.uint8)
     if not spans:
-        return tags
+        return c
     s = np.array([a for a, _ in spans], dtype=np.int64)  # [T]
     e = np.array([b for _, b in spans], dtype=np.int64)  # [T]
     for cat, mask in sorted(category_masks(text).items(), key=lambda kv: -PRIORITY.index(kv[0])):
         csum = np.concatenate([[0], np.cumsum(mask)])  # [len+1]; chars covered in [s, e) = csum[e] - csum[s]
-        tags[csum[e] - csum[s] > 0] = cat  # later (higher-priority) categories overwrite
-    return tags
+        c[csum[e] - csum[s] > 0] = cat  # later (higher-priority) categories overwrite
+    return c

@@ -9,7 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cuset_common.artifacts import check_resume_args, file_records, read_artifact, write_artifact
+from cuset_common.artifacts import (
+    SCHEMA_1_TENSOR_NAMES,
+    SCHEMA_VERSION,
+    check_resume_args,
+    file_records,
+    read_artifact,
+    write_artifact,
+)
 from cuset_common.cli import UserError
 from cuset_common.data import close_turn, encode_sample, end_of_turn_ids
 from cuset_common.files import append_jsonl, read_appended_jsonl
@@ -79,20 +86,42 @@ def test_appended_jsonl_drops_a_torn_last_line_and_appends_clean(tmp_path):
 
 def write_small_artifact(path):
     tensors = {
-        "confidence": np.array([0.5, 0.25, 1.0], np.float32),
+        "p0": np.array([0.5, 0.25, 1.0], np.float32),
         "sample_offsets": np.array([0, 2, 3], np.int64),
-        "sample_weight": np.array([1.0, 2.0], np.float32),
+        "w": np.array([1.0, 2.0], np.float32),
     }
     write_artifact(path, tensors, {"stage": "x", "counts": {"samples": 2, "response_tokens": 3}})
 
 
-SCHEMA = dict(token_tensors={"confidence": np.float32}, sample_tensors={"sample_weight": np.float32})
+SCHEMA = dict(token_tensors={"p0": np.float32}, sample_tensors={"w": np.float32})
 
 
 def test_a_valid_artifact_reads_back(tmp_path):
     write_small_artifact(tmp_path / "a")
     t, meta = read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
-    assert t["confidence"].tolist() == [0.5, 0.25, 1.0] and meta["counts"]["samples"] == 2
+    assert t["p0"].tolist() == [0.5, 0.25, 1.0] and meta["counts"]["samples"] == 2
+
+
+def test_a_schema_1_artifact_is_read_through_the_one_mapping_and_an_unknown_schema_is_refused(tmp_path):
+    """Schema 1 named p0, c, m, w in words (SCHEMA_1_TENSOR_NAMES): such a folder reads back under the new
+    names, its files untouched; a schema this code does not know is one line naming the stage to rerun."""
+    old_names = {"confidence": "p0", "sensitive": "c", "sample_mass": "m", "sample_weight": "w"}
+    assert SCHEMA_1_TENSOR_NAMES == old_names and SCHEMA_VERSION == 2
+    tensors = {
+        "confidence": np.array([0.5, 0.25, 1.0], np.float32),
+        "sensitive": np.array([0, 2, 0], np.uint8),
+        "sample_offsets": np.array([0, 2, 3], np.int64),
+        "sample_weight": np.array([1.0, 2.0], np.float32),
+    }
+    write_artifact(tmp_path / "a", tensors, {"stage": "x", "counts": {"samples": 2, "response_tokens": 3}})
+    meta_path = tmp_path / "a" / "meta.json"
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"schema_version": 1}))
+    t, _ = read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
+    assert sorted(t) == ["c", "p0", "sample_offsets", "w"] and t["c"].tolist() == [0, 2, 0]
+    assert t["w"].tolist() == [1.0, 2.0] and t["p0"].tolist() == [0.5, 0.25, 1.0]
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"schema_version": 3}))
+    with pytest.raises(UserError, match="schema version 3 but this code reads 1 and 2; rerun stage x"):
+        read_artifact(tmp_path / "a", "x", "stage x", **SCHEMA)
 
 
 def test_a_truncated_tensor_file_is_a_user_error(tmp_path):
@@ -116,16 +145,16 @@ def rerecord_files(folder: Path) -> None:
     "damage, message",
     [
         (
-            lambda t, m: t.update(confidence=t["confidence"].astype(np.float64)),
-            "confidence missing or not 1-D float32",
+            lambda t, m: t.update(p0=t["p0"].astype(np.float64)),
+            "tensor p0 missing or not 1-D float32",
         ),
         (
-            lambda t, m: t.update(confidence=t["confidence"][:2]),
-            "confidence has 2 entries but sample_offsets cover 3",
+            lambda t, m: t.update(p0=t["p0"][:2]),
+            "tensor p0 has 2 entries but sample_offsets cover 3",
         ),
         (
-            lambda t, m: t.update(sample_weight=t["sample_weight"][:1]),
-            "sample_weight has 1 entries but there are 2",
+            lambda t, m: t.update(w=t["w"][:1]),
+            "tensor w has 1 entries but there are 2",
         ),
         (lambda t, m: t.update(sample_offsets=np.array([0, 3, 2], np.int64)), "never decrease"),
         (lambda t, m: m["counts"].update(samples=5), "meta.json counts"),

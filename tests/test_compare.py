@@ -206,21 +206,21 @@ def test_the_table_matches_numbers_recomputed_from_the_profiles(micro):
     region = load_file(str(out / "base" / "regions-heldout" / "tensors.safetensors"))["region_id"] >= 0
     off = base["sample_offsets"]
     sample = np.repeat(np.arange(len(off) - 1), np.diff(off))
-    hard = base["confidence"] < tau[sample]
+    hard = base["p0"] < tau[sample]
     groups = {
         "all": np.ones(len(sample), bool),
-        "sensitive": base["sensitive"] > 0,
+        "sensitive": base["c"] > 0,
         "base_hard": hard,
         "base_region": region,
-        "cat.indexing": base["sensitive"] == 2,
+        "cat.indexing": base["c"] == 2,
     }
-    assert 0 < hard.sum() < len(hard) and region.any() and (base["sensitive"] > 0).any()
+    assert 0 < hard.sum() < len(hard) and region.any() and (base["c"] > 0).any()
     values, per_sample = {}, {}
     for o in OBJECTIVES:
         for s in range(SEEDS):
             t, _ = profile(out / f"{o}-seed{s}" / "profile-heldout")
             assert np.array_equal(t["token_ids"], base["token_ids"])
-            nll, acc = -np.log(t["confidence"].astype(np.float64)), t["argmax_correct"].astype(np.float64)
+            nll, acc = -np.log(t["p0"].astype(np.float64)), t["argmax_correct"].astype(np.float64)
             for g, mask in groups.items():
                 values.setdefault((o, f"{g}.nll"), []).append(nll[mask].mean())
                 values.setdefault((o, f"{g}.acc"), []).append(acc[mask].mean())

@@ -54,7 +54,7 @@ def make_profile(
     folder: Path, samples: list[list[tuple[str, float, int]]], model: str, data: Path, fingerprint: str
 ) -> Path:
     """A profile artifact as 01_profile.py writes it; each sample is a list of (token text, p0, category)."""
-    cols = {k: [] for k in ("confidence", "sensitive", "char_start", "char_end", "line_index")}
+    cols = {k: [] for k in ("p0", "c", "char_start", "char_end", "line_index")}
     records, offsets = [], [0]
     for i, toks in enumerate(samples):
         text, pos = "".join(s for s, _, _ in toks), 0
@@ -77,9 +77,9 @@ def make_profile(
     n = offsets[-1]
     tensors = {
         "token_ids": np.arange(n, dtype=np.int32),
-        "confidence": np.array(cols["confidence"], np.float32),
+        "p0": np.array(cols["p0"], np.float32),
         "entropy": np.linspace(0, 3, n).astype(np.float16),
-        "sensitive": np.array(cols["sensitive"], np.uint8),
+        "c": np.array(cols["c"], np.uint8),
         "char_start": np.array(cols["char_start"], np.int32),
         "char_end": np.array(cols["char_end"], np.int32),
         "line_index": np.array(cols["line_index"], np.int32),
@@ -398,7 +398,7 @@ def check_region_invariants(t: dict, prof: dict) -> None:
     """Every region holds a seed, every seed lies in a region, no region crosses a sample boundary."""
     rid, starts, ends, off = t["region_id"], t["region_start"], t["region_end"], t["sample_offsets"]
     sample = np.repeat(np.arange(len(off) - 1), np.diff(off))
-    seed = (prof["confidence"] < t["tau"][sample]) & (prof["sensitive"] > 0)
+    seed = (prof["p0"] < t["tau"][sample]) & (prof["c"] > 0)
     assert np.all(rid[seed] >= 0), "a seed lies outside every region"
     R = len(starts)
     assert sorted(set(rid[rid >= 0].tolist())) == list(range(R))
@@ -407,7 +407,7 @@ def check_region_invariants(t: dict, prof: dict) -> None:
         assert np.all(rid[s:e] == r) and np.sum(rid == r) == e - s, "region_id disagrees with start/end"
         assert seed[s:e].any(), f"region {r} holds no seed"
         assert sample[s] == sample[e - 1], f"region {r} crosses a sample boundary"
-        counts = np.bincount(prof["sensitive"][s:e], minlength=10)[1:]
+        counts = np.bincount(prof["c"][s:e], minlength=10)[1:]
         assert t["region_category"][r] == np.argmax(counts) + 1
 
 
@@ -419,7 +419,7 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     out = tmp_path / "regions"
     t, meta = read_regions(out)
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
-    T, S = len(prof["confidence"]), len(samples)
+    T, S = len(prof["p0"]), len(samples)
     R = len(t["region_start"])
     expected = {
         "region_id": (np.int32, T),
@@ -427,8 +427,8 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
         "region_start": (np.int64, R),
         "region_end": (np.int64, R),
         "tau": (np.float32, S),
-        "sample_mass": (np.float32, S),
-        "sample_weight": (np.float32, S),
+        "m": (np.float32, S),
+        "w": (np.float32, S),
         "sample_offsets": (np.int64, S + 1),
     }
     want = {k: (np.dtype(d), (n,)) for k, (d, n) in expected.items()}
@@ -437,8 +437,8 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     check_region_invariants(t, prof)
     n = np.diff(t["sample_offsets"])
     # token-weighted mean is 1
-    assert (t["sample_weight"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)
-    assert t["sample_weight"].max() <= 3.0 + 1e-6 and n[1] == 0 and t["tau"][1] == 0
+    assert (t["w"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)
+    assert t["w"].max() <= 3.0 + 1e-6 and n[1] == 0 and t["tau"][1] == 0
     # Snapped regions cover whole lines: the token before / after a region is on another line (or sample).
     line, sample = prof["line_index"], np.repeat(np.arange(S), n)
     for s, e in zip(t["region_start"], t["region_end"]):
@@ -467,8 +467,8 @@ def test_main_writes_the_regions_artifact(inputs, tmp_path, capsys):
     assert 0 <= f["low_share"]["sensitive"] <= 1 and f["regions"]["count"] == R and f["permutations"] == 50
     w = f["weights"]  # token-mean 1: samples without regions end below 1
     assert w["norm"] == "token-mean"
-    assert w["samples_below_1"] == int(np.sum((t["sample_weight"] < 1) & (n > 0))) > 0
-    assert w["min"] == pytest.approx(t["sample_weight"][n > 0].min())
+    assert w["samples_below_1"] == int(np.sum((t["w"] < 1) & (n > 0))) > 0
+    assert w["min"] == pytest.approx(t["w"][n > 0].min())
     assert meta["args"]["weight_norm"] == "token-mean"
 
 
@@ -485,11 +485,11 @@ def test_without_line_snapping_regions_are_the_grown_chains(inputs, tmp_path):
     t, meta = read_regions(tmp_path / "regions")
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
     check_region_invariants(t, prof)
-    low = prof["confidence"] < t["tau"][np.repeat(np.arange(30), np.diff(t["sample_offsets"]))]
+    low = prof["p0"] < t["tau"][np.repeat(np.arange(30), np.diff(t["sample_offsets"]))]
     assert np.all(low[t["region_start"]]) and np.all(low[t["region_end"] - 1])  # chains start and end low
     assert meta["args"]["snap_lines"] is False and t["tau"].max() <= 0.4
-    w = t["sample_weight"]  # not normalised: the clipped weights, >= 1, one for samples without regions
-    assert w.min() == 1.0 and w.max() <= 3.0 and np.all(w[t["sample_mass"] == 0] == 1.0)
+    w = t["w"]  # not normalised: the clipped weights, >= 1, one for samples without regions
+    assert w.min() == 1.0 and w.max() <= 3.0 and np.all(w[t["m"] == 0] == 1.0)
     assert meta["args"]["weight_norm"] == "none" and meta["finding"]["weights"]["samples_below_1"] == 0
     assert "x the sft scale" in (tmp_path / "regions" / "report.md").read_text()
 
@@ -662,8 +662,8 @@ def test_end_to_end_on_the_tiny_model(tmp_path, capsys):
     prof = load_file(str(tmp_path / "profile" / "tensors.safetensors"))
     check_region_invariants(t, prof)
     n = np.diff(t["sample_offsets"])
-    assert (t["sample_weight"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)
-    assert meta["counts"]["response_tokens"] == len(prof["confidence"]) > 0
+    assert (t["w"] * n).sum() / n.sum() == pytest.approx(1.0, abs=1e-5)
+    assert meta["counts"]["response_tokens"] == len(prof["p0"]) > 0
     assert (
         meta["tokenizer_fingerprint"]
         == json.loads((tmp_path / "profile" / "meta.json").read_text())["tokenizer_fingerprint"]

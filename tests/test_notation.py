@@ -32,7 +32,7 @@ NUMBER = r"(\d+(?:\.\d+)?)"
 FORMULAS_IN_CODE = {
     "threshold": (r"quantile\w*\(.*\brho\b|quantile_rho|min\(\s*tau_max", "cuset_common/method.py"),
     "sample weight": (r"\b1(?:\.0)? \+ alpha\b", "02_label_regions.py"),
-    "loss": (r"k_it l_it|w_i sum_t|\.sum\(\) / n_tokens", "03_train_cuset.py"),
+    "loss": (r"k_it l_it|w_i sum_t|\.sum\(\) / N\b", "03_train_cuset.py"),
 }
 # Each formula as docs/method.md writes it out.
 FORMULAS_IN_DOCS = {

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from cuset_common.artifacts import SCHEMA_VERSION
 from cuset_common.cli import load_script, run_main
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.method import gold_logprob_entropy
@@ -95,10 +96,10 @@ def test_artifact_schema(profiled):
     n_records = len(load_sft(SFT_SMALL))
     dtypes = {
         "token_ids": np.int32,
-        "confidence": np.float32,
+        "p0": np.float32,
         "entropy": np.float16,
         "argmax_correct": np.uint8,
-        "sensitive": np.uint8,
+        "c": np.uint8,
         "char_start": np.int32,
         "char_end": np.int32,
         "line_index": np.int32,
@@ -112,12 +113,12 @@ def test_artifact_schema(profiled):
     assert T > 0 and all(len(t[k]) == T for k in dtypes if k != "sample_offsets")
     assert len(t["sample_offsets"]) == n_records + 1 and t["sample_offsets"][0] == 0
     assert np.all(np.diff(t["sample_offsets"]) >= 0)
-    assert np.all((t["confidence"] >= 0) & (t["confidence"] <= 1))
+    assert np.all((t["p0"] >= 0) & (t["p0"] <= 1))
     assert np.all(np.isfinite(t["entropy"])) and np.all(t["entropy"] >= 0)
-    assert set(np.unique(t["sensitive"])) <= set(range(10))
+    assert set(np.unique(t["c"])) <= set(range(10))
     assert set(np.unique(t["argmax_correct"])) == {0, 1}  # the tiny model gets some tokens right, not all
 
-    assert meta["stage"] == "01_profile" and meta["schema_version"] == 1
+    assert meta["stage"] == "01_profile" and meta["schema_version"] == SCHEMA_VERSION
     assert meta["model"] == str(TINY_MODEL) and meta["max_length"] == MAX_LEN
     assert meta["data"]["path"] == str(SFT_SMALL) and len(meta["data"]["sha256"]) == 64
     assert len(meta["tokenizer_fingerprint"]) == 64 and meta["args"]["max_length"] == MAX_LEN
@@ -203,9 +204,9 @@ def test_confidence_equals_unbatched_fp32_forward(profiled, model_and_tokenizer)
         ref_p = logp[start - 1 : start - 1 + n].gather(1, gold[:, None])[:, 0].exp().numpy()
         ref_h = -(logp.exp() * logp).sum(-1)[start - 1 : start - 1 + n].numpy()
         lo = t["sample_offsets"][s["index"]]
-        assert np.abs(t["confidence"][lo : lo + n] - ref_p).max() <= 1e-4
+        assert np.abs(t["p0"][lo : lo + n] - ref_p).max() <= 1e-4
         # and relatively: a tiny probability must be right too, not just small
-        np.testing.assert_allclose(np.log(t["confidence"][lo : lo + n]), np.log(ref_p), rtol=0, atol=1e-4)
+        np.testing.assert_allclose(np.log(t["p0"][lo : lo + n]), np.log(ref_p), rtol=0, atol=1e-4)
         np.testing.assert_allclose(t["entropy"][lo : lo + n].astype(np.float32), ref_h, rtol=2e-3, atol=2e-3)
 
 
@@ -235,11 +236,11 @@ def test_argmax_correct_equals_a_naive_full_logits_argmax(profiled, model_and_to
 
 def test_profile_tags_the_fixture_kernels(profiled):
     _, t, meta, samples = profiled
-    seen = set(np.unique(t["sensitive"]).tolist())
+    seen = set(np.unique(t["c"]).tolist())
     assert {1, 2, 3, 9} <= seen  # every fixture kernel: signature, index, guard, store
     for s in samples:
         lo, hi = t["sample_offsets"][s["index"]], t["sample_offsets"][s["index"] + 1]
-        for a, b, cat in zip(t["char_start"][lo:hi], t["char_end"][lo:hi], t["sensitive"][lo:hi]):
+        for a, b, cat in zip(t["char_start"][lo:hi], t["char_end"][lo:hi], t["c"][lo:hi]):
             piece = s["response_text"][a:b]
             if "threadIdx" in piece or "blockIdx" in piece:
                 assert cat == 2, piece
@@ -297,8 +298,8 @@ def test_bf16_autocast_path_runs_and_agrees_roughly(tmp_path, profiled):
     ref = profiled[1]
     lo, hi = ref["sample_offsets"][3], ref["sample_offsets"][5]  # the same two records, fp32
     assert np.array_equal(t["token_ids"], ref["token_ids"][lo:hi])
-    assert np.array_equal(t["sensitive"], ref["sensitive"][lo:hi])
-    assert np.abs(t["confidence"] - ref["confidence"][lo:hi]).max() < 0.05
+    assert np.array_equal(t["c"], ref["c"][lo:hi])
+    assert np.abs(t["p0"] - ref["p0"][lo:hi]).max() < 0.05
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,11 +336,11 @@ def test_record_forms_truncation_and_no_response(tmp_path, model_and_tokenizer):
     for sid in ("prompt-completion", "instruction-input-output", "text"):
         assert not by_id[sid]["truncated"] and by_id[sid]["n_response_tokens"] > 0
     assert by_id["text"]["n_prompt_tokens"] == 1  # no prompt: the first token is context only
-    assert len(t["confidence"]) == meta["counts"]["response_tokens"] == t["sample_offsets"][-1]
+    assert len(t["p0"]) == meta["counts"]["response_tokens"] == t["sample_offsets"][-1]
     for s in samples:  # every complete sample has its kernel tagged
         lo, hi = t["sample_offsets"][s["index"]], t["sample_offsets"][s["index"] + 1]
         if not s["truncated"] and "blockIdx" in s["response_text"]:
-            assert {1, 2} <= set(t["sensitive"][lo:hi].tolist())
+            assert {1, 2} <= set(t["c"][lo:hi].tolist())
 
 
 def test_plain_template_without_chat_template(tmp_path, profiled):
@@ -359,7 +360,7 @@ def test_plain_template_without_chat_template(tmp_path, profiled):
     assert meta["tokenizer_fingerprint"] != profiled[2]["tokenizer_fingerprint"]
     rec = load_sft(data)[0]
     assert samples[0]["response_text"] == rec["response"] + "<|im_end|>"
-    assert samples[0]["n_response_tokens"] == len(t["confidence"]) > 0 and not samples[0]["truncated"]
+    assert samples[0]["n_response_tokens"] == len(t["p0"]) > 0 and not samples[0]["truncated"]
 
 
 def test_malformed_line_is_reported_with_file_and_line(tmp_path, capsys):
@@ -617,9 +618,9 @@ def test_the_cpu_default_gives_the_batched_values(profiled, profiled_auto):
         7,
     )
     assert samples1 == samples3
-    for k in ("token_ids", "sensitive", "char_start", "char_end", "line_index", "sample_offsets"):
+    for k in ("token_ids", "c", "char_start", "char_end", "line_index", "sample_offsets"):
         assert np.array_equal(t1[k], t3[k]), k
-    np.testing.assert_allclose(t1["confidence"], t3["confidence"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t1["p0"], t3["p0"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
         t1["entropy"].astype(np.float32), t3["entropy"].astype(np.float32), rtol=2e-3, atol=2e-3
     )

@@ -129,13 +129,13 @@ def test_stage_01_finds_a_model_that_knows_cuda(pipeline):
     t = load_file(str(pipeline["profile"] / "tensors.safetensors"))
     assert meta["counts"]["samples"] == SAMPLES and meta["counts"]["response_tokens"] > 100
     # a model pretrained on code predicts most tokens of a reference kernel (the tiny model: about a third)
-    assert (t["confidence"] > 0.5).mean() > 0.5, t["confidence"].mean()
-    assert t["token_ids"].max() < 49152 and (t["sensitive"] > 0).any()
+    assert (t["p0"] > 0.5).mean() > 0.5, t["p0"].mean()
+    assert t["token_ids"].max() < 49152 and (t["c"] > 0).any()
 
 
 def test_regions_and_training_on_the_real_model(pipeline):
     regions = load_file(str(pipeline["regions"] / "tensors.safetensors"))
-    assert (regions["region_id"] >= 0).any() and regions["sample_weight"].shape == (SAMPLES,)
+    assert (regions["region_id"] >= 0).any() and regions["w"].shape == (SAMPLES,)
     log = [json.loads(line) for line in (pipeline["ckpt"] / "log.jsonl").read_text().splitlines()]
     assert len(log) == 2 and all(0 < row["loss"] < 20 for row in log), log
     config = json.loads((pipeline["ckpt"] / "config.json").read_text())

@@ -58,14 +58,14 @@ def make_regions(tmp_path, tokenizer, data, seed=0, name="regions"):
     profile_dir = tmp_path / f"{name}-profile"
     write_artifact(
         profile_dir,
-        {"confidence": rng.uniform(0, 1, total).astype(np.float32), "sample_offsets": offsets},
+        {"p0": rng.uniform(0, 1, total).astype(np.float32), "sample_offsets": offsets},
         {"stage": "01_profile", **common},
     )
     region_id = np.where(rng.uniform(size=total) < 0.2, 0, -1).astype(np.int32)
     weight = rng.uniform(0.5, 2.0, len(lengths)).astype(np.float32)
     write_artifact(
         tmp_path / name,
-        {"region_id": region_id, "sample_weight": weight, "sample_offsets": offsets},
+        {"region_id": region_id, "w": weight, "sample_offsets": offsets},
         {
             "stage": "02_label_regions",
             **common,
@@ -235,9 +235,7 @@ def test_sft_objective_equals_the_models_own_labels_loss(tiny_tokenizer, small_d
     with torch.no_grad():
         hf = model(input_ids=mb["ids"], attention_mask=mb["attn"], labels=labels).loss.item()
         logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
-        ours, _ = train.objective_loss(
-            logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()), "sft"
-        )
+        ours, _ = train.objective_loss(logp, mb["valid"], mb["r"], mb["w"], float(mb["valid"].sum()), "sft")
     assert ours.item() == pytest.approx(hf, rel=1e-5)
 
 
@@ -461,7 +459,7 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
     samples, _ = train.tokenize_dataset(load_sft(small_data)[:4], tiny_tokenizer, MAX_LENGTH, None)
     mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
-    mb["region"] = torch.rand(mb["valid"].shape, generator=torch.Generator().manual_seed(0)) < 0.2
+    mb["r"] = torch.rand(mb["valid"].shape, generator=torch.Generator().manual_seed(0)) < 0.2
     rows, chunk_fn = [], cuset_common.method._chunk_gold_logp
     monkeypatch.setattr(
         cuset_common.method,
@@ -475,8 +473,8 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(
         every = train.gold_logprobs(hidden[:, :-1], model.lm_head.weight, mb["ids"][:, 1:], 64)
     n = float(mb["valid"].sum())
     for objective in train.OBJECTIVES:
-        new, _ = train.objective_loss(logp, mb["valid"], mb["region"], mb["weight"], n, objective)
-        old, _ = train.objective_loss(every, mb["valid"], mb["region"], mb["weight"], n, objective)
+        new, _ = train.objective_loss(logp, mb["valid"], mb["r"], mb["w"], n, objective)
+        old, _ = train.objective_loss(every, mb["valid"], mb["r"], mb["w"], n, objective)
         assert new.item() == pytest.approx(old.item(), rel=1e-5), objective
 
 
@@ -497,9 +495,7 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tiny_tokeniz
         ref = torch.log_softmax(model(input_ids=mb["ids"], attention_mask=mb["attn"]).logits.float(), -1)
         ref = ref[:, :-1].gather(2, mb["ids"][:, 1:, None]).squeeze(2)
     torch.testing.assert_close(logp.detach()[mb["valid"]], ref[mb["valid"]], atol=1e-5, rtol=1e-5)
-    loss, _ = train.objective_loss(
-        logp, mb["valid"], mb["region"], mb["weight"], float(mb["valid"].sum()), "sft"
-    )
+    loss, _ = train.objective_loss(logp, mb["valid"], mb["r"], mb["w"], float(mb["valid"].sum()), "sft")
     loss.backward()
     assert head.bias.grad is not None and head.bias.grad.abs().sum() > 0  # the bias is trained too
 
@@ -600,7 +596,7 @@ def test_a_profile_rewritten_after_stage_02_is_refused(tmp_path, small_data, cap
     assert not (tmp_path / "o2").exists()
 
 
-@pytest.mark.parametrize("damage", ["truncated", "short sample_weight"])
+@pytest.mark.parametrize("damage", ["truncated", "short w"])
 def test_a_damaged_regions_artifact_is_one_line_and_exit_2(
     tmp_path, small_data, tiny_tokenizer, capsys, damage
 ):
@@ -613,7 +609,7 @@ def test_a_damaged_regions_artifact_is_one_line_and_exit_2(
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     else:
         t = load_np(str(f))
-        save_file({**t, "sample_weight": t["sample_weight"][:-1]}, str(f))
+        save_file({**t, "w": t["w"][:-1]}, str(f))
     code = train.run_main(train.main, list(map(str, base_args(small_data, tmp_path / "o", regions=regions))))
     err = capsys.readouterr().err
     assert code == 2 and str(regions) in the_error_line(err)

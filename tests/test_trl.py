@@ -68,8 +68,8 @@ def stage03_step(args, batch: dict, n_tokens: float) -> tuple[float, dict]:
     loss, _ = train03.objective_loss(
         logp,
         batch["valid"],
-        batch["region"],
-        batch["weight"],
+        batch["r"],
+        batch["w"],
         n_tokens,
         args.objective,
         p_mask=p_mask,

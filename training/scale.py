@@ -151,7 +151,7 @@ def memory_plan(
         w = (4 * params / world + pb * (root + 2 * max(sizes)), f"{shards} + {pb} B x (root + 2 layers)")
         g = (4 * params / world + pb * (root + max(sizes)), f"{shards} + {pb} B x (root + 1 layer)")
     opt = 8 * params / shard if args.optimizer == "adamw" else 0.0
-    chunk, vocab = min(args.chunk_size, tokens), cfg.vocab_size
+    chunk, vocab = min(args.chunk_rows, tokens), cfg.vocab_size
     head = (3 * chunk * vocab * 4, f"3 x {chunk} x V={vocab} x 4 B")
     if autocast_copies_weights(args, precision):  # autocast's cache holds it until forward ends
         head = (head[0] + 2 * vocab * cfg.hidden_size, head[1] + " + its weight's bf16 copy")

@@ -17,7 +17,7 @@ from experiments.comparison.objectives import region_variants, regions_dir
 from experiments.comparison.steps import read_json, summary_problem
 from harness.outcomes import APART
 
-PROFILE = {"confidence": np.float32, "argmax_correct": np.uint8, "sensitive": np.uint8, "token_ids": np.int32}
+PROFILE = {"p0": np.float32, "argmax_correct": np.uint8, "c": np.uint8, "token_ids": np.int32}
 TOKEN_GROUPS = ("all", "sensitive", "base_hard", "base_region")
 UNIT_METRICS = (
     "all.nll",
@@ -67,7 +67,7 @@ def token_metrics(
     prof: dict, groups: dict[str, np.ndarray], sample_of: np.ndarray, n: int
 ) -> tuple[dict, dict]:
     """({group.nll, group.acc: mean over the group's tokens}, {UNIT_METRICS: per-sample means [S]})."""
-    nll = -np.log(np.maximum(prof["confidence"].astype(np.float64), np.finfo(np.float32).tiny))  # [T]
+    nll = -np.log(np.maximum(prof["p0"].astype(np.float64), np.finfo(np.float32).tiny))  # [T]
     acc = prof["argmax_correct"].astype(np.float64)  # [T]
     metrics, units = {}, {}
     for g, mask in groups.items():
@@ -114,7 +114,7 @@ def kernel_metrics(folder: Path, name: str) -> tuple[dict, dict, str, int]:
 
 def token_groups(base_dir: Path, profile: dict, meta: dict, sample_of: np.ndarray) -> dict[str, np.ndarray]:
     """The held-out tokens each token metric is taken over, as masks [T]: all, CUDA-sensitive, hard for
-    the base model (confidence below its sample's tau), inside the base model's regions, each category."""
+    the base model (p0 below its sample's tau_i), inside the base model's regions, each category."""
     regions, _ = read_artifact(
         base_dir / "regions-heldout",
         "02_label_regions",
@@ -124,12 +124,12 @@ def token_groups(base_dir: Path, profile: dict, meta: dict, sample_of: np.ndarra
     )
     groups = {
         "all": np.ones(len(sample_of), bool),
-        "sensitive": profile["sensitive"] > 0,
-        "base_hard": profile["confidence"] < regions["tau"][sample_of],
+        "sensitive": profile["c"] > 0,
+        "base_hard": profile["p0"] < regions["tau"][sample_of],
         "base_region": regions["region_id"] >= 0,
     }
     names = {int(c): v for c, v in meta["categories"].items()}
-    return groups | {f"cat.{name}": profile["sensitive"] == code for code, name in names.items()}
+    return groups | {f"cat.{name}": profile["c"] == code for code, name in names.items()}
 
 
 def seed_table(per_run: dict, objectives: list[str]) -> dict:
