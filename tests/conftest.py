@@ -1,6 +1,7 @@
 """Shared test setup: the repo root on sys.path; the `gpu` marker that skips without a GPU; the `slow`
 marker that `python -m pytest -m "not slow"` leaves out (the fast tier); the fixtures and helpers that
-several test files use (the tiny model's tokenizer, a refused command line, a pipeline of real artifacts)."""
+several test files use (the tiny model's tokenizer, a refused command line, programs run through stage 04's
+sandbox, a pipeline of real artifacts)."""
 
 from __future__ import annotations
 
@@ -86,10 +87,25 @@ def refused(main, argv: list, capsys) -> tuple[str, str]:
     return lines[0], out
 
 
-def program_runner(ev, work: Path, backend: str):
-    """Build and run programs the way stage 04's main() does: gen.py once per task, then per program
-    its own folder, nvcc and (emulated backend) the g++ build for the emulator, then execute().
-    `ev` is the loaded 04_eval_kernels.py; run.gen_dir(task) is the folder of a task's data."""
+@lru_cache(maxsize=1)
+def eval_stage():
+    """04_eval_kernels.py, loaded once for the test files that run programs through it (run_program)."""
+    return load_script("04_eval_kernels.py")
+
+
+def plain_backend() -> str:
+    """The backend a plain stage-04 run picks on this machine (--backend auto): gpu, or emulated."""
+    ev = eval_stage()
+    return ev.resolve_backend("auto", ev.gpu_name())
+
+
+@pytest.fixture
+def run_program(tmp_path):
+    """Build and run programs in the sandbox the way stage 04's main() does, on the backend a plain run
+    picks here: gen.py once per task, then per program its own folder, nvcc and (emulated backend) the
+    g++ build for the emulator, then execute(). run_program(source, task, timeout, timed) returns
+    execute()'s (outcome, log, timing); run_program.gen_dir(task) is the folder of a task's data."""
+    ev, backend, work = eval_stage(), plain_backend(), tmp_path / "work"
     work.mkdir(mode=0o711)
     runner = ev.Runner(True, backend)
     emulator = ev.prepare_emulator(work, checks=False) if backend == "emulated" else None
@@ -104,7 +120,9 @@ def program_runner(ev, work: Path, backend: str):
             assert failed is None, failed
         return folder / "gen"
 
-    def run(source: str, task: dict, timeout: float, timed: bool = False):
+    # 60 s: far beyond what any program of the tests takes, even on a loaded machine; the tests of
+    # timeouts pass their own
+    def run(source: str, task: dict, timeout: float = 60.0, timed: bool = False):
         data = gen_dir(task)
         workdir = Path(tempfile.mkdtemp(dir=data.parent))
         os.chmod(workdir, 0o711)

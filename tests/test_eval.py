@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_script, program_runner
+from conftest import ROOT, eval_stage, plain_backend, refused
 
 from cuset_common.data import load_sft
 from cuset_common.models import load_causal_lm, load_tokenizer
@@ -34,9 +34,9 @@ from harness.generation import (
 from harness.outcomes import APART, OUTCOMES
 from harness.programs import LOG_KEEP, WORK_PREFIX
 
-ev = load_script("04_eval_kernels.py")
+ev = eval_stage()
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and the sandbox uid need root")
-BACKEND = ev.resolve_backend("auto", ev.gpu_name())  # what a plain run uses here
+BACKEND = plain_backend()
 # Tests that must see verdicts run under emulation on any machine, and again on the GPU where one is.
 BACKENDS = ["emulate", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -313,10 +313,9 @@ def test_references_pass_and_rows_say_how_they_ran(tmp_path, mode, capsys):
 def test_backend_gpu_without_a_gpu_is_refused(tmp_path, capsys):
     if ev.gpu_name():
         pytest.skip("a GPU is present")
-    code = ev.run_main(
-        ev.main, ["--reference", "--backend", "gpu", "--limit", "1", "--out", str(tmp_path / "o")]
-    )
-    assert code == 2 and "--backend gpu" in capsys.readouterr().err
+    argv = ["--reference", "--backend", "gpu", "--limit", "1", "--out", tmp_path / "o"]
+    line, _ = refused(ev.main, argv, capsys)
+    assert "--backend gpu" in line
 
 
 def test_rerun_with_the_same_out_keeps_finished_rows(tmp_path):
@@ -423,11 +422,8 @@ def test_the_tiny_model_generates_and_its_replies_are_scored(tmp_path):
 @pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()], ids=["missing", "empty folder"])
 def test_a_model_path_without_a_model_is_one_line_and_exit_2(tmp_path, capsys, make):
     make(tmp_path / "m")
-    code = ev.run_main(
-        ev.main, ["--model", str(tmp_path / "m"), "--limit", "1", "--out", str(tmp_path / "o")]
-    )
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and str(tmp_path / "m") in err
+    line, _ = refused(ev.main, ["--model", tmp_path / "m", "--limit", "1", "--out", tmp_path / "o"], capsys)
+    assert str(tmp_path / "m") in line
 
 
 def test_malformed_solutions_line_is_reported_with_file_and_line(tmp_path, capsys):
@@ -435,13 +431,13 @@ def test_malformed_solutions_line_is_reported_with_file_and_line(tmp_path, capsy
     tid = load_tasks(TASKS_FILE)[0]["id"]
     first = {"task_id": tid, "level": 1, "sample": 0, "completion": "a"}
     sols.write_text(json.dumps(first) + '\n{"task_id": "y"}\n')
-    code = ev.run_main(ev.main, ["--solutions", str(sols), "--limit", "1", "--out", str(tmp_path / "o")])
-    assert code == 2 and f"{sols}:2" in capsys.readouterr().err
+    line, _ = refused(ev.main, ["--solutions", sols, "--limit", "1", "--out", tmp_path / "o"], capsys)
+    assert f"{sols}:2" in line
     assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------------------------------
-# The sandbox against hostile host-side programs (compiled by nvcc, run through execute()).
+# The sandbox against hostile host-side programs (compiled by nvcc, run through execute(): run_program).
 # ---------------------------------------------------------------------------------------
 
 TOY_TASK = {
@@ -498,18 +494,6 @@ def escape_program(targets: list[str]) -> str:
     return "#include <cstdio>\nint main() {\n    FILE* f;\n" + writes + "    return 0;\n}\n"
 
 
-@pytest.fixture
-def sandbox(tmp_path):
-    """The toy task's data prepared once; each program built and run the way main() does it here."""
-    run = program_runner(ev, tmp_path / "work", BACKEND)
-
-    def run_toy(source: str, timeout: float = 20.0):
-        return run(source, TOY_TASK, timeout)
-
-    run_toy.gen_dir = run.gen_dir(TOY_TASK)
-    return run_toy
-
-
 def processes_under(prefix: str) -> list[str]:
     """Live processes (not zombies: a dead child of an init that does not reap is only a process-table
     entry) whose working directory starts with `prefix`: a job's processes run in its own folders, so
@@ -525,19 +509,19 @@ def processes_under(prefix: str) -> list[str]:
     return live
 
 
-def test_an_honest_program_passes_through_the_sandbox(sandbox):
-    outcome, log, _ = sandbox(HONEST)
+def test_an_honest_program_passes_through_the_sandbox(run_program):
+    outcome, log, _ = run_program(HONEST, TOY_TASK)
     assert outcome == "pass", log
 
 
-def test_an_endless_loop_times_out(sandbox):
-    outcome, _, _ = sandbox(ENDLESS, timeout=3)
+def test_an_endless_loop_times_out(run_program):
+    outcome, _, _ = run_program(ENDLESS, TOY_TASK, timeout=3)
     assert outcome == "timeout"
 
 
 @root_only
-def test_a_process_spawning_loop_is_contained(sandbox, tmp_path):
-    outcome, _, _ = sandbox(FORK_BOMB, timeout=3)
+def test_a_process_spawning_loop_is_contained(run_program, tmp_path):
+    outcome, _, _ = run_program(FORK_BOMB, TOY_TASK, timeout=3)
     assert outcome in ("timeout", "runtime_error")
     assert processes_under(f"{tmp_path}/") == []  # nothing it spawned survives
     assert subprocess.run(["true"]).returncode == 0  # and the machine still forks
@@ -632,7 +616,7 @@ def test_a_fork_loop_in_one_run_leaves_another_runs_references_passing(tmp_path)
 
 
 @root_only
-def test_writes_outside_the_sandbox_fail(sandbox, tmp_path):
+def test_writes_outside_the_sandbox_fail(run_program, tmp_path):
     tag = uuid.uuid4().hex
     targets = [
         f"/tmp/cuset-escape-{tag}",
@@ -641,7 +625,7 @@ def test_writes_outside_the_sandbox_fail(sandbox, tmp_path):
         f"../escape-{tag}",
         f"/var/tmp/cuset-escape-{tag}",
     ]
-    outcome, log, _ = sandbox(escape_program(targets))
+    outcome, log, _ = run_program(escape_program(targets), TOY_TASK)
     assert outcome == "wrong_output"
     for t in targets:
         path = Path(t) if t.startswith("/") else None
@@ -649,24 +633,23 @@ def test_writes_outside_the_sandbox_fail(sandbox, tmp_path):
     assert not list(tmp_path.rglob(f"escape-{tag}"))
 
 
-def test_the_reference_output_is_not_reachable(sandbox):
-    gen_ref = sandbox.gen_dir / "data" / "y_ref.bin"
-    outcome, log, _ = sandbox(
-        steal_program(["data/y_ref.bin", "../../gen/data/y_ref.bin", "../gen/data/y_ref.bin", str(gen_ref)])
-    )
+def test_the_reference_output_is_not_reachable(run_program):
+    gen_ref = run_program.gen_dir(TOY_TASK) / "data" / "y_ref.bin"
+    paths = ["data/y_ref.bin", "../../gen/data/y_ref.bin", "../gen/data/y_ref.bin", str(gen_ref)]
+    outcome, log, _ = run_program(steal_program(paths), TOY_TASK)
     assert outcome == "wrong_output", log
     assert "no reference reachable" in log
 
 
-def test_megabytes_of_output_are_truncated(sandbox):
-    outcome, log, _ = sandbox(FLOOD)
+def test_megabytes_of_output_are_truncated(run_program):
+    outcome, log, _ = run_program(FLOOD, TOY_TASK)
     assert outcome == "wrong_output"
     assert "bytes cut" in log and len(log) < 3 * LOG_KEEP
 
 
 @pytest.mark.parametrize("source", [SEGFAULT, EXIT_3], ids=["segfault", "exit-3"])
-def test_crashes_are_runtime_errors(sandbox, source):
-    outcome, log, _ = sandbox(source)
+def test_crashes_are_runtime_errors(run_program, source):
+    outcome, log, _ = run_program(source, TOY_TASK)
     assert outcome == "runtime_error", log
 
 

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script, program_runner
+from conftest import ROOT, eval_stage, refused
 
 from cuset_common.files import sha256_file
 from cuset_common.paths import TASKS_FILE
 from cuset_common.tasks import load_tasks
 
-ev = load_script("04_eval_kernels.py")
-BACKEND = ev.resolve_backend("auto", ev.gpu_name())
+ev = eval_stage()
 BIG = 520 << 20  # bytes: over the old fixed 512 MiB file-size limit
 UNUSED_KERNEL = "__global__ void unused_kernel() {}\n"  # extraction wants CUDA; these programs are host-only
 FILE_IO = r"""
@@ -317,9 +316,9 @@ def test_a_missing_answer_is_missing_not_no_code_and_an_unknown_id_is_refused(re
     unknown = solution("no_such_task", program("int main() { return 0; }\n"))
     sols = write_jsonl(tmp_path / "sols.jsonl", [unknown])
     tasks = write_jsonl(tmp_path / "tasks.jsonl", list(TASKS.values()))
-    argv = ["--tasks", str(tasks), "--split", "all", "--solutions", str(sols), "--out", str(tmp_path / "ev")]
-    assert ev.run_main(ev.main, argv) == 2  # a typo in an id is bad input, not a `missing` row
-    assert f"{sols}:1: task 'no_such_task' is not in --tasks" in capsys.readouterr().err
+    argv = ["--tasks", tasks, "--split", "all", "--solutions", sols, "--out", tmp_path / "ev"]
+    line, _ = refused(ev.main, argv, capsys)  # a typo in an id is bad input, not a `missing` row
+    assert f"{sols}:1: task 'no_such_task' is not in --tasks" in line
     assert not (tmp_path / "ev").exists()
 
 
@@ -407,13 +406,6 @@ TOY = task(
 )
 
 
-@pytest.fixture
-def run_program(tmp_path):
-    """Build and run one program the way main() does (nvcc, then the emulated build without a GPU)."""
-    run = program_runner(ev, tmp_path / "work", BACKEND)
-    return lambda source, the_task=TOY, timed=False: run(source, the_task, 60, timed)
-
-
 def test_a_data_folder_replaced_by_a_link_to_the_answer_does_not_pass(run_program, tmp_path):
     answer = tmp_path / "root-only"  # a folder only the harness's uid can read, holding the right answer
     answer.mkdir(mode=0o700)
@@ -426,7 +418,7 @@ def test_a_data_folder_replaced_by_a_link_to_the_answer_does_not_pass(run_progra
             f'  return symlink("{answer}", "data") == 0 ? 0 : 2; }}\n'
         )
     )
-    outcome, log, _ = run_program(source)
+    outcome, log, _ = run_program(source, TOY)
     assert outcome == "wrong_output" and "without following links" in log, log
 
 
@@ -436,7 +428,7 @@ def test_an_output_file_linked_to_the_reference_does_not_pass(run_program):
         + UNUSED_KERNEL
         + ('int main() { return symlink("../../gen/data/y_ref.bin", "data/y.bin") == 0 ? 0 : 1; }\n')
     )
-    outcome, log, _ = run_program(source)
+    outcome, log, _ = run_program(source, TOY)
     assert outcome == "wrong_output" and "y.bin: not copied, a symbolic link" in log, log
 
 
@@ -502,11 +494,10 @@ def test_another_source_into_the_same_out_is_refused_and_force_starts_over(tmp_p
     base = ["--split", "eval", "--limit", "2", "--levels", "1", "--out", str(out)]
     assert ev.main([*base, "--solutions", str(a)]) == 0
     before = (out / "results.jsonl").read_text()
-    assert ev.run_main(ev.main, [*base, "--solutions", str(b)]) == 2
-    err = capsys.readouterr().err
-    assert "holds another run" in err and "solutions_sha256" in err and "--force" in err
+    line, _ = refused(ev.main, [*base, "--solutions", b], capsys)
+    assert "holds another run" in line and "solutions_sha256" in line and "--force" in line
     assert (out / "results.jsonl").read_text() == before  # nothing lost
-    assert ev.run_main(ev.main, [*base, "--solutions", str(a), "--mode", "kernel"]) == 2  # settings count too
+    refused(ev.main, [*base, "--solutions", a, "--mode", "kernel"], capsys)  # settings count too
     assert ev.main([*base, "--solutions", str(b), "--force"]) == 0
     assert json.loads((out / "fingerprint.json").read_text())["solutions_sha256"] == sha256_file(b)
 
@@ -575,26 +566,23 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
     ],
 )
 def test_bad_numbers_and_paths_exit_2(tmp_path, capsys, argv, says):
-    assert ev.run_main(ev.main, [*argv, "--out", str(tmp_path / "o")]) == 2
-    assert says in capsys.readouterr().err
+    line, _ = refused(ev.main, [*argv, "--out", tmp_path / "o"], capsys)
+    assert says in line
     assert not (tmp_path / "o").exists()
 
 
 def test_out_naming_a_file_is_refused_before_generation(tmp_path, capsys):
     (tmp_path / "o").write_text("keep me")
-    assert ev.run_main(ev.main, ["--limit", "1", "--out", str(tmp_path / "o")]) == 2
-    assert "is a file" in capsys.readouterr().err
+    line, _ = refused(ev.main, ["--limit", "1", "--out", tmp_path / "o"], capsys)
+    assert "is a file" in line
     assert (tmp_path / "o").read_text() == "keep me"
 
 
 def test_duplicate_answers_are_refused_with_both_lines(tmp_path, capsys):
     tid, other = (t["id"] for t in load_tasks(TASKS_FILE)[:2])
     sols = write_jsonl(tmp_path / "s.jsonl", [solution(tid, "a"), solution(other, "b"), solution(tid, "c")])
-    assert (
-        ev.run_main(ev.main, ["--solutions", str(sols), "--split", "all", "--out", str(tmp_path / "o")]) == 2
-    )
-    err = capsys.readouterr().err
-    assert f"{sols}:3" in err and "line 1" in err and len(err.strip().splitlines()) == 1
+    line, _ = refused(ev.main, ["--solutions", sols, "--split", "all", "--out", tmp_path / "o"], capsys)
+    assert f"{sols}:3" in line and "line 1" in line
 
 
 def test_crlf_replies_are_recognised():
