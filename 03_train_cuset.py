@@ -817,8 +817,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
-    # every process waits for rank 0's writing: one that tore its process group down while another still
-    # used it was aborted by gloo ("terminate called without an active exception"), seen on a busy machine
+    # every process waits for rank 0's writing: one that tears its process group down while another still
+    # uses it can be aborted by gloo ("terminate called without an active exception"; docs/notebook.md)
     wait_for_checkpoint(checkpoint_wait)
     if dist.is_initialized():
         dist.destroy_process_group()

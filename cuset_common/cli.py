@@ -161,8 +161,8 @@ def nvidia_smi_lists_a_gpu() -> bool:
 
 
 # CPU flags that mean native bfloat16 arithmetic (Linux /proc/cpuinfo names): AVX512-BF16's dot products, or
-# AMX's bf16 tiles. Without them torch emulates bf16 and runs slower than fp32 (data/build_tiny_model.py's
-# native_bf16 cites a measurement), so `auto` must not pick it there.
+# AMX's bf16 tiles. Without them torch emulates bf16 and runs slower than fp32 (docs/performance.md, "Building
+# the models", measures it), so `auto` must not pick it there.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

@@ -627,8 +627,9 @@ def check_hub_id(text: str, repo: str) -> None:
 
 
 def check_hub_dataset(text: str, repo: str, revision: str | None) -> None:
-    """Refuse in about a second a dataset that is neither in the local cache nor reachable on the hub;
-    without this, datasets retries for about 25 s, printing each retry."""
+    """Refuse, after one request with a 2-second timeout, a dataset that is neither in the local cache nor
+    reachable on the hub; without this, datasets retries at length, printing each retry (docs/notebook.md
+    gives how long)."""
     cached = huggingface_hub.try_to_load_from_cache(repo, "README.md", revision=revision, repo_type="dataset")
     if isinstance(cached, str):
         return

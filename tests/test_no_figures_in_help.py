@@ -30,10 +30,6 @@ SCRIPTS = sorted(
     for path in folder.glob("*.py")
     if 'if __name__ == "__main__"' in path.read_text()
 )
-# Helps that still carry a figure, now also in docs/performance.md ("Building the models"). The mark is
-# strict: once the figure is gone, the test fails until its entry here goes too.
-PENDING = {"data/build_smollm2.py": "its usage line still gives the build's time and size"}
-
 NUMBER = r"\d[\d,]*(?:\.\d+)?\s*[kKMG]?"
 DURATION_OR_SIZE = r"(?:ms|s|sec|seconds?|min|minutes?|h|hours?|[KMGT]i?B)\b"
 RATE = r"(?:\w*/s\b|\w+ per (?:second|minute|hour)\b)"  # tok/s, GFLOP/s, programs per minute
@@ -70,13 +66,7 @@ def help_text(script: str, capsys, monkeypatch) -> str:
     return capsys.readouterr().out
 
 
-def pending(script: str):
-    """The script, marked as failing for the reason PENDING gives where it has one."""
-    reason = PENDING.get(script)
-    return pytest.param(script, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else script
-
-
-@pytest.mark.parametrize("script", [pending(s) for s in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_help_carries_no_measurement(script, capsys, monkeypatch):
     assert not figures(help_text(script, capsys, monkeypatch))
 

@@ -14,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers (and huggingface_hub) read it
+# for the scripts this file runs as subprocesses: the tiny model is a local folder, never a hub lookup (this
+# process imported huggingface_hub with conftest, before this line)
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 import torch
@@ -231,8 +233,8 @@ def test_headers_are_used_only_under_a_stated_permissive_licence_and_without_ban
 
 
 def test_builder_uses_bf16_autocast_only_where_the_cpu_has_it_unless_told(builder):
-    # Emulated bf16 trains ~2.3x slower than float32 (native_bf16's docstring), so it is not the default
-    # there.
+    # Emulated bf16 trains slower than float32 (docs/performance.md, "Building the models"), so it is not the
+    # default there.
     assert builder.parse_args([]).bf16 is builder.native_bf16()
     assert builder.parse_args(["--bf16"]).bf16 is True and builder.parse_args(["--no-bf16"]).bf16 is False
 
