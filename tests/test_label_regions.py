@@ -20,6 +20,7 @@ from safetensors.numpy import load_file
 from cuset_common.artifacts import file_records, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import load_script
 from cuset_common.files import sha256_file
+from cuset_common.method import CODES
 from cuset_common.paths import ROOT, TINY_MODEL
 from labeling import observation
 
@@ -407,7 +408,7 @@ def check_region_invariants(t: dict, prof: dict) -> None:
         assert np.all(rid[s:e] == r) and np.sum(rid == r) == e - s, "region_id disagrees with start/end"
         assert seed[s:e].any(), f"region {r} holds no seed"
         assert sample[s] == sample[e - 1], f"region {r} crosses a sample boundary"
-        counts = np.bincount(prof["c"][s:e], minlength=10)[1:]
+        counts = np.bincount(prof["c"][s:e], minlength=CODES)[1:]
         assert t["region_category"][r] == np.argmax(counts) + 1
 
 
