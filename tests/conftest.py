@@ -194,6 +194,17 @@ SCRIPTS = {
 MADE = {"01": "profile", "02": "regions", "03": "ckpt", "04": "run"}
 
 
+def make_artifacts(
+    w: dict, stages: list[str], extra: list | tuple = (), stage_extra: dict | None = None
+) -> None:
+    """Each stage's valid call (ARGS) on the world `w`, into w[MADE[stage]], in the order given (stage 02
+    reads the profile, 03 the regions); `extra` is appended to every call, stage_extra[stage] to that
+    stage's (argparse keeps the last of a flag)."""
+    for stage in stages:
+        argv = [*ARGS[stage](w | {"new": w[MADE[stage]]}), *extra, *(stage_extra or {}).get(stage, [])]
+        assert load_script(SCRIPTS[stage]).main([*map(str, argv)]) == 0
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """A folder with the user's files and one real artifact of each stage, made here once per module with
@@ -219,9 +230,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     w["tasks"].write_text("".join(json.dumps(t) + "\n" for t in tasks))
     answers = [{"task_id": t["id"], "level": 1, "sample": 0, "completion": "no code"} for t in tasks]
     w["sols"].write_text("".join(json.dumps(a) + "\n" for a in answers))
-    for stage in MADE:  # in order: stage 02 reads the profile
-        main = load_script(SCRIPTS[stage]).main
-        assert main([*map(str, ARGS[stage](w)), "--out", str(w[MADE[stage]])]) == 0
+    make_artifacts(w, list(MADE))
     w["mine"].mkdir()
     shutil.copy(w["data"], w["mine"] / "precious.jsonl")
     shutil.copy(w["tasks"], w["mine"] / "tasks.jsonl")

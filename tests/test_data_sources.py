@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ARGS, ROOT, SCRIPTS, load_script, refused
+from conftest import ROOT, SCRIPTS, load_script, make_artifacts, refused
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -91,7 +91,6 @@ def pipeline(parquet_file, tmp_path_factory) -> dict[str, Path]:
         "regions": root / "regions",
         "ckpt": root / "ckpt",
     }
-    data = [*data_args(parquet_file), "--model", TINY_MODEL]
     cuset = [
         "--objective",
         "cuset",
@@ -102,9 +101,7 @@ def pipeline(parquet_file, tmp_path_factory) -> dict[str, Path]:
         "--micro-batch-size",
         "2",
     ]
-    for stage, made, extra in (("01", "profile", []), ("02", "regions", []), ("03", "ckpt", cuset)):
-        argv = [*ARGS[stage](w | {"new": w[made]}), *data, *extra]
-        assert STAGE[stage].main([*map(str, argv)]) == 0
+    make_artifacts(w, ["01", "02", "03"], [*data_args(parquet_file), "--model", TINY_MODEL], {"03": cuset})
     return w
 
 

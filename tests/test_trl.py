@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ARGS, ROOT, SCRIPTS, load_script
+from conftest import ROOT, load_script, make_artifacts
 
 from cuset_common.cli import run_main
 from cuset_common.data_sources import load_data
@@ -32,9 +32,7 @@ def pipeline(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("trl")
     w = {"data": root / "d8.jsonl", "profile": root / "profile", "regions": root / "regions"}
     w["data"].write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
-    for stage, made in (("01", "profile"), ("02", "regions")):
-        main = load_script(SCRIPTS[stage]).main
-        assert main([*map(str, ARGS[stage](w | {"new": w[made]}))]) == 0
+    make_artifacts(w, ["01", "02"])
     return w
 
 
