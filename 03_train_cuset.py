@@ -67,9 +67,10 @@ from cuset_common.artifacts import (
     read_artifact,
     tokenizer_fingerprint,
 )
-from cuset_common.cli import ArgumentParser, UserError, check_ranges, resolve_precision, run_main
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data import encode_sample, right_pad
 from cuset_common.data_sources import add_data_arguments, data_checks, load_data
+from cuset_common.device import resolve_precision
 from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
 from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head

@@ -37,8 +37,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.common import limits_line, machine, machine_limits, print_table
-from cuset_common.cli import bf16_supported, load_script
+from cuset_common.cli import load_script
 from cuset_common.data import end_of_turn_ids
+from cuset_common.device import bf16_supported
 from cuset_common.models import model_parameters
 from cuset_common.paths import SMOLLM2_MODEL as SMOLLM2
 from cuset_common.paths import TASKS_FILE, TINY_MODEL

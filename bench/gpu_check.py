@@ -65,7 +65,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from cuset_common.cli import BF16_LOSS_RTOL, ArgumentParser, UserError, run_main
+from cuset_common.cli import ArgumentParser, UserError, run_main
+from cuset_common.device import BF16_LOSS_RTOL
 from cuset_common.files import read_jsonl, write_text_atomic
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
 from harness.gpu_probe import gencode_flags

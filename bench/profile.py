@@ -56,8 +56,9 @@ from bench.common import (
     warm_up,
     wide_model,
 )
-from cuset_common.cli import load_script, pick_device
+from cuset_common.cli import load_script
 from cuset_common.data import encode_sample, load_sft
+from cuset_common.device import pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import SFT_FILE, TINY_MODEL
 

@@ -69,8 +69,9 @@ from bench.common import (
     warm_up,
     wide_model,
 )
-from cuset_common.cli import BF16_LOSS_RTOL, bf16_supported, load_script, pick_device
+from cuset_common.cli import load_script
 from cuset_common.data import load_sft
+from cuset_common.device import BF16_LOSS_RTOL, bf16_supported, pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer, model_parameters
 from cuset_common.paths import SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL
 

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common.cli import UserError, pick_device, run_main
+from cuset_common.cli import UserError, run_main
 from cuset_common.data import encode_sample, load_sft
+from cuset_common.device import pick_device
 from cuset_common.files import write_text_atomic
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import torch
 import transformers
 
-from cuset_common.cli import pick_device, resolve_precision
 from cuset_common.data import end_of_turn_ids, render_prompt_and_response
+from cuset_common.device import pick_device, resolve_precision
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.tasks import build_messages
 

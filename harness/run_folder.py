@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 
 from cuset_common.artifacts import EVAL_RUN_FILES, check_out_dir, json_kind, open_out
-from cuset_common.cli import UserError, resolve_precision
+from cuset_common.cli import UserError
+from cuset_common.device import resolve_precision
 from cuset_common.files import (
     append_jsonl,
     read_appended_jsonl,

@@ -40,8 +40,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from cuset_common.cli import UserError, pick_device, resolve_precision
+from cuset_common.cli import UserError
 from cuset_common.data import end_of_turn_ids
+from cuset_common.device import pick_device, resolve_precision
 from cuset_common.models import load_tokenizer, model_parameters
 from harness.generation import (
     distinct_samples,

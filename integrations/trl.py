@@ -48,16 +48,9 @@ import torch
 from transformers import TrainerCallback
 
 from cuset_common.artifacts import check_train_out, finishes_out, open_out, tokenizer_fingerprint
-from cuset_common.cli import (
-    ArgumentParser,
-    UserError,
-    check_ranges,
-    load_script,
-    pick_device,
-    resolve_precision,
-    run_main,
-)
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, load_script, run_main
 from cuset_common.data_sources import load_data
+from cuset_common.device import pick_device, resolve_precision
 from cuset_common.files import write_text_atomic
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import DATA

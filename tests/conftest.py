@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cuset_common.cli import load_script, nvidia_smi_lists_a_gpu, run_main  # noqa: E402,F401  (tests import load_script from here)
+from cuset_common.cli import load_script, run_main  # noqa: E402,F401  (tests import load_script from here)
+from cuset_common.device import nvidia_smi_lists_a_gpu
 from cuset_common.models import load_tokenizer  # noqa: E402
 from cuset_common.paths import TINY_MODEL  # noqa: E402
 from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from conftest import ROOT, load_script
 
-from cuset_common.cli import UserError, bf16_supported, computes_bf16, pick_device, resolve_precision
+from cuset_common.cli import UserError
+from cuset_common.device import bf16_supported, computes_bf16, pick_device, resolve_precision
 from cuset_common.paths import TINY_MODEL
 from training.scale import (
     collective_device,

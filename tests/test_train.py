@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 import cuset_common.method
 from cuset_common.artifacts import SCHEMA_VERSION, tokenizer_fingerprint, write_artifact
-from cuset_common.cli import BF16_LOSS_RTOL, resolve_precision
 from cuset_common.data import encode_sample, load_sft
+from cuset_common.device import BF16_LOSS_RTOL, resolve_precision
 from cuset_common.files import sha256_file
 from cuset_common.paths import SFT_FILE, TINY_MODEL
 

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from cuset_common.cli import UserError, pick_device
+from cuset_common.cli import UserError
+from cuset_common.device import pick_device
 
 # Rank 0 alone writes the checkpoints (training/checkpoint.py) while the other processes wait for it.
 # Waiting in the next training collective would put them under NCCL's watchdog, which aborts a collective
