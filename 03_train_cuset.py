@@ -190,7 +190,7 @@ def objective_loss(
         profit_threshold=profit_threshold,
     )  # k_it [B, L]
     w = w if spec.weighted else torch.ones_like(w)  # [B]
-    f = p if spec.scaled_by_p else torch.ones_like(p)  # f_it [B, L]
+    f = p if spec.scaled_by_p else 1.0  # f_it [B, L], or 1 for every token
     loss = (w[:, None].float() * f * k.float() * nll).sum() / N
     stats = {
         "tokens": valid.sum().item(),
