@@ -18,8 +18,9 @@ from cuset_common.artifacts import check_resume_args
 from cuset_common.cli import UserError
 from cuset_common.files import read_json_object, write_text_atomic
 
-# A sample's results, in the order stage 01's score_batch returns them; a shard holds them for its tokens.
-SHARD_RESULTS = ("p0", "entropy", "argmax_correct")
+# A sample's results, in the order stage 01's score_batch returns them, with the dtype a shard keeps each in
+# (all [n], over the shard's tokens).
+SHARD_RESULTS = {"p0": np.float32, "entropy": np.float32, "argmax_correct": np.uint8}
 
 
 def partial_dir(out: Path) -> Path:
@@ -64,15 +65,12 @@ def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: 
         write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
     order = [i for b in batches[b0:b1] for i in b]
     tmp = partial / ".shard.tmp"
-    save_file(
-        {
-            "samples": np.asarray(order, dtype=np.int64),  # [m] sample indices, batch order
-            "p0": np.concatenate([results[i][0] for i in order]).astype(np.float32),  # [n]
-            "entropy": np.concatenate([results[i][1] for i in order]).astype(np.float32),  # [n]
-            "argmax_correct": np.concatenate([results[i][2] for i in order]).astype(np.uint8),
-        },  # [n]
-        str(tmp),
-    )
+    columns = {
+        name: np.concatenate([results[i][k] for i in order]).astype(dtype)
+        for k, (name, dtype) in enumerate(SHARD_RESULTS.items())
+    }
+    samples = np.asarray(order, dtype=np.int64)  # [m] sample indices, batch order
+    save_file({"samples": samples, **columns}, str(tmp))
     os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
 
 
