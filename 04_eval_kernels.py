@@ -66,7 +66,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cuset_common.artifacts import finishes_out
@@ -82,7 +82,7 @@ from cuset_common.paths import (
 )
 from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
-from harness.gpu_probe import compute_capability, decide_backend, probe_gpu
+from harness.gpu_probe import GpuWatch, decide_backend, open_gpu
 from harness.openai_generation import check_server, generate_openai
 from harness.outcomes import APART, GENERATION_ERROR, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
 from harness.program_files import copy_written_files
@@ -97,11 +97,20 @@ from harness.programs import (
     make_work_dir,
     output_limit_mb,
     prepare_emulator,
+    program_gpu,
     require_tools,
     resolve_backend,
 )
 from harness.report import Progress, write_generation_summary, write_summary
-from harness.run_folder import Run, load_solutions, open_run, run_engine, run_fingerprint, select_tasks
+from harness.run_folder import (
+    Run,
+    generation_settings,
+    load_solutions,
+    open_run,
+    run_engine,
+    run_fingerprint,
+    select_tasks,
+)
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
 from harness.timing import TIMING_ARGUMENT, read_timing, speed_stats
 from harness.vllm_generation import (
@@ -472,6 +481,8 @@ class Judge:
             compare_timeout=self.args.task_timeout,
             timing_timeout=self.args.timing_timeout,
         )
+        if self.runner.watch:  # a failure is the program's only while the GPU still works after it
+            self.runner.watch.after(out[0], f"a program of task {task_id}")
         self.schedule.finished(workdir)
         return out
 
@@ -676,7 +687,8 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
         "--device",
         default="auto",
         help="device for generation: auto | cpu | cuda | cuda:N; auto: the first GPU if there is one "
-        "(vLLM: the kind its build runs on)",
+        "(vLLM: the kind its build runs on); on the GPU backend the programs run on the GPU cuda:N names, "
+        "else the first",
     )
     a(
         "--vllm-gpu-memory",
@@ -830,16 +842,25 @@ def check_generation(args) -> None:
         require_vllm()
 
 
+def generates_on_gpu(args) -> bool:
+    """Whether this process generates on a GPU before the programs run (the GPU's compute mode matters)."""
+    if args.reference or args.solutions or args.generate_only:
+        return False
+    return generation_settings(args).get("device") == "cuda"
+
+
 def start_runner(args, gpu: str | None, planned: str) -> tuple[Runner, list[str]]:
     """Choose the sandbox (or refuse to run unisolated); where the GPU is planned, run the GPU probe in it
     (harness/gpu_probe.py: the run stops with one line unless it ran); say where programs run. Returns
     the runner and nvcc's architecture flags: the probe's -gencode on the GPU, else NVCC_DEFAULT_ARCH."""
-    runner = choose_runner(args.no_sandbox, planned)
-    probe = probe_gpu(runner, compute_capability(), compile_program) if planned == "gpu" else None
+    runner = choose_runner(args.no_sandbox, planned, program_gpu(args.device) if planned == "gpu" else "0")
+    probe = open_gpu(runner, compile_program, generates_on_gpu(args)) if planned == "gpu" else None
     backend = decide_backend(args.backend, gpu, probe.failure if probe else None)
     arch = probe.arch if backend == "gpu" else NVCC_DEFAULT_ARCH
+    runner = replace(runner, watch=GpuWatch(runner, probe)) if backend == "gpu" else runner
     print(
-        f"GPU: {gpu} (the probe ran on it {'in the sandbox' if runner.sandbox else 'unsandboxed'}; "
+        f"GPU: {probe.gpu if probe else gpu} (CUDA_VISIBLE_DEVICES={runner.gpu} for the programs; the probe "
+        f"ran on it {'in the sandbox' if runner.sandbox else 'unsandboxed'}; "
         f"nvcc {' '.join(arch)}: compile for it, run, "
         f"compare, time)"
         if backend == "gpu"

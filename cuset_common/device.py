@@ -56,15 +56,39 @@ def check_no_unusable_gpu() -> None:
 
 def nvidia_smi_lists_a_gpu() -> bool:
     """Whether `nvidia-smi -L` (on PATH) runs and lists a GPU ("GPU 0: NVIDIA ...")."""
+    listing = nvidia_smi("-L")
+    return listing is not None and any(line.startswith("GPU ") for line in listing.splitlines())
 
+
+# A healthy driver answers nvidia-smi within seconds, also on a machine of many GPUs without persistence mode
+# (each GPU initialised in turn); one that does not answer at all is wedged, a real state of GPU machines.
+NVIDIA_SMI_TIMEOUT_S = 30
+
+
+def nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's standard output for `args`, or None where it is not installed or fails (no driver, no
+    GPU). A UserError when it does not answer within NVIDIA_SMI_TIMEOUT_S: every caller would otherwise
+    wait for ever on a hung driver, so every call of nvidia-smi goes through here."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return False
+        return None
     try:
-        listing = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return listing.returncode == 0 and any(line.startswith("GPU ") for line in listing.stdout.splitlines())
+        proc = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=NVIDIA_SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # Killed and left: a process stuck in the driver (uninterruptible sleep) dies only when the driver
+        # lets go, so waiting for it, as subprocess.run does after a timeout, would hang here too.
+        proc.kill()
+        proc.stdout.close()
+        raise UserError(
+            f"nvidia-smi {' '.join(args)} did not answer within {NVIDIA_SMI_TIMEOUT_S} s: the GPU driver "
+            f"seems hung; check `nvidia-smi` and the kernel log (dmesg), reset or reboot the GPU, or run "
+            f"without it (--device cpu, stage 04 --backend emulate)"
+        ) from None
+    return out if proc.returncode == 0 else None
 
 
 # CPU flags that mean native bfloat16 arithmetic (Linux /proc/cpuinfo names): AVX512-BF16's dot products, or

@@ -16,26 +16,38 @@ builds for nvcc's default. Candidates are compiled with the same flags.
 
 from __future__ import annotations
 
+import atexit
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from cuset_common.cli import UserError
-from harness.programs import Runner, resolve_backend
+from harness.programs import (
+    CAPABILITY,
+    ListedGpu,
+    Runner,
+    listed_gpus,
+    make_work_dir,
+    resolve_backend,
+    select_listed,
+)
 from harness.sandbox import HOST_DEV, gpu_access_problem
 
-CAPABILITY = re.compile(r"(\d+)\.(\d+)")  # a compute capability as the driver writes it: "9.0"
 COMPILE_S, RUN_S = 120, 60  # the probe's budgets: a compile, and CUDA's start-up on a large machine
 SAID_MAX = 400  # characters of a log kept in the one line of a refusal
 
-# The kernel writes the architecture it was compiled for; the host prints it, or the CUDA error that
-# stopped it (0 would mean the kernel never wrote: no image for this GPU).
+# The host says which CUDA it has (driver and runtime versions: these calls work without a usable GPU) and
+# which GPU it runs on (CUDA_VISIBLE_DEVICES decides that, not nvidia-smi's order); then the kernel writes the
+# architecture it was compiled for, and the host prints it, or the CUDA error that stopped it (0 would mean
+# the kernel never wrote: no image for this GPU).
 PROBE_SOURCE = r"""#include <cstdio>
 
 __global__ void report_arch(int* arch) {
@@ -50,10 +62,20 @@ static int failed(const char* step, cudaError_t error) {
 }
 
 int main() {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    printf("cuda driver %d runtime %d\n", driver, runtime);
+    cudaDeviceProp prop;
+    cudaError_t error = cudaGetDeviceProperties(&prop, 0);
+    if (error != cudaSuccess) return failed("cudaGetDeviceProperties", error);
+    const unsigned char* u = (const unsigned char*)prop.uuid.bytes;
+    printf("device %d.%d GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x %s\n",
+           prop.major, prop.minor, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+           u[12], u[13], u[14], u[15], prop.name);
     int* arch = nullptr;
     int reported = 0;
-    cudaError_t error = cudaMalloc(&arch, sizeof(int));
-    if (error != cudaSuccess) return failed("cudaMalloc", error);
+    if ((error = cudaMalloc(&arch, sizeof(int))) != cudaSuccess) return failed("cudaMalloc", error);
     if ((error = cudaMemset(arch, 0, sizeof(int))) != cudaSuccess) return failed("cudaMemset", error);
     report_arch<<<1, 1>>>(arch);
     if ((error = cudaGetLastError()) != cudaSuccess) return failed("kernel launch", error);
@@ -63,6 +85,9 @@ int main() {
     return 0;
 }
 """
+# What the probe prints before its kernel runs.
+VERSIONS_LINE = re.compile(r"^cuda driver (\d+) runtime (\d+)$", re.M)
+DEVICE_LINE = re.compile(r"^device (\d+\.\d+) (GPU-[0-9a-f-]+) (.+)$", re.M)
 
 # compile_program of 04_eval_kernels.py: (source, folder, arch flags, timeout, runner) -> (executable or
 # None, nvcc's log). The probe is built by the very function that builds candidates.
@@ -73,18 +98,19 @@ Build = Callable[[str, Path, list[str], float, Runner], tuple[Path | None, str]]
 class Probe:
     arch: list[str]  # nvcc's architecture flags for the GPU (empty when its capability is unknown)
     failure: str | None  # what failed, in one line; None: the probe's kernel ran on the GPU
+    gpu: str | None = None  # the GPU the probe's program ran on, as CUDA names it, and its capability
+    exe: Path | None = None  # the probe's program, kept for GpuWatch (None where it was not built)
 
 
-def compute_capability() -> str | None:
-    """The first GPU's compute capability ("9.0"): nvidia-smi's, else torch's where it has CUDA (a
-    container without nvidia-smi, or a driver too old for the query); None when neither tells."""
-    if shutil.which("nvidia-smi"):
-        r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True
-        )
-        first = r.stdout.split()[0] if r.returncode == 0 and r.stdout.split() else ""
-        if CAPABILITY.fullmatch(first):
-            return first
+def compute_capability(selection: str | None = None) -> str | None:
+    """The compute capability ("9.0") of the GPU that `selection` (a CUDA_VISIBLE_DEVICES entry:
+    harness/programs.py, program_gpu) names, else of the first GPU nvidia-smi lists, else torch's where it
+    has CUDA (a container without nvidia-smi, or a driver too old for the query); None when none tells.
+    A first guess: the probe reports the GPU its program really runs on, and probe_gpu corrects it."""
+    gpus = listed_gpus()
+    chosen = (select_listed(gpus, selection) if selection is not None else None) or next(iter(gpus), None)
+    if chosen and chosen.capability:
+        return chosen.capability
     return "{}.{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
 
 
@@ -109,24 +135,38 @@ def cuda_arch(capability: str) -> int:
     return int(major) * 100 + int(minor) * 10
 
 
-def probe_gpu(runner: Runner, capability: str | None, build: Build) -> Probe:
-    """Build PROBE_SOURCE for `capability` with `build` and run it through `runner` (a GPU backend's,
-    so in the candidates' sandbox with the GPU bound); the Probe says whether its kernel ran."""
+def probe_gpu(runner: Runner, capability: str | None, build: Build, folder: Path | None = None) -> Probe:
+    """Build PROBE_SOURCE for `capability` with `build` and run it through `runner` (a GPU backend's, so in
+    the candidates' sandbox with the GPU bound); the Probe says whether its kernel ran. Where the program
+    reports another capability than the guess (CUDA_VISIBLE_DEVICES selects another GPU than nvidia-smi's
+    order suggests), it is built again for the GPU it ran on. `folder`: where the program is kept (for
+    GpuWatch); a temporary one by default."""
     if capability is None:
         return Probe(
             [], "cannot tell the GPU's compute capability (neither nvidia-smi nor torch.cuda reports it)"
         )
-    arch = gencode_flags(capability)
     closed = gpu_access_problem(HOST_DEV) if runner.sandbox else None
     if closed:
-        return Probe(arch, closed)
+        return Probe(gencode_flags(capability), closed)
     with tempfile.TemporaryDirectory(prefix="cuset-gpu-probe-") as tmp:
-        exe, log = build(PROBE_SOURCE, Path(tmp) / "build", arch, COMPILE_S, runner)
-        if exe is None:
-            return Probe(arch, f"nvcc {' '.join(arch)} cannot build it: {one_line(log)}")
-        create_uvm_node(exe)
-        code, log = runner.untrusted([f"./{exe.name}"], exe.parent, RUN_S, nproc=64)
-    return Probe(arch, run_failure(code, log, capability))
+        probe, ran_on = build_and_run(runner, capability, build, folder or Path(tmp))
+        if ran_on not in (None, capability):
+            probe, _ = build_and_run(runner, ran_on, build, folder or Path(tmp))
+    return probe if folder else Probe(probe.arch, probe.failure, probe.gpu)
+
+
+def build_and_run(runner: Runner, capability: str, build: Build, folder: Path) -> tuple[Probe, str | None]:
+    """One build of the probe for `capability` in `folder`, and its sandboxed run: the Probe, and the
+    capability of the GPU the program reported it ran on (None where it did not get that far)."""
+    arch = gencode_flags(capability)
+    exe, log = build(PROBE_SOURCE, folder / f"build-{capability}", arch, COMPILE_S, runner)
+    if exe is None:
+        return Probe(arch, f"nvcc {' '.join(arch)} cannot build it: {one_line(log)}"), None
+    create_uvm_node(exe)
+    code, log = runner.untrusted([f"./{exe.name}"], exe.parent, RUN_S, nproc=64)
+    device = DEVICE_LINE.search(log)
+    gpu = f"{device.group(3)} (compute capability {device.group(1)})" if device else None
+    return Probe(arch, run_failure(code, log, capability), gpu, exe), device and device.group(1)
 
 
 def create_uvm_node(probe: Path) -> None:
@@ -145,7 +185,8 @@ def create_uvm_node(probe: Path) -> None:
 
 def run_failure(code: int | None, log: str, capability: str) -> str | None:
     """What the probe's sandboxed run says: None when its kernel reported the architecture it was built
-    for, else what failed (in one line)."""
+    for, else what failed (in one line), with the cause where the log shows it: a driver older than the
+    CUDA that nvcc builds for (every program would fail while torch works), a missing uvm node."""
     expected = cuda_arch(capability)
     if code is None:
         failure = f"it did not finish within {RUN_S} s"
@@ -156,8 +197,96 @@ def run_failure(code: int | None, log: str, capability: str) -> str | None:
     else:
         failure = f"its kernel did not report __CUDA_ARCH__ {expected}: {one_line(log)}"
     missing_uvm = (HOST_DEV / "nvidiactl").exists() and not (HOST_DEV / "nvidia-uvm").exists()
-    return failure + (
-        "; /dev/nvidia-uvm does not exist: run nvidia-modprobe -u -c=0 as root" if missing_uvm else ""
+    return (
+        failure
+        + (old_driver(log) or "")
+        + ("; /dev/nvidia-uvm does not exist: run nvidia-modprobe -u -c=0 as root" if missing_uvm else "")
+    )
+
+
+def cuda_version(number: int) -> str:
+    """CUDA's version number as people write it: 12040 -> "12.4"."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def old_driver(log: str) -> str | None:
+    """Where the probe's versions line shows a driver older than the runtime nvcc built it with, what to do
+    (None otherwise, and where no driver library answered: driver 0)."""
+    versions = VERSIONS_LINE.search(log)
+    if versions is None:
+        return None
+    driver, runtime = map(int, versions.groups())
+    if not 0 < driver < runtime:
+        return None
+    return (
+        f"; the driver supports CUDA {cuda_version(driver)}, older than nvcc's CUDA {cuda_version(runtime)}: "
+        f"install a driver for CUDA {cuda_version(runtime)} or newer, or put an nvcc of CUDA "
+        f"{cuda_version(driver)} or older first on PATH"
+    )
+
+
+# After a program failed on the GPU, how long the GPU may take to work again (a killed kernel's context is
+# torn down by the driver, which can take longer than the sandbox's own wait), and how often to try.
+RECOVER_S, RECOVER_EVERY_S = 60, 5
+GPU_FAILURES = ("runtime_error", "timeout")  # the outcomes after which the GPU is probed again
+
+
+@dataclass
+class GpuWatch:
+    """The GPU probe again after each program that failed on the GPU: a failure is the candidate's only
+    while the GPU still works after it. A GPU that does not recover within RECOVER_S (left in an error
+    state, or taken by another process in exclusive-process compute mode) stops the run with one line,
+    before the failing row is recorded, so that a rerun judges that program again and no model is charged
+    for a broken GPU."""
+
+    runner: Runner
+    probe: Probe  # the probe of start_runner, which ran: its program and architecture
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def after(self, outcome: str, what: str) -> None:
+        """Raise UserError when `what` ended `outcome` (one of GPU_FAILURES) and the GPU no longer works."""
+        if outcome not in GPU_FAILURES or self.probe.exe is None:
+            return
+        with self.lock:  # one probe at a time, as the programs run on the GPU
+            failure, give_up = self.run_probe(), time.monotonic() + RECOVER_S
+            while failure and time.monotonic() < give_up:
+                time.sleep(RECOVER_EVERY_S)
+                failure = self.run_probe()
+        if failure:
+            raise UserError(
+                f"the GPU stopped working after {what} ended {outcome}: the GPU probe now fails "
+                f"({failure}) and did not recover within {RECOVER_S} s. The rows judged before are kept "
+                f"(this one is not); fix or reset the GPU (nvidia-smi -r), then rerun the same command"
+            )
+
+    def run_probe(self) -> str | None:
+        exe = self.probe.exe
+        code, log = self.runner.untrusted([f"./{exe.name}"], exe.parent, RUN_S, nproc=64)
+        capability = DEVICE_LINE.search(log)
+        return run_failure(code, log, capability.group(1) if capability else "0.0")
+
+
+def open_gpu(runner: Runner, build: Build, generates_on_gpu: bool) -> Probe:
+    """The GPU backend's start, on the GPU `runner` runs programs on: refuse what could never judge there
+    (exclusive_gpu_problem), then the probe, its program kept in a folder of the run (removed at exit, or by
+    the next run where this one is killed: harness/programs.py, make_work_dir) for GpuWatch."""
+    if problem := exclusive_gpu_problem(select_listed(listed_gpus(), runner.gpu), generates_on_gpu):
+        raise UserError(problem)
+    folder = make_work_dir()
+    atexit.register(shutil.rmtree, folder, True)
+    return probe_gpu(runner, compute_capability(runner.gpu), build, folder)
+
+
+def exclusive_gpu_problem(gpu: ListedGpu | None, generates_on_gpu: bool) -> str | None:
+    """Why stage 04 cannot judge on `gpu` after generating on a GPU in this process, or None: in
+    exclusive-process compute mode a GPU takes one process's context, and the generating process keeps
+    its context to the end, so every program would fail to start."""
+    if gpu is None or gpu.compute_mode != "Exclusive_Process" or not generates_on_gpu:
+        return None
+    return (
+        f"{gpu.name} is in exclusive-process compute mode, and generating here would hold it, so no program "
+        f"could then run on it: generate first with --generate-only, then judge in a second run with "
+        f"--solutions <its --out>/completions.jsonl, or set the mode to Default (nvidia-smi -c DEFAULT)"
     )
 
 

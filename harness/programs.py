@@ -20,11 +20,16 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cuset_common.cli import UserError
+from cuset_common.device import nvidia_smi
 from cuset_common.tasks import buffer_bytes
 from harness.emulate import EMU_INCLUDE, Unsupported, gxx_command, pch_command, translate
 from harness.sandbox import HOST_DEV, SandboxBusy, SandboxError, probe_isolation, run_sandboxed
+
+if TYPE_CHECKING:  # harness/gpu_probe.py imports this module
+    from harness.gpu_probe import GpuWatch
 
 LOG_KEEP = 4000  # characters of each log kept in results (head and tail)
 
@@ -35,12 +40,21 @@ class Runner:
 
     sandbox: bool
     backend: str  # "gpu" | "emulated"
+    gpu: str = "0"  # the GPU backend's GPU, as the programs' CUDA_VISIBLE_DEVICES (program_gpu)
+    watch: GpuWatch | None = None  # the GPU backend's probe again after a failed program (start_runner)
 
-    def untrusted(self, cmd: list[str], folder: Path, timeout: float, **kw) -> tuple[int | None, str]:
+    def untrusted(
+        self, cmd: list[str], folder: Path, timeout: float, env: dict | None = None, **kw
+    ) -> tuple[int | None, str]:
         """nvcc/g++ on generated source, or the generated program: whitelist sandbox (on the GPU backend
-        with the GPU); as root, a uid of its own for this call, which gets `folder`."""
-        gpu_dev = HOST_DEV if self.backend == "gpu" else None
-        return self._run(cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, gpu_dev=gpu_dev, **kw)
+        with the GPU, and only the one --device names visible); as root, a uid of its own for this call,
+        which gets `folder`."""
+        gpu_dev, env = None, env or {}
+        if self.backend == "gpu":
+            gpu_dev, env = HOST_DEV, {"CUDA_VISIBLE_DEVICES": self.gpu, **env}
+        return self._run(
+            cmd, folder, timeout, untrusted=True, cpu_s=int(timeout) + 5, gpu_dev=gpu_dev, env=env, **kw
+        )
 
     def task_script(self, script: str, folder: Path, timeout: float) -> tuple[int | None, str]:
         """The task author's gen.py/compare.py: our file system view, no network, generous limits."""
@@ -76,13 +90,13 @@ class Runner:
             raise UserError(f"the sandbox could not start {cmd[0]} in {folder}: {why}") from None
 
 
-def choose_runner(no_sandbox: bool, backend: str) -> Runner:
+def choose_runner(no_sandbox: bool, backend: str, gpu: str = "0") -> Runner:
     """Isolation is required for untrusted code: say what is used, or why none is possible and refuse
-    unless --no-sandbox."""
+    unless --no-sandbox. `gpu`: the programs' GPU on the GPU backend (program_gpu)."""
     isolation = probe_isolation()
     if isolation.available and not no_sandbox:
         print(f"sandbox: {isolation.how}")
-        return Runner(True, backend)
+        return Runner(True, backend, gpu)
     if not no_sandbox:
         raise UserError(
             f"cannot isolate generated code here: {isolation.how}. Stage 04 runs untrusted programs "
@@ -93,22 +107,88 @@ def choose_runner(no_sandbox: bool, backend: str) -> Runner:
         f"(isolation {'available but ' if isolation.available else ''}off: {isolation.how})",
         file=sys.stderr,
     )
-    return Runner(False, backend)
+    return Runner(False, backend, gpu)
 
 
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # the loaded driver's GPUs, a folder each, in any container
 
 
-def gpu_name() -> str | None:
-    """The first GPU the driver lists: nvidia-smi's, else (a container without nvidia-smi) the driver's own
-    list (driver_gpu_name); None without a driver or a GPU. A GPU listed is not yet one CUDA can use:
-    stage 04 runs its GPU probe (harness/gpu_probe.py) before it trusts one."""
-    if shutil.which("nvidia-smi"):
-        r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+@dataclass(frozen=True)
+class ListedGpu:
+    """A GPU as nvidia-smi lists it (--query-gpu, LISTED_FIELDS)."""
+
+    index: str  # nvidia-smi's index: PCI bus order
+    uuid: str  # "GPU-8f7c...": what CUDA_VISIBLE_DEVICES may name too
+    name: str
+    capability: str | None  # "9.0"; None where the driver is too old for the query
+    compute_mode: str | None  # "Default", "Exclusive_Process", "Prohibited"
+
+
+LISTED_FIELDS = "index,uuid,name,compute_cap,compute_mode"
+
+
+def listed_gpus() -> list[ListedGpu]:
+    """The GPUs nvidia-smi lists (a hung nvidia-smi is a UserError: cuset_common/device.py); [] without
+    nvidia-smi, a driver or a GPU. A driver too old to know a field answers "[N/A]" or fails the whole query:
+    then the names alone."""
+    listing = nvidia_smi(f"--query-gpu={LISTED_FIELDS}", "--format=csv,noheader")
+    if listing is None:
+        names = nvidia_smi("--query-gpu=index,uuid,name", "--format=csv,noheader") or ""
+        return [ListedGpu(*row, None, None) for row in parse_csv(names, 3)]
+    return [
+        ListedGpu(index, uuid, name, cap if CAPABILITY.fullmatch(cap) else None, mode or None)
+        for index, uuid, name, cap, mode in parse_csv(listing, 5)
+    ]
+
+
+CAPABILITY = re.compile(r"(\d+)\.(\d+)")  # a compute capability as the driver writes it: "9.0"
+
+
+def parse_csv(listing: str, fields: int) -> list[list[str]]:
+    """nvidia-smi's csv,noheader rows of `fields` fields each (a GPU name holds no comma); other lines are
+    left out."""
+    rows = [[f.strip() for f in line.split(",")] for line in listing.splitlines()]
+    return [row for row in rows if len(row) == fields]
+
+
+def program_gpu(device: str) -> str:
+    """The CUDA_VISIBLE_DEVICES that stage 04's programs get on the GPU backend: the one GPU that --device
+    names (cuda:N: the N-th GPU this process sees; auto, cuda or cpu: the first), written as this process's
+    CUDA_VISIBLE_DEVICES writes it (an index, or a GPU-/MIG- UUID), so that the programs, the GPU probe and
+    generation agree on which GPU is meant."""
+    index = int(device.split(":")[1]) if device.startswith("cuda:") and device[5:].isdigit() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index >= len(entries):
+        shown = f"CUDA_VISIBLE_DEVICES={visible!r} makes {len(entries)} GPU(s) visible"
+        raise UserError(
+            f"--device {device}: {shown}, so there is no GPU {index} for the programs; name a visible GPU "
+            f"(--device cuda:0), change CUDA_VISIBLE_DEVICES, or pass --backend emulate"
         )
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip().splitlines()[0]
+    return entries[index]
+
+
+def select_listed(gpus: list[ListedGpu], selection: str) -> ListedGpu | None:
+    """The listed GPU that a CUDA_VISIBLE_DEVICES entry names: by UUID (CUDA takes any unique prefix), or by
+    index. An index is CUDA's, which follows nvidia-smi's PCI order only under CUDA_DEVICE_ORDER=PCI_BUS_ID
+    or among GPUs of one model: the GPU probe reports the GPU its program really ran on and corrects this
+    guess (harness/gpu_probe.py). None for a MIG instance (nvidia-smi lists the GPUs that hold them)."""
+    if selection.startswith("GPU-"):
+        return next((g for g in gpus if g.uuid.startswith(selection)), None)
+    return next((g for g in gpus if g.index == selection), None)
+
+
+def gpu_name(selection: str | None = None) -> str | None:
+    """The GPU the driver lists that `selection` (a CUDA_VISIBLE_DEVICES entry: program_gpu) names, or the
+    first one: nvidia-smi's, else (a container without nvidia-smi) the driver's own list (driver_gpu_name);
+    None without a driver or a GPU. A GPU listed is not yet one CUDA can use: stage 04 runs its GPU probe
+    (harness/gpu_probe.py) before it trusts one."""
+    gpus = listed_gpus()
+    if gpus:
+        chosen = select_listed(gpus, selection) if selection is not None else None
+        return (chosen or gpus[0]).name
     return driver_gpu_name(DRIVER_GPUS)
 
 

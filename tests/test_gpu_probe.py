@@ -66,7 +66,8 @@ def test_the_probe_is_built_by_the_candidates_compile_and_without_a_gpu_says_wha
 
     probe = probe_gpu(Runner(probe_isolation().available, "gpu"), "8.0", compile_program)
     assert builds == [probe.arch] == [["-gencode", "arch=compute_80,code=sm_80"]]
-    assert probe.failure.startswith("it exited with status 1: cudaMalloc: "), probe.failure
+    assert probe.failure.startswith("it exited with status 1: cuda driver 0 runtime "), probe.failure
+    assert "cudaGetDeviceProperties: " in probe.failure
     assert "\n" not in probe.failure
 
 
