@@ -73,7 +73,7 @@ from cuset_common.data_sources import add_data_arguments, data_checks, load_data
 from cuset_common.device import resolve_precision
 from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
-from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
+from cuset_common.models import check_head_is_plain, load_tokenizer, output_head
 from cuset_common.paths import DATA, TINY_MODEL
 from training.checkpoint import check_resume, checkpoint_room, load_resume, save_final, save_resume
 from training.scale import (
@@ -82,8 +82,10 @@ from training.scale import (
     format_memory_plan,
     fsdp_mesh,
     fsdp_micro_batch,
+    load_model,
     memory_plan,
     memory_record,
+    reset_peak_memory,
     setup_distributed,
     shard_fsdp,
     wait_for_checkpoint,
@@ -783,8 +785,10 @@ def main(argv: list[str] | None = None) -> int:
     max_length = resolve_max_length(args, regions)
     samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
     check_enough_samples(args, len(samples), skipped)
-    model = load_causal_lm(args.model, torch.float32).to(device)
-    check_head_is_plain(model, torch.tensor([samples[0]["input_ids"]], device=device), "stage 03")
+    first = torch.tensor([samples[0]["input_ids"]])  # what the head check reads
+    model = load_model(  # under --fsdp rank 0 alone loads and checks it, on the host (training/scale.py)
+        args, rank, device, lambda m: check_head_is_plain(m, first.to(m.device), "stage 03"), checkpoint_wait
+    )
     check_room(args.out, checkpoint_room(model, args.optimizer))
     if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
         open_out(args.out, start_over=not args.resume)
@@ -803,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f" | resumed at step {step}" if step else "")
         )
         print(format_memory_plan(plan, args, world), flush=True)
+    reset_peak_memory(device)  # meta.json's measured peak is training's, not loading's (training/scale.py)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
     run = Training(
         args, rank, world, device, tokenizer.pad_token_id, model, net, optimizer, autocast, checkpoint_wait

@@ -44,7 +44,8 @@ FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
 # The driver: runs stage 03's main in a fresh process and counts live tensor bytes (tests/live_memory.py) from
 # the moment the plan is made (one process) or the model is sharded (--fsdp), with the model's own parameters
 # and buffers registered first, so that the peak is comparable with the plan's total; it also records the
-# device type of the mesh FSDP shards over.
+# device type of the mesh FSDP shards over, and whether the model was built on the meta device (under --fsdp
+# every rank but 0: training/scale.py, load_model).
 DRIVER = r"""
 import json, os, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
@@ -59,6 +60,7 @@ def start():
 plan, shard = train.memory_plan, train.shard_fsdp
 def spy_plan(m, *a, **k):
     model.append(m)
+    rec["on_meta"] = any(p.is_meta for p in [*m.parameters(), *m.buffers()])
     rec["plan"] = plan(m, *a, **k)
     if "--fsdp" not in sys.argv:
         start()
@@ -188,6 +190,9 @@ def test_fsdp_two_processes_match_single_process_training(single, fsdp_run):
     assert_same_sgd_training(weights_of(single), weights_of(out), SGD_STEPS, k_terms=K_TERMS)
     assert set(weights_of(out)) == set(weights_of(single))  # gathered, tied weights saved once as on one GPU
     assert [round(x["loss"], 4) for x in log_of(out)] == [round(x["loss"], 4) for x in log_of(single)]
+    # rank 1 built the model on the meta device and received rank 0's weights, the tied embeddings and the
+    # rotary inv_freq (a buffer no state dict holds) among them: the equalities above hold for its shards too
+    assert [rec["on_meta"] for rec in records] == [False, True]
     for rec in records:  # the plan under FSDP, per process, and --device cpu's mesh on a GPU machine too
         check_plan(rec, padding_only_bytes(MODEL, FSDP_ARGS["micro_batch_size"] * MAX_LENGTH))
         assert rec["mesh"] == "cpu"
@@ -340,6 +345,7 @@ def test_the_memory_plan_at_7b_shards_state_by_processes():
     assert eight["weights"][0] == pytest.approx(4 * p / 8 + 2 * (root + 2 * layer))
     assert eight["gradients"][0] == pytest.approx(4 * p / 8 + 2 * (root + layer))
     assert eight["total"][0] < 40 * 2**30  # fits an 80 GB GPU with room for the allocator
+    assert eight["load (host)"][0] == 4 * p and "rank 0" in eight["load (host)"][1]  # 30 GB, one host copy
     text = train.format_memory_plan(eight, args, 8)
     assert "fsdp over 8" in text and "weights bf16" in text and "total" in text
 

@@ -5,6 +5,7 @@ device and precision."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from conftest import ROOT, load_script
 
 from cuset_common.cli import UserError
 from cuset_common.device import bf16_supported, computes_bf16, pick_device, resolve_precision
-from cuset_common.paths import TINY_MODEL
+from cuset_common.paths import SFT_FILE, TINY_MODEL
 from training.scale import (
     collective_device,
     decoder_layers,
@@ -25,6 +26,7 @@ from training.scale import (
     memory_plan,
     memory_record,
     process_group_backend,
+    reset_peak_memory,
     shard_fsdp,
 )
 
@@ -111,6 +113,63 @@ def test_processes_wait_for_a_checkpoint_longer_than_the_process_groups_timeout(
         assert proc.returncode == 0, err[-3000:]
 
 
+# Two processes load the model as stage 03 does under --fsdp (load_model), first with a check that refuses it,
+# then with one that passes; each prints what it saw: the refusal, the checks it ran, where its model is.
+LOADER = r"""
+import datetime, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from types import SimpleNamespace
+import torch.distributed as dist
+from cuset_common.cli import UserError
+from training.scale import checkpoint_wait_group, load_model
+rank = int(os.environ["RANK"])
+store = dist.TCPStore("127.0.0.1", int(sys.argv[2]), 2, rank == 0, timeout=datetime.timedelta(seconds=120))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+group, args, checks = checkpoint_wait_group(2), SimpleNamespace(fsdp=True, model=sys.argv[3]), []
+def refuse(model):
+    checks.append(rank)
+    raise UserError("its logits are scaled")
+try:
+    load_model(args, rank, "cpu", refuse, group)
+    refusal = None
+except UserError as e:
+    refusal = str(e)
+model = load_model(args, rank, "cpu", checks.append, group)
+shapes = {n: list(t.shape) for n, t in [*model.named_parameters(), *model.named_buffers()]}
+devices = sorted({t.device.type for t in [*model.parameters(), *model.buffers()]})
+print(json.dumps(dict(refusal=refusal, checks=len(checks), devices=devices, shapes=shapes)))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_under_fsdp_rank_0_alone_loads_the_model_and_its_verdict_reaches_every_process(tmp_path):
+    """Rank 0 loads and checks the model on the host; rank 1 builds the same modules on the meta device (no
+    memory) and refuses with rank 0's words when rank 0 refuses, instead of waiting in the next collective."""
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(ROOT), port, str(TINY_MODEL)],
+            env={**os.environ, "RANK": str(rank), "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    seen = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        seen.append(json.loads(out.splitlines()[-1]))
+    assert [s["refusal"] for s in seen] == ["its logits are scaled"] * 2
+    assert [s["checks"] for s in seen] == [2, 0]  # the check runs on rank 0 alone
+    assert [s["devices"] for s in seen] == [["cpu"], ["meta"]]
+    assert seen[0]["shapes"] == seen[1]["shapes"]  # tied embeddings and the rotary buffers included
+
+
 # ---------------------------------------------------------------------------------------
 # The memory plan's activations against the tensors backward keeps
 # ---------------------------------------------------------------------------------------
@@ -181,6 +240,54 @@ def test_activations_are_counted_at_the_precision_not_the_device(tiny_model):
 def test_the_memory_record_holds_the_plan_and_no_gpu_peak_off_cuda(tiny_model):
     plan = memory_plan(tiny_model, train.parse_args(["--micro-batch-size", "1"]), 1, "cpu", 64, "fp32")
     assert memory_record(plan, "cpu") == {"plan_bytes": round(plan["total"][0]), "peak_allocated_bytes": None}
+
+
+@pytest.mark.parametrize(
+    "argv, world, where", [([], 1, "per process"), (["--fsdp"], 2, "rank 0's host alone")]
+)
+def test_the_plan_counts_loading_in_host_memory_outside_the_total(tiny_model, argv, world, where):
+    """4 B x P of host memory while the model loads (under --fsdp on rank 0 alone): its own row, printed with
+    the plan; the total stays the device's bytes of training."""
+    args = train.parse_args(["--micro-batch-size", "1", *argv])
+    plan = memory_plan(tiny_model, args, world, "cpu", 64, "fp32")
+    bytes_, how = plan["load (host)"]
+    assert bytes_ == 4 * sum(p.numel() for p in tiny_model.parameters()) and where in how
+    state = sum(plan[row][0] for row in ("weights", "gradients", "optimizer"))
+    work = max(plan["activations"][0] + plan["output layer"][0], plan["step"][0])
+    assert plan["total"][0] == state + work
+    assert "load (host)" in train.format_memory_plan(plan, args, world)
+
+
+@pytest.mark.parametrize("device, reset", [("cpu", False), ("cuda", True), ("cuda:1", True)])
+def test_the_peak_is_forgotten_on_cuda_devices_only(device, reset, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", calls.append)
+    reset_peak_memory(device)
+    assert calls == ([device] if reset else [])
+
+
+class FirstStep(Exception):
+    """Raised where stage 03 would take its first step."""
+
+
+def test_the_peak_is_reset_once_the_model_is_placed_and_before_the_first_step(tmp_path, monkeypatch):
+    """meta.json's peak must be training's: stage 03 resets it after place_model (and the optimizer and any
+    resume state), right before the loop; loading's transients are forgotten."""
+    order, place = [], train.place_model
+    monkeypatch.setattr(train, "place_model", lambda *a: order.append("place") or place(*a))
+    monkeypatch.setattr(train, "reset_peak_memory", lambda device: order.append(f"reset {device}"))
+
+    def first_step(*_):
+        order.append("train")
+        raise FirstStep
+
+    monkeypatch.setattr(train, "train", first_step)
+    data = tmp_path / "sft8.jsonl"
+    data.write_text("".join(SFT_FILE.read_text().splitlines(keepends=True)[:8]))
+    argv = ["--model", str(TINY_MODEL), "--data", str(data), "--objective", "sft", "--device", "cpu"]
+    with pytest.raises(FirstStep):
+        train.main([*argv, "--max-length", "384", "--out", str(tmp_path / "out")])
+    assert order == ["place", "reset cpu", "train"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,18 +13,22 @@ import os
 
 import torch
 import torch.distributed as dist
+import transformers
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from cuset_common.cli import UserError
 from cuset_common.device import pick_device
+from cuset_common.models import load_causal_lm, quiet_transformers
 
 # Rank 0 alone writes the checkpoints (training/checkpoint.py) while the other processes wait for it.
 # Waiting in the next training collective would put them under NCCL's watchdog, which aborts a collective
 # after the process group's timeout (10 minutes by default): less than writing a large model's gathered
 # state may take (12 B per parameter, 177 GB for 14B: docs/scale.md). So they wait at a barrier of a gloo
 # group of their own (CPU, no watchdog) whose timeout covers the write, while the training collectives keep
-# NCCL's short timeout, which still catches a hung step early.
+# NCCL's short timeout, which still catches a hung step early. Under --fsdp they wait in it too while rank 0
+# alone loads the model (load_model).
 CHECKPOINT_WAIT = datetime.timedelta(hours=2)
 
 
@@ -73,8 +77,8 @@ def all_reduce_stats(stats: dict, world: int, device: str) -> dict:
 
 
 def checkpoint_wait_group(world: int):
-    """The gloo group the processes wait in while rank 0 writes a checkpoint (CHECKPOINT_WAIT); None for one
-    process. Every process creates it, at the same point."""
+    """The gloo group the processes wait in while rank 0 writes a checkpoint, or loads the model under --fsdp
+    (CHECKPOINT_WAIT); None for one process. Every process creates it, at the same point."""
     return dist.new_group(backend="gloo", timeout=CHECKPOINT_WAIT) if world > 1 else None
 
 
@@ -82,6 +86,43 @@ def wait_for_checkpoint(group) -> None:
     """Every process waits here until rank 0 has written what it writes alone (a no-op for one process)."""
     if group is not None:
         dist.barrier(group=group)
+
+
+def load_model(args, rank: int, device: str, check, group) -> torch.nn.Module:
+    """The float32 model to train, once check(model) has passed (stage 03's: its logits are a plain head).
+
+    Without --fsdp every process trains the whole model: loaded, moved whole to its device, checked there.
+    Under --fsdp neither a GPU nor the host should hold W whole copies (4 B x P each, 59 GB at 14B): rank 0
+    alone loads it, into host memory (the plan's "load (host)" row), and checks it there, which for the head
+    check is one forward of the whole model on the host's cores (about 2 x P x 64 flops, once); the other
+    processes build it on the meta device (no memory), and shard_fsdp gives them rank 0's weights. Rank 0's
+    verdict reaches them through `group` (gloo: loading may outlast NCCL's watchdog, CHECKPOINT_WAIT), so
+    that all refuse alike.
+    """
+    if not args.fsdp:
+        model = load_causal_lm(args.model, torch.float32).to(device)
+        check(model)
+        return model
+    model, error = None, [None]
+    if rank == 0:
+        try:
+            model = load_causal_lm(args.model, torch.float32)
+            check(model)
+        except UserError as e:
+            error = [str(e)]
+    if group is not None:
+        dist.broadcast_object_list(error, src=0, group=group)
+    if error[0]:
+        raise UserError(error[0])
+    return model if rank == 0 else model_on_meta(args.model)
+
+
+def model_on_meta(name: str) -> torch.nn.Module:
+    """The model built from its config.json on the meta device: its modules and shapes, no memory, no values
+    (rank 0 has checked the folder and loaded it already)."""
+    with quiet_transformers(), torch.device("meta"):
+        config = transformers.AutoConfig.from_pretrained(name)
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -104,12 +145,37 @@ def shard_fsdp(net, args, mesh: DeviceMesh) -> None:
     as on one GPU: one V x d all-gather per pass, V x d x (2 or 4) bytes while gathered (in the memory plan).
     Gradients are reduce-scattered in float32 and averaged over processes, like DDP's. bf16: weights are
     gathered in bf16; the float32 shards are the master copy the optimizer updates.
+
+    The weights come from rank 0's host (load_model): fully_shard moves each unit's parameters and buffers
+    to the mesh's device and keeps this process's shard (torch's fsdp/_fully_shard/_fsdp_init.py,
+    _move_states_to_device), so a GPU holds one unit whole at most, while it is sharded; receive_weights
+    then fills the other processes' shards.
     """
     mp = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if args.param_dtype == "bf16" else None, reduce_dtype=torch.float32
     )
+    full = net.model.state_dict() if mesh.size() > 1 and mesh.get_rank() == 0 else {}  # no copy: references
     for unit in [*decoder_layers(net.model), net]:
         fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.fsdp_keep_gathered)
+    if mesh.size() > 1:
+        receive_weights(net, full, mesh)
+
+
+def receive_weights(net, full: dict, mesh: DeviceMesh) -> None:
+    """Every process's shards filled with rank 0's weights (`full`: its state dict; {} on the others).
+
+    A model built on the meta device first gets its shards, uninitialised (to_empty; on CUDA on the GPU
+    setup_distributed set). DCP broadcasts the state dict one tensor at a time: each process holds one
+    whole tensor on its device at a time, beside its shards, and keeps its slice. Tied weights are one
+    parameter, loaded under both names. Buffers left out of state dicts (non-persistent: the rotary
+    inv_freq) are broadcast from rank 0 besides; FSDP does not shard buffers.
+    """
+    if any(t.is_meta for t in [*net.parameters(), *net.buffers()]):
+        net.to_empty(device=mesh.device_type)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(net.model, full, options=options)
+    for buffer in net.buffers():
+        dist.broadcast(buffer, src=0, group=mesh.get_group())
 
 
 def fsdp_micro_batch(net, last: bool, args) -> None:
@@ -166,7 +232,17 @@ def memory_plan(
     }
     peak = max(plan["activations"][0] + head[0], plan["step"][0])
     plan["total"] = (w[0] + g[0] + opt + peak, f"P = {params / 1e6:,.1f}M, {world} process(es)")
+    plan["load (host)"] = host_load_bytes(params, args, world)
     return plan
+
+
+def host_load_bytes(params: int, args, world: int) -> tuple[float, str]:
+    """The "load (host)" row of memory_plan: host memory, not the device's, so not in the total, and held
+    before the first step only. The float32 model as loaded, 4 B x P: under --fsdp on rank 0 alone (the
+    others build it on the meta device: load_model), otherwise in every process, so W times that on a
+    machine that runs W of them."""
+    where = "rank 0's host alone" if args.fsdp else "the host per process" + f" ({world} x)" * (world > 1)
+    return 4 * params, f"4 B x P on {where} while loading (not in the total)"
 
 
 def bf16_weights(args) -> bool:
@@ -238,6 +314,15 @@ def layer_bytes(h: int, inter: int, length: int, kind: str) -> int:
     else:
         norms = 2 * (4 * h + 2 * h + 2 * h)
     return norms + attention_and_mlp
+
+
+def reset_peak_memory(device: str) -> None:
+    """Forget the CUDA allocator's peak so far, once the model is placed and before the first step: the peak
+    meta.json records (memory_record) is set beside the plan of training, and loading's transients are not
+    training's (a whole unit on the GPU while fully_shard shards it, a whole tensor while rank 0's weights
+    are broadcast, a resume state being loaded). Nothing to forget off CUDA."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def memory_record(plan: dict, device: str) -> dict:
