@@ -111,6 +111,7 @@ from harness.run_folder import (
     run_fingerprint,
     select_tasks,
 )
+from harness.sandbox import use_bwrap
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
 from harness.timing import TIMING_ARGUMENT, read_timing, speed_stats
 from harness.vllm_generation import (
@@ -774,6 +775,13 @@ def add_program_arguments(ap: ArgumentParser) -> None:
         action="store_true",
         help="run generated code WITHOUT isolation where none is possible (only for code you trust)",
     )
+    a(
+        "--bwrap",
+        type=bwrap_file,
+        metavar="PATH",
+        help="the bubblewrap binary the sandbox runs (default: bwrap on PATH), e.g. a newer release than the "
+        "system's; the startup line says what it provides and what it lacks",
+    )
     a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
     a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
     a(
@@ -799,6 +807,18 @@ def add_program_arguments(ap: ArgumentParser) -> None:
         help="seconds for a task's own gen.py or compare.py (the author's code: generous; "
         "default %(default)s)",
     )
+
+
+def bwrap_file(text: str) -> Path:
+    """--bwrap: an executable file. Checked here, while parsing: a wrong path is a typo to say at once,
+    not a broken sandbox to report after the tasks are read."""
+    path = Path(text)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UserError(
+            f"--bwrap {text}: not an executable file; name the bwrap binary to use, or leave --bwrap out "
+            f"for the one on PATH"
+        )
+    return path.absolute()
 
 
 def levels(text: str) -> list[int]:
@@ -853,6 +873,7 @@ def start_runner(args, gpu: str | None, planned: str) -> tuple[Runner, list[str]
     """Choose the sandbox (or refuse to run unisolated); where the GPU is planned, run the GPU probe in it
     (harness/gpu_probe.py: the run stops with one line unless it ran); say where programs run. Returns
     the runner and nvcc's architecture flags: the probe's -gencode on the GPU, else NVCC_DEFAULT_ARCH."""
+    use_bwrap(args.bwrap)  # None: the one on PATH
     runner = choose_runner(args.no_sandbox, planned, program_gpu(args.device) if planned == "gpu" else "0")
     probe = open_gpu(runner, compile_program, generates_on_gpu(args)) if planned == "gpu" else None
     backend = decide_backend(args.backend, gpu, probe.failure if probe else None)

@@ -10,28 +10,34 @@ alternatives' files of /etc, the CUDA toolkit when it lies outside /usr, a minim
 backend also the GPU's nodes, the driver's library folders and /sys: gpu_node_binds, driver_binds); a
 /proc of its own PID namespace; an empty private /tmp and /dev/shm of bounded size; its folder,
 read-write at its own path.
-Nothing else: not the project, the task file, /home, /root, /run, /var, /opt, host processes,
-the network (only its own loopback, so no abstract unix sockets either), nor new user
-namespaces. As root each call runs as an unprivileged uid of its own, taken from SANDBOX_UIDS
-for the call's lifetime (hold_uid: a lock per uid), then setpriv, then bwrap in a user namespace
-of that uid: it holds no capability over host files, and the per-uid process limit, the clean-up
-and the check that nothing of it is left concern that call alone, whatever runs beside it. As
-another user every sandbox runs as that user, with a process limit counted from what the user
-runs at its start. Trusted scripts keep our uid and file system but get no network and their
-own PID namespace. All runs get their own session, resource limits, a scrubbed environment and a
-wall-clock timeout that kills everything they started.
+Nothing else: not the project, the task file, /home, /root, /run, /var, /opt, host processes, the
+network (only its own loopback, so no abstract unix sockets either), nor new user namespaces (bwrap's
+--disable-userns; a bwrap older than 0.8.0 lacks it, and gets our seccomp filter instead,
+harness/userns_filter.py). As root each call runs as an unprivileged uid of its own, taken from
+SANDBOX_UIDS for the call's lifetime (hold_uid: a lock per uid), then setpriv, then bwrap in a user
+namespace of that uid: it holds no capability over host files, and the per-uid process limit, the
+clean-up and the check that nothing of it is left concern that call alone, whatever runs beside it. As
+another user every sandbox runs as that user, with a process limit counted from what the user runs at
+its start. Trusted scripts keep our uid and file system but get no network and their own PID namespace.
+All runs get their own session, resource limits, a scrubbed environment and a wall-clock timeout that
+kills everything they started. Unisolated commands (isolate=False) run under harness/reaper.py, which
+kills their whole tree when this process dies, as bwrap's --die-with-parent does for a sandbox. The
+bwrap is the one on PATH, or the one use_bwrap names; every option it needs exists from bubblewrap 0.4.0
+on (NEEDED_OPTIONS), and the probe says which mechanisms it uses.
 
     if not probe_isolation().available: ...        # refuse, or isolate=False if the user said so
     code, log = run_sandboxed(["./prog"], run_dir, 30, untrusted=True, stdin=nonce, wait_s=30)
     # or SandboxBusy (no process or uid to be had within wait_s), or SandboxError (a broken setup)
 
-Limits: the GPU binds are tested with stand-in nodes, not on a GPU; there is no seccomp filter
-(the kernel's user namespaces are the trust base); attacks inside one process on a harness
-compiled into it are out of scope; memory is not limited (RLIMIT_AS breaks CUDA and ASan), nor
-the number of files in the folder (only their size). With isolate=False a process that left
-both the process tree and the session before the timeout (double fork + setsid) survives it.
-Not root, the process budget is the user's: a job's limit leaves it `nproc` processes beyond
-what the user ran when it started, and a neighbour that forks later draws on the same budget.
+Limits: the GPU binds are tested with stand-in nodes, not on a GPU; there is no seccomp filter beyond
+the one against new user namespaces on a bwrap older than 0.8.0 (the kernel's namespaces are the trust
+base); a bwrap older than 0.7.0 has no --size, so /tmp and /dev/shm are plain tmpfs, as large as the
+kernel's default (half the memory), and the probe's line says so; attacks inside one process on a
+harness compiled into it are out of scope; memory is not limited (RLIMIT_AS breaks CUDA and ASan), nor
+the number of files in the folder (only their size). With isolate=False what a command has another
+service start (at, systemd-run) is not of its tree, and outlives it. Not root, the process budget is the
+user's: a job's limit leaves it `nproc` processes beyond what the user ran when it started, and a
+neighbour that forks later draws on the same budget.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -73,7 +80,34 @@ ENV_KEEP = ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVI
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # The dynamic loader's cache and configuration; alternatives holds the links behind cc, c++, g++ on Debian.
 ETC_KEEP = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
-TMP_MB, SHM_MB = 512, 64  # the private /tmp and /dev/shm live in memory: bounded
+TMP_MB, SHM_MB = 512, 64  # the private /tmp and /dev/shm live in memory: bounded (where bwrap has --size)
+# The options of bwrap the sandboxes use that every bubblewrap from 0.4.0 on has (its usage text; 0.4.0 added
+# the --*-try binds). Two newer ones are used where the bwrap has them: --size (0.7.0), the bound of a
+# tmpfs, and --disable-userns (0.8.0), else a seccomp filter that forbids new user namespaces (--seccomp).
+NEEDED_OPTIONS = (
+    "--unshare-all",
+    "--unshare-user",
+    "--unshare-net",
+    "--unshare-pid",
+    "--die-with-parent",
+    "--new-session",
+    "--hostname",
+    "--symlink",
+    "--bind",
+    "--ro-bind",
+    "--ro-bind-try",
+    "--dev-bind",
+    "--dev",
+    "--proc",
+    "--tmpfs",
+    "--chdir",
+    "--remount-ro",
+    "--seccomp",
+)
+# Runs an unsandboxed command (isolate=False) so that its whole tree dies with us, even killed by SIGKILL.
+REAPER = Path(__file__).with_name("reaper.py")
+# The bwrap the sandboxes run (use_bwrap); None: the one on PATH, looked up at each use.
+CHOSEN_BWRAP: dict[str, str | None] = {"path": None}
 PRLIMIT = shutil.which("prlimit") or "prlimit"  # util-linux's, on every Debian and Ubuntu system (_limits)
 STDIN_MAX = 65536  # stdin bytes are written into a pipe before the program starts: at most one pipe buffer
 HOST_DEV = Path("/dev")  # where the GPU backend's nodes come from (run_sandboxed's gpu_dev)
@@ -109,6 +143,54 @@ def _uids_said() -> str:
     if _is_root():
         return f"uids {SANDBOX_UIDS[0]}-{SANDBOX_UIDS[-1]}, one per job"
     return f"uid {os.getuid()}"
+
+
+# ---------------------------------------------------------------------------------------
+# Which bwrap, and what it can do
+# ---------------------------------------------------------------------------------------
+
+
+def use_bwrap(path: str | os.PathLike | None) -> None:
+    """Run every sandbox of this process with the bwrap at `path` (None: the one on PATH, the default),
+    e.g. a newer bubblewrap than the system's. What is probed of a bwrap is kept per path (_bwrap_about,
+    _probe), so choosing again, or PATH changing, probes the bwrap then chosen."""
+    CHOSEN_BWRAP["path"] = None if path is None else os.path.abspath(path)
+
+
+def _bwrap() -> str | None:
+    """The bwrap to run: the one use_bwrap chose, else the one on PATH, else None."""
+    return CHOSEN_BWRAP["path"] or shutil.which("bwrap")
+
+
+@cache
+def _bwrap_about(bwrap: str) -> tuple[str, frozenset[str]]:
+    """(its --version line, e.g. "bubblewrap 0.6.1"; the options its --help lists). A bwrap that does not
+    run gives ("", no options): the probe then says what it lacks."""
+    try:
+        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True).stdout
+    except OSError:
+        return "", frozenset()
+    return version, frozenset(re.findall(r"^\s+(--[\w-]+)", usage, re.M))
+
+
+def _has(option: str) -> bool:
+    """Whether the bwrap to run has `option`."""
+    bwrap = _bwrap()
+    return bwrap is not None and option in _bwrap_about(bwrap)[1]
+
+
+def _userns_filter_fd() -> int:
+    """A pipe that holds the seccomp filter against new user namespaces (harness/userns_filter.py),
+    closed for writing: bwrap's --seccomp reads it to its end."""
+    # Imported where it is used: sandbox.py needs nothing else of the project where bwrap has
+    # --disable-userns (tests/test_sandbox.py runs a copy of it alone, as another user).
+    from harness.userns_filter import program
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, program())  # a few hundred bytes: far less than a pipe holds
+    os.close(write_end)
+    return read_end
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,12 +302,22 @@ def _gpu_binds(dev: Path) -> list[str]:
     return [*gpu_node_binds(dev), *driver_binds(_driver_library_folders()), "--ro-bind", "/sys", "/sys"]
 
 
-def _untrusted_argv(cmd: list[str], folder: str, uid: int | None, gpu_dev: Path | None) -> list[str]:
+def _sized(megabytes: int) -> list[str]:
+    """The bound of the tmpfs that follows, where bwrap has --size; else none: the kernel's default for a
+    tmpfs, half of the memory."""
+    return ["--size", str(megabytes << 20)] if _has("--size") else []
+
+
+def _untrusted_argv(
+    cmd: list[str], folder: str, uid: int | None, gpu_dev: Path | None, filter_fd: int | None
+) -> list[str]:
+    """The whitelist sandbox around cmd. New user namespaces: --disable-userns, or where bwrap lacks it
+    the seccomp filter readable at `filter_fd`."""
     argv = [
-        shutil.which("bwrap") or "bwrap",
+        _bwrap() or "bwrap",
         "--unshare-all",
         "--unshare-user",
-        "--disable-userns",
+        *(["--disable-userns"] if filter_fd is None else ["--seccomp", str(filter_fd)]),
         "--die-with-parent",
         "--new-session",
         "--hostname",
@@ -235,14 +327,12 @@ def _untrusted_argv(cmd: list[str], folder: str, uid: int | None, gpu_dev: Path 
         "--dev",
         "/dev",
         *(_gpu_binds(gpu_dev) if gpu_dev else []),
-        "--size",
-        str(SHM_MB << 20),
+        *_sized(SHM_MB),
         "--tmpfs",
         "/dev/shm",
         "--proc",
         "/proc",
-        "--size",
-        str(TMP_MB << 20),
+        *_sized(TMP_MB),
         "--tmpfs",
         "/tmp",
         "--bind",
@@ -281,7 +371,7 @@ def _announced(cmd: list[str], marker: str) -> list[str]:
 def _trusted_argv(cmd: list[str], folder: str) -> list[str]:
     """Our uid and whole file system (the interpreter may be a venv anywhere); no network, own PIDs."""
     return [
-        shutil.which("bwrap") or "bwrap",
+        _bwrap() or "bwrap",
         "--dev-bind",
         "/",
         "/",
@@ -434,13 +524,43 @@ def _failure_hint() -> str:
     return " (AppArmor restricts unprivileged user namespaces: give bwrap a profile)" if restricted else ""
 
 
-@cache
+def _version_word(version: str, bwrap: str) -> str:
+    """How the probe names a bwrap: "bwrap 0.6.1" from its --version line, else its path."""
+    return f"bwrap {version.split()[-1]}" if version else bwrap
+
+
+def _userns_said(bwrap: str) -> str:
+    """What forbids new user namespaces in the sandbox, and what of the isolation this bwrap lacks."""
+    version, options = _bwrap_about(bwrap)
+    said = _version_word(version, bwrap)
+    if "--disable-userns" in options:
+        parts = ["new user namespaces: --disable-userns"]
+    else:
+        parts = [f"new user namespaces: seccomp filter ({said} has no --disable-userns)"]
+    if "--size" not in options:
+        parts.append(f"/tmp and /dev/shm: no size bound ({said} has no --size)")
+    return "; ".join(parts)
+
+
 def probe_isolation() -> Isolation:
-    """Runs `true` through exactly the untrusted construction, as the same uid; cached per process."""
-    bwrap = shutil.which("bwrap")
+    """Whether untrusted code can be isolated here with the bwrap to run (use_bwrap), and how, or why not."""
+    return _probe(_bwrap())
+
+
+@cache
+def _probe(bwrap: str | None) -> Isolation:
+    """Runs `true` through exactly the untrusted construction, as the same uid; once per bwrap and
+    process."""
     if bwrap is None:
         return Isolation(
             False, "bwrap not found: apt-get install bubblewrap (or your distribution's package)"
+        )
+    version, options = _bwrap_about(bwrap)
+    lacking = [option for option in NEEDED_OPTIONS if option not in options]
+    if lacking:
+        return Isolation(
+            False,
+            f"{_version_word(version, bwrap)} has no {', '.join(lacking)}: install bubblewrap 0.4.0 or later",
         )
     if _is_root() and shutil.which("setpriv") is None:
         return Isolation(False, "setpriv not found: apt-get install util-linux")
@@ -457,8 +577,10 @@ def probe_isolation() -> Isolation:
     if code != 0:
         status = "timeout" if code is None else f"exit status {code}"
         return Isolation(False, f"`true` in the sandbox: {status} {log}")
-    version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    return Isolation(True, f"{version}: user, mount, PID, network, IPC, UTS namespaces; {_uids_said()}")
+    return Isolation(
+        True,
+        f"{version}: {_userns_said(bwrap)}; user, mount, PID, network, IPC, UTS namespaces; {_uids_said()}",
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -492,6 +614,14 @@ def _limits(cpu_s: int, file_mb: int, nproc: int) -> list[str]:
         "--core=0",
         "--",
     ]
+
+
+def _reaped(cmd: list[str]) -> list[str]:
+    """cmd run by harness/reaper.py, which kills its whole tree when this process dies: what bwrap's
+    --die-with-parent and PID namespace do for a sandbox. Python without site (-S) starts in tens of ms.
+    The kernel tells the reaper of the death of the thread that started it, not of the process: _run
+    starts it and waits for it in one thread."""
+    return [sys.executable, "-I", "-S", str(REAPER), str(os.getpid()), "--", *cmd]
 
 
 def _scrubbed_env(home: str) -> dict[str, str]:
@@ -625,10 +755,11 @@ def run_sandboxed(
     `log_keep` bytes of its combined stdout and stderr).
 
     untrusted: the whitelist sandbox; else a trusted script's view (ours, without network).
-    isolate=False runs cmd as it is: only the limits, the timeout and the scrubbed environment (where
-    probe_isolation() says no isolation is possible). Untrusted and isolated as root, cmd runs as
-    `uid`, which the caller holds (hold_uid), or else as a uid held for this call alone; that uid
-    gets cwd and everything in it, and after the call loses every process left.
+    isolate=False runs cmd as it is: only the limits, the timeout, the scrubbed environment and the
+    reaper that kills its tree if we die (where probe_isolation() says no isolation is possible).
+    Untrusted and isolated as root, cmd runs as `uid`, which the caller holds (hold_uid), or else as a
+    uid held for this call alone; that uid gets cwd and everything in it, and after the call loses
+    every process left.
     wait_s: how long to retry a sandbox that cannot start for want of a resource.
     gpu_dev: untrusted, the folder whose GPU nodes it gets with the driver's libraries (HOST_DEV on the
     GPU backend; a test's stand-ins); None: no GPU.
@@ -688,13 +819,14 @@ def _run(
 ) -> tuple[int | None, str]:
     """One attempt of run_sandboxed, as `uid` (None: as we are)."""
     marker = secrets.token_hex(16) if isolate else ""  # without a sandbox, nothing can fail to set up
+    stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
+    filter_fd = _userns_filter_fd() if isolate and untrusted and not _has("--disable-userns") else None
     if not isolate:
-        argv = cmd
+        argv = _reaped(cmd)
     elif untrusted:
-        argv = _untrusted_argv(_announced(cmd, marker), str(folder), uid, gpu_dev)
+        argv = _untrusted_argv(_announced(cmd, marker), str(folder), uid, gpu_dev, filter_fd)
     else:
         argv = _trusted_argv(_announced(cmd, marker), str(folder))
-    stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             [*_limits(cpu_s, file_mb, nproc), *argv],
@@ -704,6 +836,7 @@ def _run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=() if filter_fd is None else (filter_fd,),  # prlimit and setpriv exec, keeping it
         )
     except BlockingIOError as e:  # we could not fork either: the machine (or this user) is out of processes
         raise SandboxBusy(f"cannot start {argv[0]}: {e}") from None
@@ -714,12 +847,14 @@ def _run(
     finally:
         if stdin is not None:
             os.close(stdin_fd)
+        if filter_fd is not None:
+            os.close(filter_fd)
     capture = _Capture(log_keep)
     reader = threading.Thread(target=_drain, args=(proc.stdout, capture, marker.encode()), daemon=True)
     reader.start()
     exited = _exited(proc, timeout)
     _kill_everything(proc)
-    reader.join(timeout=5)  # only a process that escaped (isolate=False) can still hold the pipe
+    reader.join(timeout=5)  # only a process that escaped (isolate=False, via another service) can hold it
     if not capture.started and not exited and not capture.text().strip():
         # the budget ran out before the program could start (a budget shorter than the sandbox's start on
         # a busy machine): a timeout like any other, not a broken setup

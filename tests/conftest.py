@@ -51,6 +51,7 @@ SLOW_FILES = {
     "test_profile.py",
     "test_real_model.py",
     "test_sandbox.py",
+    "test_sandbox_compat.py",
     "test_sft_variants.py",
     "test_tasks.py",
     "test_trl.py",

@@ -150,7 +150,8 @@ def base():
     path = Path(tempfile.mkdtemp(prefix="cuset-sandbox-test-"))
     try:
         path.chmod(0o755)
-        (path / "sandbox.py").write_bytes((ROOT / "harness" / "sandbox.py").read_bytes())
+        for module in ("sandbox.py", "reaper.py"):  # the reaper runs unsandboxed commands (isolate=False)
+            (path / module).write_bytes((ROOT / "harness" / module).read_bytes())
         (path / "driver.py").write_text(DRIVER)
         (path / "hostile.cpp").write_text(HOSTILE)
         subprocess.run(["g++", "-O1", "-o", str(path / "hostile"), str(path / "hostile.cpp")], check=True)
