@@ -1,32 +1,42 @@
-"""The GPU check: the project's risky GPU paths end to end, on one GPU, with the bundled tiny model, in at
-most 8 minutes. Nothing else here has a GPU, so the CPU tests check these paths' logic and this script is
-their first contact with hardware (docs/tests.md, "The GPU check").
+"""The GPU check: the project's risky GPU paths end to end, with the bundled tiny model, in at most 8 minutes.
+Nothing else here has a GPU, so the CPU tests check these paths' logic and this script is their first
+contact with hardware (docs/tests.md, "The GPU check").
 
 Each step runs the real stage commands as subprocesses, so a crash in one is reported and the next runs. It
-prints PASS, FAIL or SKIP (with the reason) per step, then a summary line; the exit status is 1 when a step
-failed, 2 (one line, `error: no CUDA GPU: ...`) on a machine without a GPU, else 0.
+prints PASS, PARTIAL, FAIL or SKIP (with the reason) per step, then a summary line. PARTIAL: the step ran and
+passed, but this machine cannot exercise all it checks; the reason says what went unchecked. The exit status
+is 1 when a step failed, 2 (one line, `error: ...`) on a machine without a GPU or where nvidia-smi does not
+answer (cuset_common/device.py: nvidia_smi), else 0.
 
-  sandbox          stage 04's sandbox starts (harness/sandbox.py: probe_isolation), with bwrap from
-                   --bwrap-deb or PATH; without bwrap it is SKIPPED and the stage-04 steps run with
-                   --no-sandbox
+  preflight        nvcc's CUDA release against the driver's (nvidia-smi's "CUDA Version"): a driver of an
+                   older major release starts none of the programs nvcc builds, so this step names both and
+                   the stage-04 steps are skipped ("needs preflight") instead of failing alike
+  sandbox          stage 04's sandbox starts (harness/sandbox.py: probe_isolation) with the bwrap of
+                   --bwrap-deb, else PATH's, which the stage-04 steps then take with --bwrap; without
+                   bwrap it is SKIPPED and they run with --no-sandbox
   gpu-probe        stage 04 --backend gpu starts (its probe: harness/gpu_probe.py), says it builds with
                    -gencode for this GPU's compute capability, and passes one reference program
   reference-timing 10 tasks' references timed against themselves in kernel mode: every row passes, and
                    every speedup lies within SPEEDUP_WINDOW
-  profile, regions stages 01 and 02 on CUDA in bf16 (01) on the bundled held-out SFT file (40 records)
-  train            stage 03 on CUDA in bf16, TRAIN_STEPS steps
+  profile, regions stages 01 and 02 on CUDA in bf16 (01) on the bundled held-out SFT file (40 records), at
+                   --max-length TRAIN_MAX_LENGTH, which every sample fills (those whose prompt fills it
+                   have no response token and are skipped)
+  train            stage 03 on CUDA in bf16, TRAIN_STEPS steps; every micro-batch holds TRAIN_MICRO_BATCH
+                   samples of exactly TRAIN_MAX_LENGTH tokens, the shape stage 03's memory plan counts
   train-resume     the same run killed (SIGKILL) after a logged step, then --resume: as many steps as
                    `train`, and the same final loss within BF16_LOSS_RTOL
-  memory-plan      `train`'s meta.json: stage 03's memory plan beside torch.cuda.max_memory_allocated
-  torchrun-fsdp    torchrun --nproc_per_node 1 of stage 03 with --fsdp (NCCL) finishes
-  torchrun-ddp     the same without --fsdp (with one process stage 03 makes no process group and no DDP
-                   wrapper: this checks the launcher's path only)
+  memory-plan      `train`'s meta.json: torch.cuda.max_memory_allocated within the plan's bounds, at most
+                   PLAN_MARGIN_BELOW under it and PLAN_MARGIN_ABOVE (+ PLAN_SLACK_BYTES) over it
+  torchrun-fsdp    torchrun of stage 03 with --fsdp (NCCL) finishes: 2 processes where there are 2 GPUs;
+                   with one, 1 process, whose collectives cross no GPU, and the step is PARTIAL
+  torchrun-ddp     the same without --fsdp (DDP; with one process stage 03 makes no process group)
   generate-hf      stage 04 generating with its own loop on CUDA (3 tasks, greedy) and judging the replies
   generate-vllm    the same with vLLM, where it is installed (SKIPPED otherwise)
 
 Output (--out, default runs/gpu-check; replaced on each run): one folder per step's stage outputs,
-logs/<step>.log with every command and its output, and gpu_check.json: the GPU, the sandbox, and per step
-its status, reason, seconds and figures (timing ratios, plan against peak), rewritten after every step.
+logs/<step>.log with every command and its output, bwrap/ (the unpacked --bwrap-deb), and gpu_check.json: the
+GPU, the sandbox, and per step its status, reason, seconds and figures (timing ratios, plan against peak),
+rewritten after every step.
 
     python bench/gpu_check.py                                        # every step, results in runs/gpu-check
     python bench/gpu_check.py --bwrap-deb debs/bubblewrap_*.deb      # with the sandbox from a .deb
@@ -34,17 +44,21 @@ its status, reason, seconds and figures (timing ratios, plan against peak), rewr
 A GPU machine lent for minutes may have no bubblewrap and no network. Fetch the .deb where apt works and
 carry it along (debs/ is git-ignored): `mkdir -p debs && (cd debs && apt-get download bubblewrap)`.
 --bwrap-deb unpacks it with dpkg-deb (or, without dpkg-deb, by reading the ar and tar archives in Python)
-into a temporary folder and puts its usr/bin first on the stages' PATH.
+beside --out, so that a package that cannot be unpacked is refused before a previous check's results are
+replaced, then moves it to <--out>/bwrap and prints where its bwrap is: it stays there after the check, for
+stage 04 runs of your own (04_eval_kernels.py --bwrap PATH).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import io
 import json
 import math
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -66,14 +80,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from cuset_common.cli import ArgumentParser, UserError, run_main
-from cuset_common.device import BF16_LOSS_RTOL
+from cuset_common.device import BF16_LOSS_RTOL, nvidia_smi
 from cuset_common.files import read_jsonl, write_text_atomic
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
 from harness.gpu_probe import gencode_flags
 from harness.programs import gpu_name
+from harness.sandbox import _descendants, _signal
 
 BUDGET_S = 8 * 60  # the whole check; a command never runs past it (each gets what is left at most)
 MIN_STEP_S = 15  # a step is not started with less of the budget left: it could not finish
+# After a command is killed, its output is read on for at most this long: a killed process closes the pipe
+# as it exits, and only a process outside the command's tree (its parent exited before the kill, so the walk
+# could not find it) holds it longer. Each command's limit leaves this much of the budget.
+DRAIN_S = 5
 # A reference timed against itself runs the same kernel twice: its speedup is 1 up to timing noise. The
 # window is symmetric on a log scale (0.8 = 1 / 1.25).
 SPEEDUP_WINDOW = (0.8, 1.25)
@@ -81,14 +100,32 @@ SPEEDUP_WINDOW = (0.8, 1.25)
 # allocator's peak also holds what the plan leaves out: cuBLAS's workspaces (tens of MiB on recent GPUs, taken
 # from the same allocator), small allocations and rounding to its block sizes. A peak beyond
 # plan x (1 + margin) + slack means the plan misses a term.
-PLAN_MARGIN = 0.10
+PLAN_MARGIN_ABOVE = 0.10
 PLAN_SLACK_BYTES = 128 * 2**20
+# Below the plan: the plan is a sum of worst moments, so it may lie above the peak of live tensors, but only
+# by what it counts twice or in vain. Backward frees activations as gradients arrive, so at most the smaller
+# of the gradients and the activations with the head is counted twice (tests/test_fsdp.py: check_plan); and
+# an unpadded micro-batch keeps neither SDPA's float mask nor k, v repeated to every head, which the plan
+# counts (training/scale.py: layer_bytes). At `train`'s shape (TRAIN_MAX_LENGTH, TRAIN_MICRO_BATCH, bf16
+# autocast) these are 20.0 + 4.8 MiB of the plan's 163.3: 15.2%, rounded up to a whole percent; a peak
+# further below means the plan counts more than the run holds. tests/test_gpu_check.py recomputes the share.
+PLAN_MARGIN_BELOW = 0.16
 MIB = 2**20
 
 TRAIN_DATA = EVAL_SFT_KERNEL_FILE  # 40 records: the smallest SFT file that travels with the checkout
-TRAIN_STEPS = 8  # 1.6 epochs of 5 batches: the resumed run crosses an epoch boundary
+# The shortest sample of TRAIN_DATA is 289 tokens (the tiny model's tokenizer), so every sample fills this
+# --max-length: no micro-batch is padded, each is the micro-batch x max_length tokens the memory plan counts.
+# 23 samples have response tokens within it (the other prompts fill it; stage 03 skips them).
+TRAIN_MAX_LENGTH = 289
+TRAIN_MICRO_BATCH = 4  # stage 03's default on a GPU, explicit: the plan's shape depends on it
+# The output layer scores the response positions in chunks of --chunk-rows, and the plan counts a full chunk.
+# A micro-batch here holds at least 36 response positions (the four samples with the fewest have 36), so a
+# chunk of 32 is full in every one; stage 03's default, 1024, is more than any micro-batch here holds.
+TRAIN_CHUNK_ROWS = 32
+TRAIN_STEPS = 8  # 4 epochs of 2 batches (23 samples, batches of 8): the resumed run crosses epoch boundaries
 TORCHRUN_STEPS = 2
 TIMEOUT_S = {  # per command; each step's share of the budget, with room (the tiny model is quick on a GPU)
+    "preflight": 30,
     "sandbox": 60,
     "gpu-probe": 90,
     "reference-timing": 150,
@@ -101,9 +138,11 @@ TIMEOUT_S = {  # per command; each step's share of the budget, with room (the ti
     "generate-hf": 120,
     "generate-vllm": 180,
 }
-PROBE_SANDBOX = (  # the sandbox as stage 04 probes it before any run (harness/programs.py: choose_runner)
-    "import sys; from harness.sandbox import probe_isolation as p; i = p(); print(i.how); "
-    "sys.exit(0 if i.available else 1)"
+# The sandbox as stage 04 probes it before any run (harness/programs.py: choose_runner), with the bwrap its
+# --bwrap names (harness/sandbox.py: use_bwrap), the command's one argument.
+PROBE_SANDBOX = (
+    "import sys; from harness.sandbox import probe_isolation, use_bwrap; use_bwrap(sys.argv[1]); "
+    "i = probe_isolation(); print(i.how); sys.exit(0 if i.available else 1)"
 )
 
 
@@ -140,16 +179,80 @@ def plan_figures(memory: dict) -> dict:
     }
 
 
-def plan_exceeded(memory: dict) -> str | None:
-    """Why the peak is more than the plan allows (PLAN_MARGIN and PLAN_SLACK_BYTES), or None."""
+def plan_mismatch(memory: dict) -> str | None:
+    """Why the peak does not fit the plan, or None: above it by more than PLAN_MARGIN_ABOVE and
+    PLAN_SLACK_BYTES (the plan misses a term), or below it by more than PLAN_MARGIN_BELOW (it counts one
+    the run does not hold)."""
     plan, peak = memory["plan_bytes"], memory["peak_allocated_bytes"]
-    allowed = plan * (1 + PLAN_MARGIN) + PLAN_SLACK_BYTES
-    if peak <= allowed:
+    allowed = plan * (1 + PLAN_MARGIN_ABOVE) + PLAN_SLACK_BYTES
+    if peak > allowed:
+        return (
+            f"peak allocated {peak / MIB:,.1f} MiB exceeds the plan's {plan / MIB:,.1f} MiB by more than "
+            f"{PLAN_MARGIN_ABOVE:.0%} + {PLAN_SLACK_BYTES // MIB} MiB (allowed {allowed / MIB:,.1f} MiB)"
+        )
+    least = plan * (1 - PLAN_MARGIN_BELOW)
+    if peak < least:
+        return (
+            f"peak allocated {peak / MIB:,.1f} MiB is under the plan's {plan / MIB:,.1f} MiB by more than "
+            f"{PLAN_MARGIN_BELOW:.0%} (at least {least / MIB:,.1f} MiB): the plan counts more than the run "
+            "holds"
+        )
+    return None
+
+
+CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+)\.(\d+)")  # nvidia-smi's header: the driver's CUDA
+NVCC_RELEASE = re.compile(r"\brelease (\d+)\.(\d+)")  # nvcc --version: "Cuda compilation tools, release 13.0"
+
+
+def driver_cuda(header: str) -> tuple[int, int] | None:
+    """The newest CUDA the driver runs, (major, minor), from nvidia-smi's header; None where it says none."""
+    found = CUDA_VERSION.search(header)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def nvcc_release(version: str) -> tuple[int, int] | None:
+    """The CUDA release of an nvcc, (major, minor), from `nvcc --version`; None where it names none."""
+    found = NVCC_RELEASE.search(version)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def toolkit_mismatch(driver: tuple[int, int] | None, nvcc: tuple[int, int] | None) -> str | None:
+    """Why the programs nvcc builds cannot run on this driver, or None.
+
+    A program built by nvcc of release X.Y starts where the driver runs CUDA X.0 or later: within a major
+    release CUDA's minor version compatibility lets an older driver run it, provided no PTX is left to that
+    driver to compile, and stage 04 builds machine code for the GPU (harness/gpu_probe.py: gencode_flags).
+    A driver of an older major release refuses every such program at its first CUDA call, while torch,
+    built for the driver's CUDA, works: one failure, reported here instead of by every stage-04 step.
+    """
+    if nvcc is None:
+        return "nvcc --version names no release; stage 04 builds every program with nvcc"
+    if driver is None:
+        return "neither nvidia-smi nor libcuda tells the driver's CUDA version, so nvcc's cannot be checked"
+    if driver[0] >= nvcc[0]:
         return None
+    have, need = ".".join(map(str, driver)), ".".join(map(str, nvcc))
     return (
-        f"peak allocated {peak / MIB:,.1f} MiB exceeds the plan's {plan / MIB:,.1f} MiB by more than "
-        f"{PLAN_MARGIN:.0%} + {PLAN_SLACK_BYTES // MIB} MiB (allowed {allowed / MIB:,.1f} MiB)"
+        f"the driver runs CUDA {have} at most but nvcc is release {need}: none of the programs it builds "
+        f"can start; install a driver for CUDA {nvcc[0]} (nvidia-smi's header then says CUDA Version: "
+        f"{nvcc[0]}.0 or more), or put the nvcc of a CUDA {driver[0]}.x toolkit first on PATH"
     )
+
+
+# What the torchrun steps leave unchecked with one process (training/scale.py): without --fsdp stage 03 makes
+# no process group at all (setup_distributed), and with it a group of one, whose collectives move nothing
+# between GPUs; nor is the gloo group made that the processes wait in while rank 0 writes
+# (checkpoint_wait_group).
+ONE_PROCESS = (
+    "one GPU, so torchrun ran 1 process: no collective crossed GPUs and no gloo checkpoint wait was made "
+    "(they need 2 GPUs)"
+)
+
+
+def torchrun_processes(gpus: int) -> tuple[int, str | None]:
+    """The processes the torchrun steps start on a machine of `gpus` GPUs, one per GPU up to 2, and what
+    goes unchecked (None: nothing). Two make every collective a third would; more would add only time."""
+    return (2, None) if gpus >= 2 else (1, ONE_PROCESS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,7 +275,67 @@ def extract_deb(deb: Path, dest: Path) -> None:
             f"unpack it where dpkg-deb is installed, or use a Debian (xz) package"
         )
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        tar.extractall(dest, filter="data")  # no absolute paths, no links out of dest
+        extract_tar(tar, dest, f"--bwrap-deb {deb}")
+
+
+def extract_tar(tar: tarfile.TarFile, dest: Path, what: str) -> None:
+    """Extract `tar` into `dest` (an empty folder) with nothing written outside it: tarfile's "data" filter
+    where this Python has it (3.11.4 and later; Debian 12's python3 is 3.11.2), else rules of the same
+    intent checked here on every member before anything is extracted. A UserError names the first member
+    that breaks them."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            tar.extractall(dest, filter="data")
+        except tarfile.FilterError as e:
+            raise UserError(f"{what}: refused: {e}") from None
+        return
+    members = tar.getmembers()
+    links = {"/".join(path_parts(m.name)) for m in members if m.issym()}
+    for member in members:
+        if problem := unsafe_member(member, links):
+            raise UserError(f"{what}: refused: {member.name!r} {problem}")
+        member.mode &= 0o755  # as the data filter: no setuid, setgid or sticky bit, no write for others
+    tar.extractall(dest)
+
+
+def unsafe_member(member: tarfile.TarInfo, links: set[str]) -> str | None:
+    """What makes `member` write outside the destination or make what is not plain data, or None. `links`:
+    the archive's symbolic links, which no path may pass through: a link pointing inside and a path relative
+    to it can lead outside although each looks inside on its own."""
+    parts = path_parts(member.name)
+    if member.name.startswith("/") or ".." in parts:
+        return "has an absolute path or a '..'"
+    if not (member.isfile() or member.isdir() or member.issym()):
+        return "is not a file, a folder or a symbolic link (a device, a pipe or a hard link)"
+    if problem := walk_problem(parts, links):
+        return problem
+    if member.issym():
+        if member.linkname.startswith("/"):
+            return f"links to an absolute path ({member.linkname})"
+        if problem := walk_problem(parts[:-1] + member.linkname.split("/"), links):
+            return f"links to {member.linkname}, which {problem}"
+    return None
+
+
+def path_parts(name: str) -> list[str]:
+    """A member's path as its parts, "." and empty ones left out ("./usr/bin/bwrap": usr, bin, bwrap)."""
+    return [part for part in name.split("/") if part not in ("", ".")]
+
+
+def walk_problem(parts: list[str], links: set[str]) -> str | None:
+    """Walk the relative path `parts` down from the destination without following links: why it leads
+    outside, or passes through one of `links` (where it could lead anywhere); None when it does neither."""
+    at: list[str] = []
+    for part in parts:
+        if at and "/".join(at) in links:
+            return "passes through a symbolic link of the archive"
+        if part == "..":
+            if not at:
+                return "leads outside the destination"
+            at.pop()
+        elif part not in ("", "."):
+            at.append(part)
+    return None
 
 
 AR_MAGIC = b"!<arch>\n"
@@ -195,19 +358,38 @@ def deb_data_member(deb: Path) -> tuple[str, bytes]:
     raise UserError(f"--bwrap-deb {deb}: the package holds no data.tar member; name a bubblewrap .deb")
 
 
-def bwrap_folder(deb: Path | None, scratch: Path) -> Path | None:
-    """The folder whose bwrap the stages use: usr/bin of the unpacked --bwrap-deb, else the one on PATH,
-    else None (no sandbox here)."""
-    if deb is None:
-        found = shutil.which("bwrap")
-        return Path(found).parent if found else None
+def bwrap_folder(deb: Path, dest: Path) -> Path:
+    """usr/bin of the bubblewrap package `deb` unpacked into `dest`: the folder that holds its bwrap."""
     if not deb.is_file():
         raise UserError(f"--bwrap-deb {deb}: no such file; see --help for how to download it")
-    extract_deb(deb, scratch)
-    folder = scratch / "usr" / "bin"
+    extract_deb(deb, dest)
+    folder = dest / "usr" / "bin"
     if not (folder / "bwrap").is_file():
         raise UserError(f"--bwrap-deb {deb}: the package has no usr/bin/bwrap; name the bubblewrap .deb")
     return folder
+
+
+BWRAP_OUT = "bwrap"  # the folder of --out that holds the unpacked --bwrap-deb
+
+
+def prepare(out: Path, deb: Path | None) -> Path | None:
+    """--out ready (prepare_out), and the bwrap the stage-04 steps take (--bwrap): --bwrap-deb's, else the
+    one on PATH, else None (no sandbox here). The package is unpacked beside --out first, so that one that
+    cannot be unpacked is refused before a previous check's results are replaced, then moved to
+    <out>/bwrap: there it outlives the check, for stage 04 runs of one's own (README's GPU commands)."""
+    if deb is None:
+        prepare_out(out)
+        found = shutil.which("bwrap")
+        return Path(found) if found else None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-bwrap-", dir=out.parent))
+    try:
+        bwrap_folder(deb, scratch)
+        prepare_out(out)
+        scratch.rename(out / BWRAP_OUT)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # gone already where it was moved
+    return out / BWRAP_OUT / "usr" / "bin" / "bwrap"
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,12 +397,21 @@ def bwrap_folder(deb: Path | None, scratch: Path) -> Path | None:
 # ---------------------------------------------------------------------------------------
 
 
-class StepFailed(Exception):
-    """The step ran and something is wrong: FAIL with this reason, and the figures that show it."""
+class StepVerdict(Exception):
+    """The step ran and this is its verdict, other than PASS: the reason, and the figures that show it."""
 
     def __init__(self, reason: str, figures: dict | None = None):
         super().__init__(reason)
         self.figures = figures or {}
+
+
+class StepFailed(StepVerdict):
+    """Something is wrong: FAIL."""
+
+
+class StepPartial(StepVerdict):
+    """All that ran passed, but this machine could not exercise all that the step checks: PARTIAL, the
+    reason saying what went unchecked."""
 
 
 class StepSkipped(Exception):
@@ -250,8 +441,8 @@ CAUSE_LINE = re.compile(r"^(\[rank\d+\]:\s*)?(error: |[\w.]*(Error|Exception)\b:
 
 @dataclass
 class Check:
-    """One run of the check: where it writes, the children's environment, the GPU (describe_gpu), bwrap's
-    folder, the deadline, the stage-04 sandbox flags and the steps' results so far."""
+    """One run of the check: where it writes, the children's environment, the GPU (describe_gpu), the bwrap
+    to try (prepare), the deadline, the stage-04 sandbox flags and the steps' results so far."""
 
     out: Path
     env: dict[str, str]
@@ -268,9 +459,10 @@ class Check:
         return self.deadline - time.monotonic()
 
     def run(self, step: str, cmd: list[str], kill_at: re.Pattern | None = None) -> Finished:
-        """Run `cmd` for `step` within its timeout and the budget left; kill_at: SIGKILL the command at the
-        first line of its output that matches (a run stopped the hard way)."""
-        timeout = min(TIMEOUT_S[step], self.time_left())
+        """Run `cmd` for `step` within its timeout and the budget left (less DRAIN_S, the most the reading
+        of its output may go on after a kill); kill_at: SIGKILL the command at the first line of its output
+        that matches (a run stopped the hard way)."""
+        timeout = min(TIMEOUT_S[step], self.time_left() - DRAIN_S)
         return run_command(cmd, self.log(step), timeout, self.env, kill_at)
 
     def stage(self, step: str, script: str, argv: list[str], kill_at: re.Pattern | None = None) -> Finished:
@@ -281,10 +473,9 @@ class Check:
 def run_command(
     cmd: list[str], log: Path, timeout: float, env: dict[str, str], kill_at: re.Pattern | None
 ) -> Finished:
-    """Run `cmd` from the repository root in a session of its own (so that a kill reaches its children:
-    torchrun's workers, stage 04's compilers), appending its output to `log` as it comes; after `timeout`
-    seconds the whole session is killed. Output is read line by line, so that kill_at stops the command
-    within a line of the match, not at the next poll."""
+    """Run `cmd` from the repository root, appending its output to `log` as it comes; after `timeout`
+    seconds it is killed with every process under it (kill_tree) and its exit status is None. Output is read
+    line by line, so that kill_at stops the command within a line of the match, not at the next poll."""
     with log.open("a", encoding="utf-8") as f:
         f.write(f"$ {shlex.join(cmd)}\n")
         f.flush()
@@ -296,31 +487,106 @@ def run_command(
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
-            start_new_session=True,
+            start_new_session=True,  # a group of its own: kill_tree kills it too, walk or no walk
         )
-        expired = threading.Event()
-        watchdog = threading.Timer(max(timeout, 0), lambda: (expired.set(), kill_session(proc)))
-        watchdog.start()
-        lines, kill_line = [], None
-        try:
-            for line in proc.stdout:
-                f.write(line)
-                lines.append(line)
-                if kill_at is not None and kill_line is None and kill_at.search(line):
-                    kill_session(proc)
-                    kill_line = line.strip()
-            code = proc.wait()
-        finally:
-            watchdog.cancel()
-        if expired.is_set():
+        limit = time.monotonic() + max(timeout, 0)
+        lines, kill_line, expired = read_output(proc, f, limit, kill_at)
+        if not (expired or kill_line is not None or exited(proc, limit)):  # its output ended, but it ran on
+            expired = True
+        code = reap(proc)
+        if expired:
             f.write(f"[gpu_check: killed after the time limit of {timeout:.0f} s]\n")
-    return Finished(None if expired.is_set() else code, "".join(lines), kill_line)
+    return Finished(None if expired else code, "".join(lines), kill_line)
 
 
-def kill_session(proc: subprocess.Popen) -> None:
+def read_output(
+    proc: subprocess.Popen, f, limit: float, kill_at: re.Pattern | None
+) -> tuple[list[str], str | None, bool]:
+    """(lines, kill_line, expired): the command's output, each line written to `f` as it comes, up to its
+    end. The command is killed (kill_tree) at the first line that matches kill_at (kill_line) or at `limit`
+    (expired); after a kill the output is read for DRAIN_S at most, so that a process the kill missed,
+    holding the pipe open, cannot keep the check waiting."""
+    output = OutputLines(proc.stdout)
+    lines, kill_line, expired, until = [], None, False, limit
+    while True:
+        try:
+            line = output.next(until)
+        except TimeoutError:
+            if expired or kill_line is not None:
+                f.write("[gpu_check: output left unread: a process outside the killed tree holds it open]\n")
+                break
+            expired, until = True, time.monotonic() + DRAIN_S
+            kill_tree(proc)
+            continue
+        if line is None:
+            break
+        f.write(line)
+        lines.append(line)
+        if kill_at is not None and kill_line is None and not expired and kill_at.search(line):
+            kill_line, until = line.strip(), time.monotonic() + DRAIN_S
+            kill_tree(proc)
+    return lines, kill_line, expired
+
+
+class OutputLines:
+    """The lines of a pipe, read by a thread of their own so that the reader can stop waiting at a deadline:
+    a pipe stays open while any process holds it, and one that escaped a kill may live on."""
+
+    def __init__(self, stream):
+        self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        try:
+            for line in stream:
+                self.lines.put(line)
+        finally:
+            self.lines.put(None)  # the end of the output
+
+    def next(self, until: float) -> str | None:
+        """The next line, or None at the end of the output; TimeoutError when none came by `until`
+        (time.monotonic())."""
+        try:
+            return self.lines.get(timeout=max(until - time.monotonic(), 0))
+        except queue.Empty:
+            raise TimeoutError from None
+
+
+def exited(proc: subprocess.Popen, limit: float) -> bool:
+    """Whether the command exits by `limit`; if not, it is killed (kill_tree)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # it has ended meanwhile
+        proc.wait(timeout=max(limit - time.monotonic(), 0))
+        return True
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return False
+
+
+def reap(proc: subprocess.Popen) -> int | None:
+    """The command's exit status, waiting DRAIN_S at most: None where a killed one still has not exited (a
+    process stuck in a hung driver dies only when the driver lets go)."""
+    try:
+        return proc.wait(timeout=DRAIN_S)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the command, every process under it, and its process group.
+
+    A process group kill alone is not enough: torchrun starts each worker in a session of its own, which
+    the group kill misses, and a worker left alive keeps the output pipe open. So the tree is walked from
+    /proc (harness/sandbox.py), and stopped first: a stopped process cannot fork a child the walk would
+    miss, nor, killed before its children, leave them to init, out of the tree.
+    """
+    stopped: set[int] = set()
+    while new := ({proc.pid} | _descendants(proc.pid)) - stopped:
+        _signal(new, signal.SIGSTOP)
+        stopped |= new
+    _signal(stopped, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # proc is not reaped yet, so its pid is still its group's id
+    except ProcessLookupError:  # the group has ended meanwhile
         pass
 
 
@@ -349,6 +615,20 @@ def read_rows(path: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 
 
+def check_preflight(check: Check) -> dict:
+    """nvcc's CUDA release against the driver's (toolkit_mismatch), before a stage-04 step builds with it."""
+    nvcc = shutil.which("nvcc", path=check.env.get("PATH"))
+    if nvcc is None:
+        raise StepFailed("no nvcc on PATH: stage 04 builds every program with it; install the CUDA toolkit")
+    done = check.run("preflight", [nvcc, "--version"])
+    require_success(done, "nvcc --version")
+    release, driver = nvcc_release(done.output), check.gpu["driver_cuda"]
+    figures = {"nvcc": nvcc, "nvcc_release": release and ".".join(map(str, release)), "driver_cuda": driver}
+    if problem := toolkit_mismatch(driver and tuple(map(int, driver.split("."))), release):
+        raise StepFailed(problem, figures)
+    return figures
+
+
 def check_sandbox(check: Check) -> dict:
     """Stage 04's own probe of the sandbox; the stage-04 steps run sandboxed only when it passes."""
     if check.bwrap is None:
@@ -356,13 +636,13 @@ def check_sandbox(check: Check) -> dict:
             "no bwrap on PATH and no --bwrap-deb: the stage-04 steps run with --no-sandbox "
             "(see --help for how to bring the .deb)"
         )
-    done = check.run("sandbox", [sys.executable, "-c", PROBE_SANDBOX])
+    done = check.run("sandbox", [sys.executable, "-c", PROBE_SANDBOX, str(check.bwrap)])
     if done.code != 0:
         raise StepFailed(
             f"stage 04 cannot isolate programs here (its steps run with --no-sandbox): {done.cause()}"
         )
-    check.sandbox_flags = []
-    return {"bwrap": str(check.bwrap / "bwrap"), "isolation": done.output.strip()}
+    check.sandbox_flags = ["--bwrap", str(check.bwrap)]
+    return {"bwrap": str(check.bwrap), "isolation": done.output.strip()}
 
 
 def check_gpu_probe(check: Check) -> dict:
@@ -399,8 +679,10 @@ def check_reference_timing(check: Check) -> dict:
 
 
 def check_profile(check: Check) -> dict:
-    """Stage 01 profiles the training data on the GPU under bf16 autocast."""
-    argv = ["--data", str(TRAIN_DATA), "--device", "cuda", "--precision", "bf16"]
+    """Stage 01 profiles the training data on the GPU under bf16 autocast, at training's --max-length (the
+    regions stage 03 reads must have been made at its own)."""
+    argv = ["--data", str(TRAIN_DATA), "--max-length", str(TRAIN_MAX_LENGTH), "--device", "cuda"]
+    argv += ["--precision", "bf16"]
     done = check.stage("profile", "01_profile.py", [*argv, "--out", str(check.out / "profile")])
     require_success(done, "stage 01 --device cuda --precision bf16")
     return {}
@@ -415,11 +697,13 @@ def check_regions(check: Check) -> dict:
 
 
 def train_argv(check: Check, steps: int, out: str) -> list[str]:
-    """Stage 03's arguments shared by every training step: the data, stage 02's regions, CUDA in bf16."""
+    """Stage 03's arguments shared by every training step: the data, stage 02's regions, CUDA in bf16, and
+    the shape the memory plan counts (TRAIN_MAX_LENGTH, TRAIN_MICRO_BATCH, TRAIN_CHUNK_ROWS)."""
     return [
         *("--data", str(TRAIN_DATA), "--regions", str(check.out / "regions")),
         *("--device", "cuda", "--precision", "bf16", "--batch-size", "8", "--max-steps", str(steps)),
-        *("--out", str(check.out / out)),
+        *("--max-length", str(TRAIN_MAX_LENGTH), "--micro-batch-size", str(TRAIN_MICRO_BATCH)),
+        *("--chunk-rows", str(TRAIN_CHUNK_ROWS), "--out", str(check.out / out)),
     ]
 
 
@@ -480,7 +764,8 @@ def check_train_resume(check: Check) -> dict:
 
 
 def check_memory_plan(check: Check) -> dict:
-    """Stage 03's memory plan against the CUDA allocator's peak, both from `train`'s meta.json."""
+    """Stage 03's memory plan against the CUDA allocator's peak, both from `train`'s meta.json, whose every
+    micro-batch had the plan's shape: so the peak must come near the plan, from either side."""
     meta = read_json(check.out / "train" / "meta.json")
     memory = meta.get("memory")
     if not isinstance(memory, dict) or not {"plan_bytes", "peak_allocated_bytes"} <= set(memory):
@@ -490,18 +775,24 @@ def check_memory_plan(check: Check) -> dict:
     if memory["peak_allocated_bytes"] is None:
         raise StepFailed("train/meta.json's peak_allocated_bytes is null: stage 03 measured no CUDA peak")
     figures = plan_figures(memory)
-    if problem := plan_exceeded(memory):
+    if problem := plan_mismatch(memory):
         raise StepFailed(problem, figures)
     return figures
 
 
 def check_torchrun(check: Check, step: str, extra: list[str]) -> dict:
-    """Stage 03 under `torchrun --standalone --nproc_per_node 1` (a single machine, no rendezvous server)."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
-    done = check.run(step, [*torchrun, "03_train_cuset.py", *extra, *train_argv(check, TORCHRUN_STEPS, step)])
+    """Stage 03 under `torchrun --standalone` (a single machine, no rendezvous server), a process per GPU up
+    to 2 (torchrun_processes); with one GPU it passes as PARTIAL, what it leaves unchecked said."""
+    processes, unchecked = torchrun_processes(check.gpu["count"])
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc_per_node", str(processes), "03_train_cuset.py", *extra]
+    done = check.run(step, [*torchrun, *train_argv(check, TORCHRUN_STEPS, step)])
     require_success(done, f"torchrun stage 03 {' '.join(extra)}".rstrip())
     finished_training(check.out / step, TORCHRUN_STEPS)
-    return {"steps": TORCHRUN_STEPS}
+    figures = {"steps": TORCHRUN_STEPS, "processes": processes}
+    if unchecked:
+        raise StepPartial(unchecked, figures)
+    return figures
 
 
 def check_generation(check: Check, step: str, engine: str) -> dict:
@@ -539,10 +830,12 @@ class Step:
     needs: tuple[str, ...] = ()  # steps whose output this one reads: it is skipped unless they passed
 
 
+NEEDS_NVCC = ("preflight",)  # the stage-04 steps: every one builds programs with nvcc
 STEPS = (
+    Step("preflight", check_preflight),
     Step("sandbox", check_sandbox),
-    Step("gpu-probe", check_gpu_probe),
-    Step("reference-timing", check_reference_timing),
+    Step("gpu-probe", check_gpu_probe, NEEDS_NVCC),
+    Step("reference-timing", check_reference_timing, NEEDS_NVCC),
     Step("profile", check_profile),
     Step("regions", check_regions, ("profile",)),
     Step("train", check_train, ("regions",)),
@@ -550,8 +843,8 @@ STEPS = (
     Step("memory-plan", check_memory_plan, ("train",)),
     Step("torchrun-fsdp", partial(check_torchrun, step="torchrun-fsdp", extra=["--fsdp"]), ("regions",)),
     Step("torchrun-ddp", partial(check_torchrun, step="torchrun-ddp", extra=[]), ("regions",)),
-    Step("generate-hf", partial(check_generation, step="generate-hf", engine="hf")),
-    Step("generate-vllm", check_vllm),
+    Step("generate-hf", partial(check_generation, step="generate-hf", engine="hf"), NEEDS_NVCC),
+    Step("generate-vllm", check_vllm, NEEDS_NVCC),
 )
 
 
@@ -576,20 +869,48 @@ def missing_gpu() -> str | None:
 
 
 def describe_gpu() -> dict:
+    """The GPU as the record gives it: torch's first device (name, compute capability, sm_ arch), how many
+    torch sees (the torchrun steps' processes), and the newest CUDA the driver runs (preflight's)."""
     major, minor = torch.cuda.get_device_capability(0)
     return {
         "name": torch.cuda.get_device_name(0),
         "capability": f"{major}.{minor}",
         "arch": f"sm_{major}{minor}",
+        "count": torch.cuda.device_count(),
+        "driver_cuda": driver_cuda_version(),
     }
 
 
+def driver_cuda_version() -> str | None:
+    """The newest CUDA the driver runs, "X.Y": nvidia-smi's header says it, else, in a container without
+    nvidia-smi, libcuda; None where neither does. A hung nvidia-smi is a UserError at its time limit
+    (cuset_common/device.py: nvidia_smi)."""
+    cuda = driver_cuda(nvidia_smi() or "") or libcuda_cuda()
+    return cuda and ".".join(map(str, cuda))
+
+
+def libcuda_cuda() -> tuple[int, int] | None:
+    """The newest CUDA the driver runs, (major, minor), as its libcuda says (cuDriverGetVersion: 1000 x
+    major + 10 x minor); None without libcuda."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int()
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value // 1000, version.value % 1000 // 10
+
+
+RAN = ("PASS", "PARTIAL")  # a step that needs one of these finds its output there
+
+
 def run_step(check: Check, step: Step) -> dict:
-    """One step's record: status, reason, seconds, figures. A step whose inputs did not pass, or that would
-    start with under MIN_STEP_S of the budget left, is skipped; an error of the check's own code in a
-    step is reported as its FAIL, and the next step runs."""
+    """One step's record: status, reason, seconds, figures. A step whose inputs are not there (a step it
+    needs neither passed nor was PARTIAL), or that would start with under MIN_STEP_S of the budget left, is
+    skipped; an error of the check's own code in a step is reported as its FAIL, and the next step runs."""
     t0 = time.monotonic()
-    failed_needs = [n for n in step.needs if check.results[n]["status"] != "PASS"]
+    failed_needs = [n for n in step.needs if check.results[n]["status"] not in RAN]
     try:
         if failed_needs:
             raise StepSkipped(f"needs {', '.join(failed_needs)}, which did not pass")
@@ -598,6 +919,8 @@ def run_step(check: Check, step: Step) -> dict:
         status, reason, figures = "PASS", "", step.run(check)
     except StepSkipped as e:
         status, reason, figures = "SKIP", str(e), {}
+    except StepPartial as e:
+        status, reason, figures = "PARTIAL", str(e), e.figures
     except StepFailed as e:
         status, reason, figures = "FAIL", str(e), e.figures
     except Exception as e:  # the check's own bug, or a stage output it cannot read: reported, not fatal
@@ -620,13 +943,27 @@ def prepare_out(out: Path) -> None:
 
 
 def summary_line(results: dict[str, dict], seconds: float) -> str:
+    """The check in one line: the steps counted by status, then what the PARTIAL steps left unchecked and
+    whether stage 04 ran without the sandbox, so that neither hides behind an exit status of 0."""
     counts = Counter(r["status"] for r in results.values())
     line = (
-        f"gpu check: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped in "
-        f"{seconds:,.0f} s (budget {BUDGET_S} s)"
+        f"gpu check: {counts['PASS']} passed, {counts['PARTIAL']} partial, {counts['FAIL']} failed, "
+        f"{counts['SKIP']} skipped in {seconds:,.0f} s (budget {BUDGET_S} s)"
     )
+    unchecked: dict[str, list[str]] = {}  # reason -> the PARTIAL steps that give it
+    for name, result in results.items():
+        if result["status"] == "PARTIAL":
+            unchecked.setdefault(result["reason"], []).append(name)
+    notes = [f"{', '.join(names)} PARTIAL: {reason}" for reason, names in unchecked.items()]
     sandbox = {"SKIP": "was SKIPPED", "FAIL": "FAILED"}.get(results["sandbox"]["status"])
-    return line + (f"; the sandbox step {sandbox}: stage 04 ran with --no-sandbox" if sandbox else "")
+    notes += [f"the sandbox step {sandbox}: stage 04 ran with --no-sandbox"] if sandbox else []
+    return "; ".join([line, *notes])
+
+
+def exit_status(results: dict[str, dict]) -> int:
+    """1 when a step failed, else 0: a PARTIAL step passed all it could check here, and says what it could
+    not in the summary line."""
+    return 1 if any(r["status"] == "FAIL" for r in results.values()) else 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -641,15 +978,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def child_env(bwrap: Path | None) -> dict[str, str]:
-    """The stages' environment: this one, with the sandbox's bwrap first on PATH and output unbuffered (a
-    kill at a line must see it when it is printed)."""
-    path = os.pathsep.join([*([str(bwrap)] if bwrap else []), os.environ.get("PATH", "")])
-    return os.environ | {"PATH": path, "PYTHONUNBUFFERED": "1"}
+def child_env() -> dict[str, str]:
+    """The stages' environment: this one, with output unbuffered (a kill at a line must see it when it is
+    printed)."""
+    return os.environ | {"PYTHONUNBUFFERED": "1"}
 
 
 def save_record(out: Path, record: dict) -> None:
     write_text_atomic(out / "gpu_check.json", json.dumps(record, indent=2) + "\n")
+
+
+def bwrap_said(bwrap: Path) -> str:
+    """Where the unpacked --bwrap-deb's bwrap is, and how stage 04 runs of one's own take it."""
+    return f"bwrap {bwrap}: from --bwrap-deb, kept after the check; stage 04 takes it with --bwrap {bwrap}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -657,24 +998,28 @@ def main(argv: list[str] | None = None) -> int:
     if reason := missing_gpu():
         raise UserError(f"no CUDA GPU: {reason}")
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gpu-check-bwrap-") as scratch:
-        bwrap = bwrap_folder(args.bwrap_deb, Path(scratch))
-        check = Check(args.out, child_env(bwrap), describe_gpu(), bwrap, start + BUDGET_S)
-        record = {"gpu": check.gpu, "budget_s": BUDGET_S, "steps": check.results}
-        prepare_out(args.out)
-        print(f"GPU {record['gpu']['name']} ({record['gpu']['arch']}); results in {args.out}", flush=True)
-        for step in STEPS:
-            save_record(args.out, record)  # before each step: a check killed midway leaves what it did
-            result = check.results[step.name] = run_step(check, step)
-            print(f"{result['status']:4} {step.name:17} {result['seconds']:6.1f} s  {result['reason']}")
-            if result["figures"]:
-                print(f"     {json.dumps(result['figures'])}", flush=True)
+    gpu = describe_gpu()
+    bwrap = prepare(args.out, args.bwrap_deb)
+    check = Check(args.out, child_env(), gpu, bwrap, start + BUDGET_S)
+    record = {"gpu": gpu, "budget_s": BUDGET_S, "steps": check.results}
+    print(f"GPU {gpu['name']} ({gpu['arch']}, {gpu['count']} visible); results in {args.out}", flush=True)
+    if args.bwrap_deb:
+        print(bwrap_said(bwrap), flush=True)
+    for step in STEPS:
+        save_record(args.out, record)  # before each step: a check killed midway leaves what it did
+        result = check.results[step.name] = run_step(check, step)
+        print(f"{result['status']:7} {step.name:17} {result['seconds']:6.1f} s  {result['reason']}")
+        if result["figures"]:
+            print(f"        {json.dumps(result['figures'])}", flush=True)
     seconds = time.monotonic() - start
-    save_record(args.out, record | {"seconds": round(seconds, 1), "sandboxed": not check.sandbox_flags})
+    save_record(
+        args.out,
+        record | {"seconds": round(seconds, 1), "sandboxed": "--no-sandbox" not in check.sandbox_flags},
+    )
     print(summary_line(check.results, seconds))
     if seconds > BUDGET_S:
         print(f"WARNING: the check took {seconds:,.0f} s, over its {BUDGET_S // 60}-minute budget")
-    return 1 if any(r["status"] == "FAIL" for r in check.results.values()) else 0
+    return exit_status(check.results)
 
 
 if __name__ == "__main__":
