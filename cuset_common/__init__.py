@@ -3,7 +3,8 @@
 
   paths         where the project's files are; nvcc flags, prompt levels and modes
   cli           UserError and run_main (one-line errors, exit status 2), the argument parser and its range
-                checks, the device, the precision
+                checks
+  device        the device and the precision a stage computes in; nvidia-smi with a time limit
   files         atomic writes, JSONL read with file:line errors, hashes
   artifacts     artifact folders (tensors + meta.json), the checks on them, the rule for --out folders
   data          SFT records in any supported form, and the tokenization every stage uses
@@ -15,3 +16,13 @@
 Each stage's own helpers live beside it: profiler/ (stage 01), labeling/ (stage 02), training/ (stage 03),
 harness/ (stage 04).
 """
+
+import sys
+
+# The oldest Python the project runs on (README): 3.11.0; Debian 12's own 3.11.2 and CI's newest 3.11 are
+# tested. Older ones would fail somewhere inside with a traceback; here they get one line and exit status 2.
+if sys.version_info < (3, 11):  # noqa: UP036 (ruff's target is 3.11: this line is for those who are not)
+    print(
+        f"error: Python {sys.version.split()[0]} is too old: the project needs 3.11 or newer", file=sys.stderr
+    )
+    sys.exit(2)

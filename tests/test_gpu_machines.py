@@ -8,6 +8,8 @@ stops the run before that program's row is recorded."""
 
 from __future__ import annotations
 
+import glob
+import os
 import subprocess
 import sys
 import time
@@ -297,3 +299,26 @@ def test_a_gpu_that_does_not_recover_stops_the_run_naming_why(tmp_path, monkeypa
     said = str(stopped.value)
     assert said.startswith("the GPU stopped working after a program of task t1 ended timeout")
     assert "unspecified launch failure" in said and "rerun the same command" in said and "\n" not in said
+
+
+# ---------------------------------------------------------------------------------------
+# The Python users have
+# ---------------------------------------------------------------------------------------
+
+# A real interpreter, not a pyenv shim (which runs only the versions pyenv is told to)
+OLDER_PYTHON = next(
+    iter(
+        sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10*/bin/python3.10")))
+        + glob.glob("/usr/bin/python3.10")
+    ),
+    None,
+)
+
+
+@pytest.mark.skipif(OLDER_PYTHON is None, reason="no Python 3.10 on this machine to try")
+def test_a_python_older_than_3_11_is_refused_in_one_line():
+    done = subprocess.run(
+        [OLDER_PYTHON, "-c", "import cuset_common"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: Python 3.10") and done.stderr.count("\n") == 1
