@@ -5,13 +5,17 @@ CUDA cannot use from the sandbox (its nodes closed to the sandbox's uid, the dri
 of sight, a toolkit too old for the GPU) stops with one line naming what failed, instead of ending
 every row `runtime_error`, or emulating unseen on a GPU machine.
 
-The architecture is explicit: -gencode for the compute capability the driver reports, never
--arch=native, which asks the GPU the compiler sees; inside a sandbox that sees none it silently
-builds for nvcc's default. Candidates are compiled with the same flags.
+The architecture is explicit: -gencode for the compute capability of the GPU the programs run on (the
+one --device names: harness/programs.py, program_gpu), never -arch=native, which asks the GPU the
+compiler sees; inside a sandbox that sees none it silently builds for nvcc's default. nvidia-smi's
+capability is a first guess; the probe reports the GPU it ran on and is built again where that differs.
+Candidates are compiled with the same flags. Afterwards GpuWatch runs the probe again after each program
+that failed on the GPU, so that a broken GPU stops the run instead of failing every candidate after it.
 
-    capability = compute_capability()                          # "9.0", or None
-    probe = probe_gpu(runner, capability, compile_program)     # Probe(arch flags, failure or None)
+    runner = choose_runner(no_sandbox, "gpu", program_gpu(args.device))
+    probe = open_gpu(runner, compile_program, generates_on_gpu)  # Probe(arch flags, failure or None, ...)
     backend = decide_backend(args.backend, gpu_name(), probe.failure)
+    runner = replace(runner, watch=GpuWatch(runner, probe))
 """
 
 from __future__ import annotations
