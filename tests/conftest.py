@@ -5,6 +5,7 @@ sandbox, a pipeline of real artifacts)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -41,6 +42,7 @@ SLOW_FILES = {
     "test_compare.py",
     "test_copy_probe.py",
     "test_data_sources.py",
+    "test_divergence.py",
     "test_emulator.py",
     "test_engines.py",
     "test_eval.py",
@@ -75,6 +77,17 @@ def pytest_collection_modifyitems(config, items):
 def tiny_tokenizer():
     """The bundled tiny model's tokenizer, loaded once, the way the stages load it. Tests only read it."""
     return load_tokenizer(str(TINY_MODEL))
+
+
+# Scripts that need a package outside requirements.txt: where it is missing, their tests skip, naming it (the
+# fast tier runs with requirements.txt and pytest alone).
+OPTIONAL_PACKAGES = {"integrations/trl.py": "trl"}
+
+
+def missing_package(script: str) -> str | None:
+    """The optional package that `script` (a path from the root) needs and this Python lacks, or None."""
+    package = OPTIONAL_PACKAGES.get(script)
+    return package if package and importlib.util.find_spec(package) is None else None
 
 
 def refused(main, argv: list, capsys) -> tuple[str, str]:
