@@ -586,6 +586,9 @@ def group_stats(rows: list[dict], k: int) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
+# Timeouts are bounded by the sandbox's wait, poll(), which takes a C int of milliseconds (24.8 days): one
+# wait may take 7 days; --run-timeout 12 h, since a program's budget grows to 40x it (harness/schedule.py:
+# REFERENCE_ALLOWANCE x CANDIDATE_ALLOWANCE).
 RANGES = {
     "num_samples": "[1, inf)",
     "max_new_tokens": "[1, inf)",
@@ -595,15 +598,15 @@ RANGES = {
     "limit": "[1, inf)",
     "threads": "[1, inf)",
     "seed": "[0, inf)",
-    "compile_timeout": "(0, inf)",
-    "run_timeout": "(0, inf)",
-    "task_timeout": "(0, inf)",
-    "timing_timeout": "(0, inf)",
+    "compile_timeout": "(0, 604800]",
+    "run_timeout": "(0, 43200]",
+    "task_timeout": "(0, 604800]",
+    "timing_timeout": "(0, 604800]",
     "temperature": "[0, inf)",
     "top_p": "(0, 1]",
     "vllm_gpu_memory": "(0, 1)",
     "api_concurrency": "[1, inf)",
-    "api_timeout": "(0, inf)",
+    "api_timeout": "(0, 604800]",
     "api_retries": "[0, inf)",
 }
 

@@ -3,14 +3,13 @@ into one batch the same way in every stage."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from .cli import UserError
-from .files import parse_json_line, read_jsonl
+from .files import jsonl_records, read_jsonl
 
 # Used when the tokenizer has no chat template (documented in README).
 PLAIN_PROMPT_TEMPLATE = "### System:\n{system}\n\n### Instruction:\n{user}\n\n### Response:\n"
@@ -83,10 +82,7 @@ def jsonl_lines(path: Path, content: bytes | None = None) -> Iterator[tuple[int,
     """read_jsonl of `path`, or of its bytes `content` where they were read already: a pipe (`--data
     <(command)`, /dev/stdin) gives its bytes to its first reader only. Lines are split as a file object
     splits them, at each newline, so both give the same line numbers and the same errors."""
-    if content is None:
-        return read_jsonl(path)
-    lines = enumerate(io.BytesIO(content), start=1)
-    return ((n, obj) for n, raw in lines if (obj := parse_json_line(raw, path, n)) is not None)
+    return read_jsonl(path) if content is None else jsonl_records(content, path)
 
 
 def render_prompt_and_response(tokenizer, record: dict) -> tuple[str, str]:

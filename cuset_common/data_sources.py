@@ -10,7 +10,8 @@ a folder written by `Dataset.save_to_disk`, or a hub dataset `hf:owner/name[@rev
 in one of the four forms. pyarrow and `datasets` are optional (not in requirements.txt), so they are
 imported inside the functions that use them: pyarrow only for parquet, `datasets` only for a dataset folder
 or the hub; the JSONL path needs only the stages' own four packages. A file that is a pipe (`--data
-<(command)`, /dev/stdin) is read once, into memory (read_pipe), and read and hashed from those bytes.
+<(command)`, /dev/stdin) is read once, into memory, at most PIPE_LIMIT_BYTES (read_pipe), and read and
+hashed from those bytes; a device (/dev/zero, a terminal) or socket is refused before it is read.
 
 What the libraries raise on a bad file or id (pyarrow on a damaged parquet file or one with two columns of
 one name, huggingface_hub on an id it refuses) is a UserError naming the file or id, as is JSON nested
@@ -48,7 +49,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from .cli import UserError
 from .data import jsonl_lines, load_sft, normalize_record
-from .files import open_input, sha256_file
+from .files import file_mode, is_dir, open_input, read_chunks, sha256_file
 from .paths import SFT_KERNEL_FILE
 
 ROLES = ("prompt", "response", "system")  # what --data-fields may map; prompt and response are required
@@ -154,7 +155,7 @@ def load_data(args: argparse.Namespace) -> tuple[list[dict], dict]:
     path = Path(args.data)
     content = read_pipe(path)
     is_table = (
-        str(path).startswith(HUB_PREFIX) or path.is_dir() or is_parquet(path) or is_json_array(path, content)
+        str(path).startswith(HUB_PREFIX) or is_dir(path) or is_parquet(path) or is_json_array(path, content)
     )
     if not (is_table or fields or filters):
         return load_sft(path, content), {"path": str(path), "sha256": data_sha256(path, content)}
@@ -362,21 +363,20 @@ def is_parquet(path: Path) -> bool:
 
 
 def read_pipe(path: Path) -> bytes | None:
-    """The bytes of --data read once, when it is a pipe (`--data <(command)`, /dev/stdin fed by `|`) or
-    any other file that is not a regular one: such a file gives its bytes to its first reader only, and
-    --data is read more than once (is_json_array looks at its start, the identity hashes it, the reader
-    parses it). None for a regular file, a folder, a hub id or a path that is not there (read where
-    needed, or refused there)."""
+    """The bytes of --data read once, when it is a pipe (`--data <(command)`, /dev/stdin fed by `|`): a pipe
+    gives its bytes to its first reader only, and --data is read more than once (is_json_array looks at its
+    start, the identity hashes it, the reader parses it). At most PIPE_LIMIT_BYTES (cuset_common/files.py:
+    read_chunks refuses more in one line). Any other file that is not a regular one (/dev/zero, a
+    terminal, a socket) is refused here, before anything reads it (open_input): reading it may never end.
+    None for a regular file, a folder, a hub id or a path that is not there (read where needed, or
+    refused there)."""
     if str(path).startswith(HUB_PREFIX):
         return None
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+    mode = file_mode(path)
+    if mode is None or stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
     with open_input(path) as f:
-        return f.read()
+        return b"".join(read_chunks(f, path))
 
 
 def data_sha256(path: Path, content: bytes | None) -> str:
@@ -403,7 +403,7 @@ def open_source(path: Path, content: bytes | None = None) -> tuple[Table, dict]:
     text = str(path)
     if text.startswith(HUB_PREFIX):
         return open_hub(text)
-    if path.is_dir():
+    if is_dir(path):
         return open_folder(path)
     identity = {"path": text, "sha256": data_sha256(path, content)}  # a missing file: one line, here
     if is_parquet(path):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -23,8 +25,8 @@ from safetensors import SafetensorError
 from transformers.utils import logging as transformers_logging
 
 from .artifacts import check_file_records
-from .cli import UserError
-from .files import read_json_object
+from .cli import UserError, path_hint
+from .files import exists, is_dir, is_file, read_json_object, stat_error
 
 # What a local model folder must hold, per part: at least one file matching one of the patterns.
 MODEL_PARTS = {
@@ -35,19 +37,19 @@ MODEL_PARTS = {
 
 
 def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -> None:
-    """A local folder must exist and hold the files of each part (MODEL_PARTS); any other name must be a hub
-    id that is in the local Hugging Face cache or can be reached (check_hub_id)."""
+    """A local folder must exist, be readable and hold the files of each part (MODEL_PARTS); any other name
+    must be a hub id that is in the local Hugging Face cache or can be reached (check_hub_id). The path is
+    asked about without raising (cuset_common/files.py: file_mode): a name too long for the file system is
+    no folder, and may still be a hub id."""
     path = Path(name).expanduser()
-    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+    looks_local = exists(path) or name.startswith((".", "/", "~")) or name.count("/") > 1
     if not looks_local:
         check_hub_id(name)
         return
-    if not path.is_dir():
-        raise UserError(
-            f"--model {name}: {'is not a folder' if path.exists() else 'no such folder'}; "
-            "pass a folder holding a Hugging Face model (config.json, weights, tokenizer) or a "
-            "hub id"
-        )
+    if not is_dir(path):
+        raise UserError(f"--model {name}: {why_no_folder(path)}")
+    if not os.access(path, os.R_OK | os.X_OK):  # its files could not be listed: it would seem empty
+        raise UserError(f"--model {name}: this user may not read this folder; {path_hint(errno.EACCES)}")
     for part in parts:
         if not any(any(path.glob(pattern)) for pattern in MODEL_PARTS[part]):
             raise UserError(
@@ -55,6 +57,20 @@ def check_model_source(name: str, parts: tuple[str, ...] = tuple(MODEL_PARTS)) -
                 f"{', '.join(MODEL_PARTS[part])}); point --model at the folder that "
                 f"save_pretrained wrote"
             )
+
+
+MODEL_FIX = "pass a folder holding a Hugging Face model (config.json, weights, tokenizer) or a hub id"
+
+
+def why_no_folder(path: Path) -> str:
+    """Why a path that looks local is no model folder, and what to do: the file system's reason where it
+    is not plainly absent (a name too long, a folder on the way this user may not enter)."""
+    error = stat_error(path)
+    if error is None:
+        return f"is not a folder; {MODEL_FIX}"
+    if error.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"no such folder; {MODEL_FIX}"
+    return f"{error.strerror}; {path_hint(error.errno)}"
 
 
 TRAIN_STAGE = "03_train_cuset"  # the stage whose checkpoints load_causal_lm checks (meta.json "stage")
@@ -164,7 +180,7 @@ def check_trained_weights(folder: Path) -> None:
     """A stage-03 checkpoint vouches for its weight files (meta.json records their sha256, as every artifact
     does: cuset_common/artifacts.py, check_file_records): refuse weights another run wrote over it."""
     meta_path = folder / "meta.json"
-    if not meta_path.is_file():
+    if not is_file(meta_path):
         return  # a model from elsewhere (the hub, save_pretrained): nothing of ours to check
     meta = read_json_object(meta_path, "rerun the stage that wrote this model, or remove its meta.json")
     if meta.get("stage") != TRAIN_STAGE:
@@ -262,7 +278,7 @@ def model_parameters(name: str) -> int | None:
     """Parameters in a local model folder's safetensors files, read from their headers (no weights are
     loaded); None where there are none or they cannot be read (a hub id, other weight formats, damage)."""
     folder = Path(name).expanduser()
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    files = sorted(folder.glob("*.safetensors")) if is_dir(folder) else []
     try:
         return sum(tensor_sizes(path) for path in files) if files else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, struct.error):

@@ -10,7 +10,9 @@ pass. It is how the table of the real CUDABench references in docs/evaluation.md
     python experiments/outcome_table.py data/artifacts/cudabench-references
     python experiments/outcome_table.py --help
 
-The table is printed (markdown) and written to <run>/outcomes.md.
+The table is printed (markdown) and written to <run>/outcomes.md. results.jsonl is only read: a run may be
+appending to it meanwhile, and a last line without its newline (being written, or cut by a kill) is left
+out of the table and left in the file, for stage 04 to finish or repair.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
-from cuset_common.cli import UserError, run_main  # noqa: E402
-from cuset_common.files import read_appended_jsonl, write_text_atomic  # noqa: E402
+from cuset_common.cli import ArgumentParser, UserError, run_main  # noqa: E402
+from cuset_common.files import is_file, read_whole_lines_jsonl, write_text_atomic  # noqa: E402
 from harness.outcomes import APART, OUTCOMES, TASK_ERROR, UNSUPPORTED  # noqa: E402
 
 # pass first, then the other verdicts from the last step of the protocol back to the first, then the rows
@@ -33,7 +35,7 @@ SHOWN_IDS = 12  # task ids listed per reason before "..."
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="a stage-04 --out folder (holds results.jsonl)")
     return ap.parse_args(argv)
 
@@ -91,9 +93,9 @@ def outcome_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = args.run / "results.jsonl"
-    if not results.is_file():
+    if not is_file(results):
         raise UserError(f"{args.run}: no results.jsonl here; name the --out folder of a stage-04 run")
-    rows = read_appended_jsonl(results)
+    rows = read_whole_lines_jsonl(results)  # never read_appended_jsonl: it cuts a torn line, a writer's job
     if not rows:
         raise UserError(f"{results}: no rows yet")
     table = outcome_table(rows)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from cuset_common.cli import UserError
+from cuset_common.cli import UserError, register_secret
 from cuset_common.tasks import build_messages
 from harness.generation import distinct_samples, prompt_seed, stop_rules
 from harness.vllm_generation import extend_until_stop
@@ -70,6 +70,7 @@ class Server:
 
     @classmethod
     def from_args(cls, args) -> Server:
+        register_secret(os.environ.get(API_KEY_VARIABLE))  # no error line or traceback may show the key
         return cls(
             args.base_url.rstrip("/"),
             args.api_model,

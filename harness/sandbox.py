@@ -729,7 +729,7 @@ def _exited(proc: subprocess.Popen, timeout: float) -> bool:
     try:
         waiter = select.poll()
         waiter.register(pidfd, select.POLLIN)
-        return bool(waiter.poll(timeout * 1000))
+        return bool(waiter.poll(min(timeout * 1000, 2**31 - 1)))  # poll's C int of milliseconds
     finally:
         os.close(pidfd)
 
