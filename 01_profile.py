@@ -51,9 +51,9 @@ Tagging (profiler/tagger.py): regexes over the response text with prose outside 
 and literals blanked; a token gets the first category in PRIORITY whose matches its character span
 overlaps. Beyond the named lexemes, inside __global__/__device__ bodies: indexing = integer assignments
 derived from thread builtins, and pointer arithmetic with an index (`x + row * cols`) in full;
-guard = is_guard (bounds checks; a loop's own termination test is not one), early `return;`;
-write_back = stores through an output pointer (a non-const pointer parameter, or a local pointer
-derived from one: `float* yr = y + row * cols; yr[j] = v`).
+guard = is_guard (bounds checks; a loop's own termination test is not one, nor a condition whose
+`(` is never closed), early `return;`; write_back = stores through an output pointer (a non-const
+pointer parameter, or a local pointer derived from one: `float* yr = y + row * cols; yr[j] = v`).
 
 Resume (profiler/shards.py): finished batches are saved every --save-every seconds to <out>.partial/
 (state.json: what the result depends on; batches-B0-B1.safetensors: the results of batches [B0, B1)),
@@ -79,12 +79,13 @@ from cuset_common.artifacts import (
     args_to_json,
     check_out_dir,
     finishes_out,
+    path_text,
     tokenizer_fingerprint,
     write_artifact,
 )
 from cuset_common.cli import ArgumentParser, check_ranges, run_main
 from cuset_common.data import encode_sample, right_pad
-from cuset_common.data_sources import add_data_arguments, data_checks, load_data
+from cuset_common.data_sources import add_data_arguments, data_checks
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.method import gold_logprob_entropy, head_logits
 from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
@@ -98,6 +99,7 @@ from profiler.batching import (
     positive_or_auto,
     print_profile_summary,
 )
+from profiler.inputs import check_scores, load_data_once
 from profiler.shards import check_partial, load_shards, partial_dir, save_shard
 from profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
 
@@ -172,6 +174,7 @@ def profile(
     unsaved, last_save = start, time.time()
     for k in range(start, len(batches)):
         scored = score_batch(body, head, [encs[i] for i in batches[k]], pad_id, device, chunk_rows, use_bf16)
+        check_scores(scored, batches[k], args, use_bf16)  # a NaN model stops here, before any shard holds it
         for i, res in zip(batches[k], scored):
             results[i] = res
         progress.batch_done(k)
@@ -215,7 +218,7 @@ def build_artifact(records, encs, results, c_per_sample) -> tuple[dict[str, np.n
         samples.append(
             {
                 "index": i,
-                "id": rec["id"],
+                "id": path_text(rec["id"]),  # an id made of --data's path may hold non-UTF-8 bytes
                 "line": rec["line"],
                 "response_text": enc["response_text"],
                 "n_prompt_tokens": enc["response_start"],
@@ -333,7 +336,8 @@ def run_identity(args, data_id: dict, device: str, use_bf16: bool, tokenizer) ->
 @finishes_out  # releases the lock on --out that check_out_dir takes
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    records, data_id = load_data(args)  # bad row or mapping -> UserError naming file and row, before any work
+    # bad row or mapping -> UserError naming file and row, before any work; the sha256 is of the bytes read
+    records, data_id = load_data_once(args)
     device = pick_device(args.device)
     use_bf16 = resolve_precision(args.precision, device) == "bf16"
     tokenizer = load_tokenizer(args.model)  # one-line UserError for a missing folder or one without a model
@@ -346,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     check_partial(partial_dir(args.out), run, args.resume, RESUME_MAY_CHANGE)
     model = load_causal_lm(args.model, torch.float32).to(device).eval()
     print(
-        f"[profile] {len(records)} samples from {args.data}; model {args.model} on {device} "
-        f"({'bf16 autocast' if use_bf16 else 'fp32'}); chat template: {bool(tokenizer.chat_template)}",
+        f"[profile] {len(records)} samples from {path_text(args.data)}; model {path_text(args.model)} on "
+        f"{device} ({'bf16 autocast' if use_bf16 else 'fp32'}); chat template: "
+        f"{bool(tokenizer.chat_template)}",
         flush=True,
     )
 

@@ -54,13 +54,15 @@ from cuset_common.artifacts import (
     check_meta_matches,
     check_out_dir,
     finishes_out,
-    read_artifact,
+    path_text,
+    read_artifact_once,
     tokenizer_fingerprint,
     write_artifact,
 )
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
+from cuset_common.data import jsonl_lines
 from cuset_common.data_sources import add_data_arguments, data_checks, data_flags, load_data
-from cuset_common.files import json_safe, read_jsonl, sha256_file
+from cuset_common.files import json_safe
 from cuset_common.method import CODES, RHO, TAU_MAX, sample_threshold
 from cuset_common.models import load_tokenizer
 from cuset_common.paths import DATA, TINY_MODEL
@@ -83,12 +85,14 @@ KNOB_RANGES = {  # the values each option accepts (check_ranges)
     "tau_max": "(0, 1]",
     "gap": "[0, inf)",
     "alpha": "[0, inf)",
-    "w_max": "[1, inf)",
+    "w_max": f"[1, {float(np.finfo(np.float32).max)!r}]",  # w is stored in float32
     "permutations": "[0, inf)",
     "seed": "[0, inf)",
     "html_samples": "[0, inf)",
 }
 THRESHOLD_ROWS = 256  # samples padded into one [rows, longest] block for sample_threshold
+# regions.html's bytes per token shown: its <span> with style and tooltip (about 130) and the line's markup
+HTML_BYTES_PER_TOKEN = 256
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,11 +154,16 @@ def same_model(a: str, b: str) -> bool:
     return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
 
 
-def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict[int, str]]:
-    """(tensors, meta, samples, category names) of the profile; refused when foreign, inconsistent or made
-    from other inputs."""
+def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict[int, str], dict[str, str]]:
+    """(tensors, meta, samples, category names, sha256 of each file) of the profile; refused when foreign,
+    inconsistent or made from other inputs. Each file is read once, and its sha256 is that of the bytes
+    parsed (read_artifact_once): what meta.json records as the source of the regions is what they came
+    from, even if the profile is rewritten meanwhile."""
     hint = f"python 01_profile.py --model {args.model} {data_flags(args)} --out {args.profile}"
-    tensors, meta = read_artifact(args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS)
+    read = read_artifact_once(
+        args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS, also=("samples.jsonl",)
+    )
+    tensors, meta = read.tensors, read.meta
     fingerprint = tokenizer_fingerprint(load_tokenizer(args.model))
     seen = {
         "model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
@@ -164,7 +173,7 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     expected = {"model": args.model, **data_checks(load_data(args)[1]), "tokenizer_fingerprint": fingerprint}
     check_meta_matches(seen, expected, args.profile, hint, args.force)
     try:
-        samples = [s for _, s in read_jsonl(args.profile / "samples.jsonl")]
+        samples = [s for _, s in jsonl_lines(args.profile / "samples.jsonl", read.files["samples.jsonl"])]
     except UserError as e:
         raise UserError(f"{e}; rerun {hint}") from None
     if not all(isinstance(s.get("response_text"), str) for s in samples):
@@ -173,7 +182,7 @@ def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict
     names = {int(k): v for k, v in sorted((meta.get("categories") or {}).items(), key=lambda kv: int(kv[0]))}
     if not set(np.unique(tensors["c"]).tolist()) <= {0, *names}:
         raise UserError(f"{args.profile}: meta.json 'categories' lacks a code used in 'c'; rerun {hint}")
-    return tensors, meta, samples, names
+    return tensors, meta, samples, names, read.sha256
 
 
 def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> None:
@@ -187,6 +196,16 @@ def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> No
         raise bad(f"sample_offsets cover {len(offsets) - 1} samples but samples.jsonl holds {n_samples}")
     if n_tokens == 0:
         raise bad("the profile holds no response tokens")
+    p0 = t["p0"]
+    outside = ~((p0 >= 0) & (p0 <= 1))  # [T]; NaN is in no interval
+    if outside.any():
+        first = int(np.argmax(outside))
+        raise UserError(
+            f"{where / 'tensors.safetensors'}: p0 holds {int(outside.sum())} of {n_tokens} values that are "
+            f"not probabilities (NaN, infinite or outside [0, 1]; the first in sample "
+            f"{int(np.searchsorted(offsets, first, side='right')) - 1}), as a model whose weights "
+            f"diverged gives; rerun stage 01 with a model that gives finite probabilities: {hint}"
+        )
     sample_of = np.repeat(np.arange(n_samples), np.diff(offsets))
     line_steps = np.diff(t["line_index"].astype(np.int64))[sample_of[1:] == sample_of[:-1]]
     if np.any(line_steps < 0):
@@ -238,7 +257,12 @@ def grow_regions(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Grow each seed over its chain of low-confidence tokens (low_chains): a chain that holds a seed is a
     region [its first low token, its last low token + 1). Returns (starts, ends) int64 [R], sorted and
-    disjoint."""
+    disjoint.
+
+    Without seeds there is no region: in a sample (then m_i = 0), or in the whole profile (no low token at
+    all, e.g. --rho 0; then every w_i is 1: docs/method.md "Regions", Sample weight)."""
+    if not seed.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     idx, chain = low_chains(low, sample_of, gap)  # [L], [L]
     first = np.flatnonzero(np.diff(chain, prepend=-1))  # [C] first low token of each chain
     last = np.r_[first[1:], len(idx)] - 1  # [C] last low token of each chain
@@ -300,12 +324,23 @@ def sample_weights(
 ) -> np.ndarray:
     """w_i of every sample from its region mass m_i [S] and token count n_i [S] (the rule, why its
     token-weighted mean is 1 and its assumptions: docs/method.md "Regions", Sample weight). norm
-    "token-mean" rescales the clipped weights to that mean, "none" keeps them. The rescale only divides,
-    so w stays <= w_max.
+    "token-mean" rescales the clipped weights to that mean, "none" keeps them. The rescale divides by a
+    mean >= 1, so w stays <= w_max.
+
+    Finite for any finite alpha and w_max (KNOB_RANGES bounds --w-max by float32's largest, the dtype w is
+    stored in): the raw weight past the largest float is infinite, which the clip takes to w_max as it
+    takes any value above it; and sum_i n_i w_i, which overflows for w_max near float64's largest,
+    is summed in units of 2^k where it would (k = 0 otherwise). Scaling by a power of 2 rounds nothing:
+    the weights are those of the plain formula.
     """
     mean_m = m[n > 0].mean()
-    raw = np.clip(1.0 + alpha * m / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(m)
-    return raw * n.sum() / (n * raw).sum() if norm == "token-mean" else raw
+    with np.errstate(over="ignore"):
+        raw = np.clip(1.0 + alpha * m / mean_m, 1.0, w_max) if mean_m > 0 else np.ones_like(m)
+    if norm != "token-mean":
+        return raw
+    k = max(0, int(np.frexp(raw.max())[1]) + int(n.sum()).bit_length() - 1000)  # raw.max() n.sum() < 2^1000
+    scaled = np.ldexp(raw, -k)  # [S] raw / 2^k
+    return scaled * n.sum() / (n * scaled).sum()
 
 
 def label_regions(t: dict, args: argparse.Namespace) -> RegionLabels:
@@ -349,6 +384,17 @@ def label_regions(t: dict, args: argparse.Namespace) -> RegionLabels:
 # ---------------------------------------------------------------------------------------
 
 
+def room_needed(t: dict, samples: list[dict], html_samples: int) -> int:
+    """Bytes of the regions artifact, over-estimated before the work: region_id (4 a token); at most one
+    region per sensitive token (each holds a seed), 17 bytes each; tau, m, w and sample_offsets (20 a
+    sample); regions.html, the html_samples largest samples at HTML_BYTES_PER_TOKEN a token and 6 a
+    character (`&` escaped is `&amp;`); 64 kB for report.md and meta.json."""
+    n = np.diff(t["sample_offsets"])  # [S]
+    page = HTML_BYTES_PER_TOKEN * n + 6 * np.array([len(s["response_text"].encode()) for s in samples])
+    shown = np.sort(page)[::-1][:html_samples]  # [<= html_samples] the largest pages
+    return 4 * len(t["p0"]) + 17 * int(np.count_nonzero(t["c"])) + 20 * len(n) + int(shown.sum()) + 65536
+
+
 def artifact_tensors(labels: RegionLabels) -> dict[str, np.ndarray]:
     """The regions artifact's tensors: regions per token and per region, and tau_i, m_i, w_i per sample."""
     return {
@@ -363,8 +409,11 @@ def artifact_tensors(labels: RegionLabels) -> dict[str, np.ndarray]:
     }
 
 
-def artifact_meta(args: argparse.Namespace, profile_meta: dict, labels: RegionLabels, finding: dict) -> dict:
-    """meta.json: the run's arguments, the profile's identity (stage 03 checks it), counts and the finding."""
+def artifact_meta(
+    args: argparse.Namespace, profile_meta: dict, profile_sha: dict, labels: RegionLabels, finding: dict
+) -> dict:
+    """meta.json: the run's arguments, the profile's identity (stage 03 checks it; profile_sha: the sha256
+    of the bytes read of each of its files), counts and the finding."""
     inherited = ("model", "tokenizer_fingerprint", "data", "max_length", "categories")
     return {
         "stage": STAGE,
@@ -372,8 +421,8 @@ def artifact_meta(args: argparse.Namespace, profile_meta: dict, labels: RegionLa
         **{k: profile_meta.get(k) for k in inherited},
         "profile": {
             "path": str(args.profile.resolve()),
-            "meta_sha256": sha256_file(args.profile / "meta.json"),
-            "tensors_sha256": sha256_file(args.profile / "tensors.safetensors"),
+            "meta_sha256": profile_sha["meta.json"],
+            "tensors_sha256": profile_sha["tensors.safetensors"],
         },
         "counts": {
             "samples": len(labels.n),
@@ -394,20 +443,19 @@ def artifact_meta(args: argparse.Namespace, profile_meta: dict, labels: RegionLa
 @finishes_out  # releases the lock on --out that check_out_dir takes
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tensors, profile_meta, samples, names = load_profile(args)
-    # room: the profile's tensors are more than the regions artifact needs (24 bytes per token against 4)
+    tensors, profile_meta, samples, names, profile_sha = load_profile(args)
     inputs = {"--profile": args.profile, "--data": args.data, "--model": Path(args.model)}
-    check_out_dir(args.out, STAGE, inputs, args.force, (args.profile / "tensors.safetensors").stat().st_size)
+    check_out_dir(args.out, STAGE, inputs, args.force, room_needed(tensors, samples, args.html_samples))
 
     labels = label_regions(tensors, args)
     finding = compute_finding(labels, names, args, chain_rule=low_chains)
     report = render_report(finding, args, len(samples))
     page = render_html(labels, samples, finding, args, names)
 
-    meta = artifact_meta(args, profile_meta, labels, finding)
+    meta = artifact_meta(args, profile_meta, profile_sha, labels, finding)
     write_artifact(args.out, artifact_tensors(labels), meta, {"report.md": report, "regions.html": page})
     print(report)
-    print(f"wrote {args.out} ({len(labels.region_start)} regions; report.md, regions.html)")
+    print(f"wrote {path_text(args.out)} ({len(labels.region_start)} regions; report.md, regions.html)")
     return 0
 
 

@@ -3,6 +3,7 @@ checks that refuse foreign ones, and the one rule for every stage's --out folder
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import importlib.metadata
@@ -12,13 +13,15 @@ import platform
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.numpy import load, load_file, save_file
 
 from .cli import UserError
-from .files import real_path, replace_dir_atomic, sha256_file
+from .files import exists, real_path, replace_dir_atomic, sha256_file
 from .out_lock import lock_out, release_out_locks
 
 # Schema 2 names the per-token and per-sample tensors in docs/method.md's notation (p0, c, m, w). Schema 1
@@ -61,12 +64,15 @@ def file_records(folder: Path) -> dict[str, dict]:
     }
 
 
-def check_file_records(art_dir: Path, meta: dict, must_record: list[str], rerun_hint: str) -> None:
+def check_file_records(
+    art_dir: Path, meta: dict, must_record: list[str], rerun_hint: str, read: dict | None = None
+) -> None:
     """Refuse an artifact whose files are not the ones its meta.json records (one line naming the file and
     the stage to rerun): a file replaced by another run's, cut short or missing, or a meta.json that
     records none of them (written before artifacts recorded their files) or not every name in must_record.
-    The sizes are compared first: a file of another size is refused without reading it."""
-    records = meta.get("files")
+    The sizes are compared first: a file of another size is refused without reading it. read: {name:
+    (size, sha256)} of the bytes the caller has read of a file (read_artifact_once), checked as read."""
+    records, read = meta.get("files"), read or {}
     unrecorded = [name for name in must_record if not isinstance(records, dict) or name not in records]
     if unrecorded:
         raise UserError(
@@ -75,10 +81,11 @@ def check_file_records(art_dir: Path, meta: dict, must_record: list[str], rerun_
         )
     for name, record in records.items():
         path = art_dir / name
-        if not path.is_file():
+        if name not in read and not path.is_file():
             raise UserError(f"{path}: missing, though meta.json records it; rerun {rerun_hint}")
+        size, sha = read.get(name) or (path.stat().st_size, None)
         if not isinstance(record, dict) or (
-            path.stat().st_size != record.get("bytes") or sha256_file(path) != record.get("sha256")
+            size != record.get("bytes") or (sha or sha256_file(path)) != record.get("sha256")
         ):
             raise UserError(
                 f"{path}: not the file this artifact wrote (its size or sha256 differs from the one "
@@ -90,8 +97,13 @@ def write_artifact(
     out_dir: Path, tensors: dict, meta: dict, extra_files: dict[str, str] | None = None
 ) -> None:
     """Write tensors (numpy arrays) + text files + meta.json (recording the others: artifact_meta) to a
-    temp folder, then swap it in (into the folder a link out_dir points to: real_path)."""
-    out_dir = real_path(out_dir, "--out")
+    temp folder, then swap it in (into the folder a link out_dir points to: real_path).
+
+    Refused, with nothing written: a float tensor holding NaN or infinity (no stage's artifact may hold
+    one; check_finite). A full disk or quota while writing is a UserError too (disk_full), after the temp
+    folder is removed: the previous artifact, if any, is as it was."""
+    given, out_dir = out_dir, real_path(out_dir, "--out")
+    check_finite(tensors, f"--out {path_text(given)}")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
     try:
@@ -101,9 +113,42 @@ def write_artifact(
         full_meta = artifact_meta(meta, tmp)
         (tmp / "meta.json").write_text(json.dumps(full_meta, indent=2, sort_keys=False) + "\n")
         replace_dir_atomic(tmp, out_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if why := disk_full(e):
+            raise UserError(
+                f"--out {path_text(given)}: {why} while the artifact was being written; nothing was "
+                "replaced (a previous artifact there is as it was): free some space, or name another "
+                "--out, and run the command again"
+            ) from None
         raise
+
+
+# errno of a write that failed for want of room, and what it means
+DISK_FULL = {errno.ENOSPC: "the disk filled up", errno.EDQUOT: "the disk quota ran out"}
+
+
+def disk_full(e: BaseException) -> str | None:
+    """What ran out when e is a write that failed for want of room (DISK_FULL), else None. An OSError carries
+    its errno; safetensors' SafetensorError only names it in its text ("... (os error 28)")."""
+    code = e.errno if isinstance(e, OSError) else None
+    if isinstance(e, SafetensorError) and (found := re.search(r"\(os error (\d+)\)", str(e))):
+        code = int(found[1])
+    return DISK_FULL.get(code)
+
+
+def check_finite(tensors: dict[str, np.ndarray], where: str) -> None:
+    """Refuse to write a float tensor that holds NaN or infinity: every stage checks its inputs and computes
+    so that none arises (stage 01 stops on a model that gives one, stage 02 refuses such a profile), so one
+    here is a fault of the stage on these inputs, to be reported, not an artifact for the next stage."""
+    for name, t in tensors.items():
+        bad = np.flatnonzero(~np.isfinite(t)) if np.issubdtype(t.dtype, np.floating) else []
+        if len(bad):
+            raise UserError(
+                f"{where}: not written: tensor {name} holds {len(bad)} values that are NaN or infinite "
+                f"(the first at index {bad[0]}), which no artifact may hold; nothing was replaced. This is "
+                "a fault of the stage: please report the command line"
+            )
 
 
 def read_artifact(
@@ -122,18 +167,81 @@ def read_artifact(
     readers use.
     """
     art_dir = Path(art_dir)
+    meta_path, tensor_path = artifact_paths(art_dir, expected_stage, rerun_hint)
+    meta = checked_meta(read_input(meta_path, rerun_hint), art_dir, expected_stage, rerun_hint, schema)
+    check_file_records(art_dir, meta, ["tensors.safetensors"], rerun_hint)
+    tensors = parsed_tensors(lambda: load_file(str(tensor_path)), tensor_path, rerun_hint)
+    return checked_tensors(tensors, meta, art_dir, rerun_hint, token_tensors, sample_tensors), meta
+
+
+@dataclass(frozen=True)
+class ReadOnce:
+    """An artifact as read_artifact_once read it."""
+
+    tensors: dict  # {name: numpy array}
+    meta: dict  # meta.json
+    files: dict  # {name: bytes} of each file asked for besides meta.json and the tensors (e.g. samples.jsonl)
+    sha256: dict  # {name: sha256} of the bytes read of meta.json, tensors.safetensors and those files
+
+
+def read_artifact_once(
+    art_dir: Path,
+    expected_stage: str,
+    rerun_hint: str,
+    token_tensors: dict | None = None,
+    also: tuple[str, ...] = (),
+) -> ReadOnce:
+    """read_artifact with each file read once, its sha256 taken of the very bytes that are parsed, so that
+    what a stage records of its input is what it worked on. read_artifact hashes a file and then reads it
+    again, so a file rewritten in between is recorded under the hash of another than the one used (stage
+    02 records the profile's sha256; stages 03 and 04 keep read_artifact). `also`: files of the folder to
+    return as bytes (checked, as read, against meta.json's record of them). The price: a file's bytes and
+    what is parsed from them are in memory together for a moment."""
+    art_dir = Path(art_dir)
+    meta_path, tensor_path = artifact_paths(art_dir, expected_stage, rerun_hint)
+    raw = {"meta.json": read_input(meta_path, rerun_hint)}
+    meta = checked_meta(raw["meta.json"], art_dir, expected_stage, rerun_hint, None)
+    for name in ("tensors.safetensors", *also):
+        if (art_dir / name).is_file():  # a missing one: check_file_records says so
+            raw[name] = read_input(art_dir / name, rerun_hint)
+    sha = {name: hashlib.sha256(data).hexdigest() for name, data in raw.items()}
+    read = {name: (len(raw[name]), sha[name]) for name in raw}
+    check_file_records(art_dir, meta, ["tensors.safetensors"], rerun_hint, read)
+    files = {name: raw[name] if name in raw else read_input(art_dir / name, rerun_hint) for name in also}
+    tensors = parsed_tensors(lambda: load(raw.pop("tensors.safetensors")), tensor_path, rerun_hint)
+    tensors = checked_tensors(tensors, meta, art_dir, rerun_hint, token_tensors, None)
+    return ReadOnce(tensors, meta, files, sha)
+
+
+def artifact_paths(art_dir: Path, expected_stage: str, rerun_hint: str) -> tuple[Path, Path]:
+    """(meta.json, tensors.safetensors) of an artifact folder; a folder without both is a UserError."""
     meta_path, tensor_path = art_dir / "meta.json", art_dir / "tensors.safetensors"
     if not meta_path.is_file() or not tensor_path.is_file():
         raise UserError(
             f"{art_dir}: no {expected_stage} artifact here (meta.json + tensors.safetensors); "
             f"run {rerun_hint} first"
         )
+    return meta_path, tensor_path
+
+
+def read_input(path: Path, rerun_hint: str) -> bytes:
+    """The bytes of a file of an input artifact; one that cannot be read is a UserError."""
     try:
-        meta = json.loads(meta_path.read_bytes())
+        return path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror}); rerun {rerun_hint}") from None
+
+
+def checked_meta(
+    raw: bytes, art_dir: Path, expected_stage: str, rerun_hint: str, schema: dict | None
+) -> dict:
+    """meta.json's bytes parsed and checked: JSON, the expected stage, a readable schema version, the fields
+    (check_schema; schema None: META_SCHEMAS of the stage)."""
+    meta_path = art_dir / "meta.json"
+    try:
+        meta = json.loads(raw)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{meta_path}: not valid JSON ({e}); rerun {rerun_hint}") from None
-    except OSError as e:
-        raise UserError(f"{meta_path}: cannot be read ({e.strerror}); rerun {rerun_hint}") from None
     if not isinstance(meta, dict) or meta.get("stage") != expected_stage:
         stage = meta.get("stage") if isinstance(meta, dict) else None
         raise UserError(f"{art_dir}: is a {stage!r} artifact, expected {expected_stage!r}")
@@ -145,21 +253,32 @@ def read_artifact(
     check_schema(
         meta, META_SCHEMAS.get(expected_stage, {}) if schema is None else schema, meta_path, rerun_hint
     )
-    check_file_records(art_dir, meta, ["tensors.safetensors"], rerun_hint)
+    return meta
+
+
+def parsed_tensors(parse, tensor_path: Path, rerun_hint: str) -> dict:
+    """parse() (safetensors' load_file, or load of the bytes read); a damaged file is a UserError."""
     try:
-        tensors = load_file(str(tensor_path))
+        return parse()
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError, on a damaged file
         raise UserError(
             f"{tensor_path}: cannot be read ({type(e).__name__}: {e}); it may be truncated; "
             f"rerun {rerun_hint}"
         ) from None
+
+
+def checked_tensors(
+    tensors: dict, meta: dict, art_dir: Path, rerun_hint: str, token_tensors, sample_tensors
+) -> dict:
+    """The tensors under schema 2's names (SCHEMA_1_TENSOR_NAMES), checked as flat per-token and per-sample
+    data where token_tensors or sample_tensors name any (check_flat_tensors)."""
     if meta["schema_version"] == 1:
         tensors = {SCHEMA_1_TENSOR_NAMES.get(name, name): t for name, t in tensors.items()}
     if token_tensors is not None or sample_tensors is not None:
         check_flat_tensors(
             tensors, token_tensors or {}, sample_tensors or {}, meta, f"{art_dir}: ", rerun_hint
         )
-    return tensors, meta
+    return tensors
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,6 +302,18 @@ def usable_path(value) -> bool:
 
 
 PATH = ("a path or hub id (a string without NUL, as a file system takes it)", usable_path)
+
+
+def path_text(path) -> str:
+    """A path as text that any UTF-8 file or terminal takes, for what a stage writes or prints about it: a
+    name's bytes that are not UTF-8 (which os.fsdecode keeps as lone surrogates, which no UTF-8 encoder
+    takes) as \\x escapes, `\\xff`; any other path as str gives it."""
+    try:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that no byte decoded to (typed, not read from the file system)
+        return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 CATEGORY_NAMES = (
     'an object of category names by code, e.g. {"1": "signature"}',
     lambda v: (
@@ -325,6 +456,7 @@ EVAL_RUN_FILES = (
     "summary.json",
     "summary.md",
     "fingerprint.json",
+    "input_sets.json",
 )
 TRAIN_RUN_FILES = ("resume", ".resume.old", ".resume.tmp", ".final.tmp")
 # The --out folders this process writes into in place (open_out), each with whether it started over there.
@@ -365,7 +497,7 @@ def check_out_dir(
     if real.exists() and not real.is_dir():
         raise UserError(f"--out {out} is a file; name a folder (the stage writes its files inside)")
     for flag, path in inputs.items():
-        holder = Path(path).resolve() if path is not None and Path(path).exists() else None
+        holder = Path(path).resolve() if path is not None and exists(path) else None
         if holder is not None and not holder.is_dir():
             holder = holder.parent
         if holder is not None and (holder == real or real in holder.parents):
@@ -408,6 +540,14 @@ def check_writable(out: Path, real: Path) -> None:
                 )
 
 
+def size_text(n: float) -> str:
+    """Bytes with the unit that shows them (decimal, as disks are sold): 512 B, 20.5 KB, 146.6 MB, 1.2 GB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
 def check_room(out: Path, need_bytes: int) -> None:
     """Refuse an --out that cannot be written, or whose file system has less than need_bytes free, before the
     work (the stage would fail only at its end). Found out by writing a temp file where --out is made or
@@ -428,8 +568,8 @@ def check_room(out: Path, need_bytes: int) -> None:
     free = shutil.disk_usage(real if real.is_dir() else base).free
     if free < need_bytes:
         raise UserError(
-            f"--out {out}: needs about {need_bytes / 1e6:,.1f} MB, but {base} has "
-            f"{free / 1e6:,.1f} MB free; free some space or name another --out"
+            f"--out {out}: needs about {size_text(need_bytes)}, but {base} has {size_text(free)} free; free "
+            f"some space or name another --out"
         )
 
 

@@ -11,6 +11,7 @@ import html
 
 import numpy as np
 
+from cuset_common.artifacts import path_text
 from labeling.labels import RegionLabels
 
 CATEGORY_COLORS = {  # HTML colour of each category code
@@ -51,9 +52,9 @@ def render_report(f: dict, args: argparse.Namespace, n_samples: int) -> str:
     head = [
         "# CuSeT stage 02: regions and the finding",
         "",
-        f"Profile `{args.profile}`: {n_samples} samples, {f['tokens']} response tokens. Low confidence: "
-        f"p0 < tau_i = min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high confidence: the "
-        f"rest. Gap {args.gap}, line snapping {'on' if args.snap_lines else 'off'}.",
+        f"Profile `{path_text(args.profile)}`: {n_samples} samples, {f['tokens']} response tokens. "
+        f"Low confidence: p0 < tau_i = min({args.tau_max}, quantile_{args.rho}(p0 of sample i)); high "
+        f"confidence: the rest. Gap {args.gap}, line snapping {'on' if args.snap_lines else 'off'}.",
         "",
         f"**What this data supports.** {f['conclusion']}",
         "",
@@ -327,6 +328,6 @@ def render_html(
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>CuSeT regions</title>"
         f"<style>{CSS}</style></head><body><h1>CuSeT stage 02: low-confidence CUDA-sensitive "
-        f"regions</h1><div class='meta'>profile {html.escape(str(args.profile))} · samples shown: "
+        f"regions</h1><div class='meta'>profile {html.escape(path_text(args.profile))} · samples shown: "
         f"{len(sections)}, highest region mass first</div>{legend}{''.join(sections)}</body></html>\n"
     )

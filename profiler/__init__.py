@@ -4,4 +4,5 @@ tagger       CUDA sensitivity: the categories, their priority, the lexemes and t
 cuda_source  reading CUDA C++: the code view, brackets, expression edges, device functions
 batching     auto sizes per device, the batch plan, line indices, the closing summary
 shards       <out>.partial/ shards of finished batches, for --resume
+inputs       --data read once (its sha256 is of the bytes profiled), the check that scores are finite
 """

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cuset_common.artifacts import path_text
 from cuset_common.cli import UserError
 
 AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device
@@ -119,4 +120,4 @@ def print_profile_summary(
         sel = c == code
         if sel.any():
             print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {p0[sel].mean():.3f}")
-    print(f"[profile] wrote {out}")
+    print(f"[profile] wrote {path_text(out)}")

@@ -4,10 +4,13 @@ text."""
 
 from __future__ import annotations
 
+import bisect
 import re
+from itertools import accumulate, islice
 
 FUNC_HEAD = re.compile(r"\b__(global|device)__\b")  # a device function's qualifier
-BEFORE_BODY = re.compile(r"[^;{]*")  # between its `)` and `{`: `const`, attributes
+NAME_CALL = re.compile(r"\b(\w+)\s*\(")  # the name a definition's parameters follow
+NOT_A_NAME = ("__launch_bounds__", "__align__")  # attributes between the qualifier and the name
 LITERAL = re.compile(  # what the code view blanks besides prose; one scan finds whichever starts first
     "|".join(
         [
@@ -20,6 +23,8 @@ LITERAL = re.compile(  # what the code view blanks besides prose; one scan finds
     re.S,
 )
 BLANK = re.compile(r"[^\n]")  # blanking keeps newlines, so offsets and line numbers stay valid
+# What a forward expr_edge may stop at besides a closing bracket: ; , { } ? : = < > ! & |
+STOP_CANDIDATE = re.compile(r"[;,{}?:=<>!&|)\]]")
 COMPARISON = re.compile(r"<=|>=|==|!=|(?<![<>\-])[<>](?![<>=])")
 
 
@@ -42,14 +47,30 @@ def code_view(text: str) -> str:
     return LITERAL.sub(lambda m: BLANK.sub(" ", m.group()), "".join(lines))
 
 
-def match_paren(code: str, open_pos: int, pair: str = "()") -> int:
-    """Index just past the bracket that closes the one at open_pos (len(code) if unclosed)."""
-    depth = 0
-    for j in range(open_pos, len(code)):
-        depth += (code[j] == pair[0]) - (code[j] == pair[1])
-        if depth == 0:
-            return j + 1
-    return len(code)
+class Brackets:
+    """Where each bracket of a text closes, found for all brackets of a kind at once, in one pass with a
+    stack: looking up every opener then costs as much as the text. Scanning from each opener instead
+    costs, for k openers never closed (an answer cut off, or broken), k times the rest of the text."""
+
+    def __init__(self, text: str):
+        self.text, self.closing = text, {}
+
+    def close(self, open_pos: int, pair: str = "()") -> int | None:
+        """Index just past the bracket that closes the one at open_pos; None if it is never closed."""
+        if pair not in self.closing:
+            opened, self.closing[pair] = [], {}
+            for m in re.finditer(f"[{re.escape(pair)}]", self.text):
+                if m.group() == pair[0]:
+                    opened.append(m.start())
+                elif opened:  # a closer nothing opened is skipped, as counting depth from an opener skips it
+                    self.closing[pair][opened.pop()] = m.end()
+        return self.closing[pair].get(open_pos)
+
+
+def next_of(positions: list[int], pos: int, default: int) -> int:
+    """The first of the sorted positions at or after pos (default: none is)."""
+    k = bisect.bisect_left(positions, pos)
+    return positions[k] if k < len(positions) else default
 
 
 def is_assignment(code: str, j: int) -> bool:
@@ -75,31 +96,66 @@ def expr_edge(code: str, pos: int, step: int) -> int:
             if depth == 0:
                 break
             depth -= 1
-        elif depth == 0 and (
-            c in ";,{}?"
-            or (c == ":" and "::" not in code[max(j - 1, 0) : j + 2])
-            or is_assignment(code, j)
-            or (step > 0 and (COMPARISON.match(code, j) or code.startswith(("&&", "||"), j)))
-        ):
+        elif depth == 0 and ends_here(code, j, step > 0):
             break
         j += step
     return j if step > 0 else j + 1
 
 
+def ends_here(code: str, j: int, forward: bool) -> bool:
+    """An expression at bracket depth 0 ends at code[j] (expr_edge): at ; , { } ? a lone :, an assignment,
+    and going forward also at a comparison or && ||."""
+    return bool(
+        code[j] in ";,{}?"
+        or (code[j] == ":" and "::" not in code[max(j - 1, 0) : j + 2])
+        or is_assignment(code, j)
+        or (forward and (COMPARISON.match(code, j) or code.startswith(("&&", "||"), j)))
+    )
+
+
+def expr_ends(code: str, starts: list[int]) -> list[int]:
+    """expr_edge(code, s, 1) of each of the starts, reading the text once for all of them.
+
+    A forward scan from s is at depth 0 exactly where the bracket depth of the text equals its depth at
+    s, and stops at the first such place that holds a closing bracket or what expr_edge stops at there:
+    so the places where a scan at depth 0 would stop are found once, grouped by the text's depth, and
+    each start looks up the first of its group after it (a scan per start would read, for k starts
+    inside brackets never closed, k times the rest of the text)."""
+    if not starts:
+        return []
+    depth = list(accumulate(((c in "([") - (c in ")]") for c in code), initial=0))  # [len + 1]
+    stops: dict[int, list[int]] = {}  # depth -> ascending places where a scan at depth 0 stops
+    for m in STOP_CANDIDATE.finditer(code):
+        j = m.start()
+        if code[j] in ")]" or ends_here(code, j, True):
+            stops.setdefault(depth[j], []).append(j)
+    return [next_of(stops.get(depth[s], []), s, len(code)) for s in starts]
+
+
 def device_functions(code: str) -> list[tuple[str, str, int, int]]:
-    """(qualifier 'global'/'device', parameter text, body start, body end) of each defined function."""
-    funcs = []
+    """(qualifier 'global'/'device', parameter text, body start, body end) of each defined function.
+
+    A body whose `{` is never closed (an answer cut off, or broken) ends where the next definition starts,
+    or at the end of the text: C++ defines no function inside another. A head is looked at up to the next
+    `;`, `{` or `}` only (it holds none before its parameters), so that many heads in a row do not each
+    read the rest of the text."""
+    brackets, funcs = Brackets(code), []
+    ends = [m.start() for m in re.finditer(r"[;{}]", code)]  # where a declaration's head ends
+    stops = [m.start() for m in re.finditer(r"[;{]", code)]  # where what follows the parameters ends
+    calls = list(NAME_CALL.finditer(code))  # a word and `(`: each head's name is the first after it
+    call_starts = [c.start() for c in calls]
     for m in FUNC_HEAD.finditer(code):
-        for name in re.finditer(r"\b(\w+)\s*\(", code[m.end() :]):
-            if name.group(1) not in ("__launch_bounds__", "__align__"):
-                break
-        else:
+        end = next_of(ends, m.end(), len(code))  # no `;{}` before `(`: else a __device__ variable
+        after = islice(calls, bisect.bisect_left(call_starts, m.end()), None)
+        name = next((n for n in after if n.end() > end or n[1] not in NOT_A_NAME), None)
+        if name is None or name.end() > end:
             continue
-        p_open = m.end() + name.end() - 1
-        if re.search(r"[;{}]", code[m.end() : p_open]):  # a __device__ variable, not a function
-            continue
-        p_close = match_paren(code, p_open)
-        nxt = BEFORE_BODY.match(code, p_close).end()  # skip `const`, trailing attributes
+        p_open = name.end() - 1
+        p_close = brackets.close(p_open) or len(code)
+        nxt = next_of(stops, p_close, len(code))  # past `const` and attributes: `{` opens the body
         if nxt < len(code) and code[nxt] == "{":  # a definition, not a declaration
-            funcs.append((m.group(1), code[p_open + 1 : p_close - 1], nxt, match_paren(code, nxt, "{}")))
-    return funcs
+            funcs.append(
+                (m.group(1), code[p_open + 1 : p_close - 1], nxt, brackets.close(nxt, "{}"), m.start())
+            )
+    starts = [head for *_, head in funcs]
+    return [(kind, params, lo, hi or next_of(starts, lo, len(code))) for kind, params, lo, hi, _ in funcs]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from cuset_common.artifacts import check_resume_args
+from cuset_common.artifacts import check_resume_args, disk_full, path_text
 from cuset_common.cli import UserError
 from cuset_common.files import read_json_object, write_text_atomic
 
@@ -60,9 +60,8 @@ def check_partial(partial: Path, run: dict, resume: bool, may_change: set[str]) 
 
 
 def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: int, results: list) -> None:
-    """Results of batches [b0, b1) as one shard, written to a temp name and renamed (never half a shard)."""
-    if not (partial / "state.json").exists():
-        write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
+    """Results of batches [b0, b1) as one shard, written to a temp name and renamed (never half a shard).
+    A full disk or quota stops the run (UserError): the shards saved before stay, for --resume."""
     order = [i for b in batches[b0:b1] for i in b]
     tmp = partial / ".shard.tmp"
     columns = {
@@ -70,8 +69,19 @@ def save_shard(partial: Path, run: dict, batches: list[list[int]], b0: int, b1: 
         for k, (name, dtype) in enumerate(SHARD_RESULTS.items())
     }
     samples = np.asarray(order, dtype=np.int64)  # [m] sample indices, batch order
-    save_file({"samples": samples, **columns}, str(tmp))
-    os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
+    try:
+        if not (partial / "state.json").exists():
+            write_text_atomic(partial / "state.json", json.dumps(run, indent=2) + "\n")
+        save_file({"samples": samples, **columns}, str(tmp))
+        os.replace(tmp, partial / f"batches-{b0:06d}-{b1:06d}.safetensors")
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        if why := disk_full(e):
+            raise UserError(
+                f"{path_text(partial)}: {why} while finished batches were being saved there; the shards "
+                "saved before are kept: free some space and rerun the same command with --resume"
+            ) from None
+        raise
 
 
 def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], results: list) -> int:
@@ -79,15 +89,9 @@ def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], resul
     done = 0
     for f in sorted(partial.glob("batches-*.safetensors")):  # zero-padded names sort in batch order
         b0, b1 = map(int, f.stem.split("-")[1:])
-        t, order = load_file(str(f)), [i for b in batches[b0:b1] for i in b]
+        t, order = read_shard(f, partial), [i for b in batches[b0:b1] for i in b]
         cuts = np.cumsum([0] + [len(encs[i]["spans"]) for i in order])
-        missing = [name for name in SHARD_RESULTS if name not in t]
-        if missing:
-            raise UserError(
-                f"{f}: written by an older version of this stage (no {missing[0]}); delete "
-                f"{partial} to start over"
-            )
-        if b0 != done or t["samples"].tolist() != order or len(t["p0"]) != cuts[-1]:
+        if b0 != done or t["samples"].tolist() != order or any(len(t[n]) != cuts[-1] for n in SHARD_RESULTS):
             raise UserError(
                 f"{f}: does not continue batch {done} of this run's plan; delete {partial} to start over"
             )
@@ -95,3 +99,28 @@ def load_shards(partial: Path, batches: list[list[int]], encs: list[dict], resul
             results[i] = tuple(t[name][cuts[k] : cuts[k + 1]] for name in SHARD_RESULTS)
         done = b1
     return done
+
+
+def read_shard(f: Path, partial: Path) -> dict[str, np.ndarray]:
+    """One shard's tensors; UserError for one that cannot be read (cut short: by a crash before the file
+    system had written it out, or a copy), that an older version wrote (a result missing), or that holds
+    a non-finite score (no run of this version saves one: profiler/inputs.py, check_scores)."""
+    try:
+        t = load_file(str(f))
+    except Exception as e:  # safetensors' SafetensorError, or OSError
+        raise UserError(
+            f"{path_text(f)}: cannot be read ({type(e).__name__}: {e}); delete it and the shards after it "
+            f"to redo their batches with --resume, or delete {path_text(partial)} to start over"
+        ) from None
+    missing = [name for name in ("samples", *SHARD_RESULTS) if name not in t]
+    if missing:
+        raise UserError(
+            f"{path_text(f)}: written by an older version of this stage (no {missing[0]}); delete "
+            f"{path_text(partial)} to start over"
+        )
+    if not all(np.isfinite(t[name]).all() for name in ("p0", "entropy")):
+        raise UserError(
+            f"{path_text(f)}: holds non-finite scores (NaN or inf) of a model whose weights hold NaN or "
+            f"inf; delete {path_text(partial)} and rerun with a model that gives finite log-probabilities"
+        )
+    return t

@@ -17,16 +17,19 @@ tests/test_tagger.py shows each rule by example.
 
 from __future__ import annotations
 
+import bisect
 import re
 
 import numpy as np
 
 from profiler.cuda_source import (
     COMPARISON,
+    Brackets,
     code_view,
     device_functions,
     expr_edge,
-    match_paren,
+    expr_ends,
+    next_of,
     outside_brackets,
 )
 
@@ -73,7 +76,9 @@ LEXEMES = {
     ),
     7: "|".join(
         [
-            r"<<<[^;]*?>>>",  # the whole launch configuration <<<grid, block, smem>>>
+            # the whole launch configuration <<<grid, block, smem>>>; it holds no `;` and no other `<<<`
+            # (which also keeps a run of `<<<` without `>>>` from reading the rest of the text each)
+            r"<<<(?:(?!<<<)[^;])*?>>>",
             r"<<<|>>>",  # and a bracket whose partner is missing (before a `;`)
             r"\bdim3\b",
         ]
@@ -97,13 +102,17 @@ TOP = r"[^;{}(),]*"  # right-hand side text outside parentheses: a `,` there end
 NO_PAREN = r"[^;{}()]*"  # text inside parentheses, where a `,` separates arguments
 PAREN_1 = rf"\({NO_PAREN}\)"  # `(b * c)`
 PAREN_2 = rf"\({NO_PAREN}(?:{PAREN_1}{NO_PAREN})*\)"  # `(a + (b * c))`: two levels are enough for index code
-ASSIGN = re.compile(
+ASSIGN_HEAD = re.compile(  # an assignment up to its `=`
     rf"(?:\b(?P<type>{INT_TYPE})\s+)?"  # declared here (`int i =`) or assigned (`i =`)
     rf"(?<![\w.\]>])(?P<name>{NAME})"  # a plain variable: not a member `s.x` or `p->x`
     r"\s*(?P<op>[+\-*/%&|^]|<<|>>)?=(?!=)"  # `=` or a compound `+=`, `<<=`, ...; not `==`
-    rf"(?P<rhs>{TOP}(?:{PAREN_2}{TOP})*)"
+)
+ASSIGN = re.compile(
+    ASSIGN_HEAD.pattern + rf"(?P<rhs>{TOP}(?:{PAREN_2}{TOP})*)"
     r"[;),]"  # ends at the statement's `;`, the for header's `)` or the `,` before the next name
 )
+RHS_STOP = re.compile(r"[;{}(),]")  # where TOP ends
+PAREN_GROUP = re.compile(PAREN_2)
 # A variable declared with a type that is not an integer (`float v`, `bool ok`, `float4* p`): never an index
 NON_INT_DECL = re.compile(
     r"\b(?:float|double|half|__half|__nv_bfloat16|bool|char|float[1-4]|double[1-4])\b"
@@ -146,9 +155,10 @@ def index_assignments(body: str, params: str) -> tuple[set[str], list[tuple[int,
     """
     not_int = set(NON_INT_DECL.findall(params + "\n" + body))
     names: set[str] = set()
+    found = assignments(body)
     for _ in range(4):  # a few rounds of derivation (idx -> row -> offset) reach the fixed point
         known, hits = set(names), []
-        for a in ASSIGN.finditer(body):
+        for a in found:
             rhs = outside_brackets(a["rhs"])
             uses = (
                 BUILTIN.search(rhs)
@@ -163,6 +173,43 @@ def index_assignments(body: str, params: str) -> tuple[set[str], list[tuple[int,
     return names, hits
 
 
+def assignments(body: str) -> list[re.Match]:
+    """ASSIGN.finditer(body), with each right-hand side read about once.
+
+    The regex, tried at each `x =` (ASSIGN_HEAD), walks its right-hand side from one RHS_STOP to the next,
+    over parenthesised groups (PAREN_GROUP), and succeeds at a `;`, `)` or `,`, fails at a `{`, `}`, the
+    end or a group it cannot take: the same walk whatever `=` it started from. So rhs_end remembers where
+    the walk from each stop it reached ended, and a later walk that reaches that stop ends there at once;
+    ASSIGN itself runs only where it matches. (Tried at each `x =` as it is, each would read up to that
+    end again: k of them, k times.)"""
+    stops, ends, found, pos = [m.start() for m in RHS_STOP.finditer(body)], {}, [], 0
+    for head in ASSIGN_HEAD.finditer(body):  # heads that overlap share their `=`, and so their fate
+        if head.start() >= pos and rhs_end(body, head.end(), stops, ends) is not None:
+            found.append(ASSIGN.match(body, head.start()))
+            pos = found[-1].end()
+    return found
+
+
+def rhs_end(body: str, x: int, stops: list[int], ends: dict[int, int | None]) -> int | None:
+    """Where ASSIGN's right-hand side from x ends (past its `;`, `)` or `,`), None where it fails; stops:
+    the positions of RHS_STOP, ends: what earlier walks found from each stop they reached (filled here)."""
+    reached, end = [], None
+    while (y := next_of(stops, x, len(body))) < len(body) and y not in ends:
+        reached.append(y)
+        if body[y] in ";),":
+            end = y + 1
+            break
+        group = PAREN_GROUP.match(body, y) if body[y] == "(" else None  # `{` or `}`: no assignment
+        if group is None:
+            break
+        x = group.end()
+    else:
+        end = ends.get(y) if y < len(body) else None
+    for y in reached:
+        ends[y] = end
+    return end
+
+
 def pointers(body: str, params: str) -> tuple[set[str], set[str]]:
     """(all pointers, output pointers) of a function: its pointer parameters and the local pointers it
     declares (`float* yr = y + row * cols;`). Outputs: non-const pointer parameters, and local pointers
@@ -174,33 +221,49 @@ def pointers(body: str, params: str) -> tuple[set[str], set[str]]:
             ptrs.add(ident[-1])
             if "const" not in p[:star].split():
                 outs.add(ident[-1])
-    for d in PTR_DECL.finditer(body):
+    for d in PTR_DECL.finditer(body, 0, body.rfind(";") + 1):  # a declaration ends at its `;`
         ptrs.add(d["name"])
         if not (d["c1"] or d["c2"]) and outs & set(re.findall(r"\w+", d["rhs"])):
             outs.add(d["name"])
     return ptrs, outs
 
 
-def pointer_offset_spans(body: str, ptrs: set[str], uses_index) -> list[tuple[int, int]]:
-    """Pointer arithmetic with an index, in full: `x + row * cols` (up to where the operand ends),
-    `y += offset`, and a whole pointer declaration whose initializer uses an index."""
-    spans = [d.span() for d in PTR_DECL.finditer(body) if uses_index(d["rhs"])]
+def pointer_offset_spans(body: str, ptrs: set[str], index: re.Pattern) -> list[tuple[int, int]]:
+    """Pointer arithmetic with an index (index: the function's index variables and builtins; BUILTIN), in
+    full: `x + row * cols` (up to where the operand ends), `y += offset`, and a whole pointer declaration
+    whose initializer uses an index.
+
+    An operand's end is expr_edge's (expr_ends: a run of pointer operators in one expression is read
+    once), and whether it uses an index is looked up among the index words of the whole body, found
+    once: an operand ends at a character that is not part of a word, so its words are the body's."""
+    declarations = PTR_DECL.finditer(body, 0, body.rfind(";") + 1)  # each ends at its `;`
+    spans = [d.span() for d in declarations if index.search(d["rhs"]) or BUILTIN.search(d["rhs"])]
     if ptrs:
         alt = "|".join(map(re.escape, sorted(ptrs)))
         # not a member `s.x + 1`
-        for p in re.finditer(rf"(?<!\.)(?<!->)\b(?:{alt})\s*[+-]=?(?![+\-=>])", body):
-            end = expr_edge(body, p.end(), 1)
-            if uses_index(body[p.end() : end]):
+        ops = list(re.finditer(rf"(?<!\.)(?<!->)\b(?:{alt})\s*[+-]=?(?![+\-=>])", body))
+        words = sorted({m.span() for pattern in (index, BUILTIN) for m in pattern.finditer(body)})
+        starts = [a for a, _ in words]
+        for p, end in zip(ops, expr_ends(body, [p.end() for p in ops])):
+            k = bisect.bisect_left(starts, p.end())  # the first index word in the operand, if any
+            if k < len(words) and words[k][1] <= end:
                 spans.append((p.start(), end))
     return spans
 
 
-def conditions(body: str) -> list[tuple[bool, str, int, int]]:
+def conditions(body: str, brackets: Brackets) -> list[tuple[bool, str, int, int]]:
     """(in a loop header, condition text, span start, span end) of each condition: if/while (span: the whole
-    `if (...)`), a for-loop's test (span: the test) and a ?: condition, parenthesised or not (span: it)."""
+    `if (...)`), a for-loop's test (span: the test) and a ?: condition, parenthesised or not (span: it).
+
+    An if/while/for whose `(` is never closed (an answer cut off inside it, or broken code) has no
+    condition: its text would run to the end of the function, all of it one guard, and k of them would
+    cost k times the text."""
     found = []
     for c in CONDITION.finditer(body):
-        lo, hi = c.end(), match_paren(body, c.end() - 1) - 1  # condition text: body[lo:hi]
+        close = brackets.close(c.end() - 1)
+        if close is None:
+            continue
+        lo, hi = c.end(), close - 1  # condition text: body[lo:hi]
         if c.group(1) != "for":
             found.append((c.group(1) == "while", body[lo:hi], c.start(), hi + 1))
         elif body.count(";", lo, hi) == 2:
@@ -236,19 +299,23 @@ def is_guard(cond: str, index: re.Pattern, in_loop_header: bool) -> bool:
     return False
 
 
-def write_back_spans(body: str, outs: set[str]) -> list[tuple[int, int]]:
+def write_back_spans(body: str, outs: set[str], brackets: Brackets) -> list[tuple[int, int]]:
     """Stores through an output pointer (`y[...] =`, `*y =`, `*(y + i) =`, compound assignments too)."""
     spans = []
     for w in re.finditer(rf"\b({NAME})\s*\[", body):
-        op = STORE_OP.match(body, match_paren(body, w.end() - 1, "[]"))
-        if w.group(1) in outs and op and (w.start() == 0 or body[w.start() - 1] not in ".>"):
+        if w.group(1) not in outs or (w.start() > 0 and body[w.start() - 1] in ".>"):
+            continue
+        op = STORE_OP.match(body, brackets.close(w.end() - 1, "[]") or len(body))
+        if op:
             spans.append((w.start(), op.end()))
     for d in re.finditer(rf"\*\s*(\(\s*)?({NAME})", body):  # `*p =`, `*(p + i) =`, starting a statement
         if d.group(2) not in outs:
             continue
-        op = STORE_OP.match(body, match_paren(body, d.start(1)) if d.group(1) else d.end())
-        before = body[: d.start()].rstrip()
-        if op and (not before or before[-1] in ";{}:)" or before.endswith("else")):
+        op = STORE_OP.match(body, (brackets.close(d.start(1)) or len(body)) if d.group(1) else d.end())
+        k = d.start() - 1  # the last character before it that is not blank (-1: none)
+        while k >= 0 and body[k].isspace():
+            k -= 1
+        if op and (k < 0 or body[k] in ";{}:)" or body[max(k - 3, 0) : k + 1] == "else"):
             spans.append((d.start(), op.end()))
     return spans
 
@@ -259,12 +326,13 @@ def function_spans(kind: str, params: str, body: str) -> dict[int, list[tuple[in
     idx, assigns = index_assignments(body, params)
     index = re.compile(r"\b(?:" + "|".join(["threadIdx", "blockIdx", *map(re.escape, sorted(idx))]) + r")\b")
     ptrs, outs = pointers(body, params)
-    guards = [(a, b) for loop, cond, a, b in conditions(body) if is_guard(cond, index, loop)]
+    brackets = Brackets(body)
+    guards = [(a, b) for loop, cond, a, b in conditions(body, brackets) if is_guard(cond, index, loop)]
     early_returns = [r.span() for r in re.finditer(r"\breturn\s*;", body)] if kind == "global" else []
     return {
-        2: assigns + pointer_offset_spans(body, ptrs, lambda e: index.search(e) or BUILTIN.search(e)),
+        2: assigns + pointer_offset_spans(body, ptrs, index),
         3: guards + early_returns,
-        9: write_back_spans(body, outs) if kind == "global" else [],
+        9: write_back_spans(body, outs, brackets) if kind == "global" else [],
     }
 
 

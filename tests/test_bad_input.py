@@ -201,7 +201,7 @@ NUMBERS = [
     ("02", "--rho", "1.5", "in [0, 1]"),
     ("02", "--tau-max", "0", "in (0, 1]"),
     ("02", "--alpha", "inf", ">= 0"),
-    ("02", "--w-max", "nan", ">= 1"),
+    ("02", "--w-max", "nan", "a finite number in [1, 3.4028234663852886e+38]"),
     ("02", "--gap", "-1", ">= 0"),
     ("02", "--seed", "-1", ">= 0"),
     ("03", "--max-steps", "0", ">= 1, or unset"),
@@ -222,7 +222,7 @@ NUMBERS = [
     ("04", "--num-samples", "0", ">= 1"),
     ("04", "--temperature", "nan", ">= 0"),
     ("04", "--top-p", "0", "in (0, 1]"),
-    ("04", "--run-timeout", "inf", "a finite number > 0"),
+    ("04", "--run-timeout", "inf", "a finite number in (0, 43200]"),
     ("04", "--jobs", "0", ">= 1"),
 ]
 
@@ -525,7 +525,7 @@ def in_namespace_with(mount: str, argv: list[str]) -> subprocess.CompletedProces
 
 @pytest.mark.parametrize(
     "mount, says",
-    [("mount -t tmpfs -o ro none", "Read-only file system"), ("mount -t tmpfs -o size=4k none", "MB free")],
+    [("mount -t tmpfs -o ro none", "Read-only file system"), ("mount -t tmpfs -o size=4k none", "KB free")],
     ids=["read-only", "full"],
 )
 def test_an_out_that_cannot_be_written_is_refused_before_the_work(world, mount, says, tmp_path):
