@@ -38,14 +38,17 @@ Refused before any work (exit 2, one line): artifacts from other data or tokeniz
 rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
 --resume with other arguments than the run's, a number out of its range, an --out that is not this
 stage's run (README, "Pipeline and artifacts"; --force starts over, keeping the previous run until the
-new one succeeds), an --out another run holds.
+new one succeeds), an --out another run holds, a model whose weights are not all finite, a resume state
+that is cut short or damaged.
+Stopped (exit 2, one line) when the run diverges: a loss, gradient or weight that is not finite (checked as
+training/divergence.py says). No model is written; the last resume state stays, and --resume may continue
+from it with a lower --lr. A full disk while a checkpoint is written: one line, the previous one kept.
 Samples whose prompt fills --max-length have no response token: they are skipped and counted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -75,7 +78,15 @@ from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
 from cuset_common.models import check_head_is_plain, load_tokenizer, output_head
 from cuset_common.paths import DATA, TINY_MODEL
-from training.checkpoint import check_resume, checkpoint_room, load_resume, save_final, save_resume
+from training.checkpoint import (
+    check_resume,
+    checkpoint_room,
+    load_resume,
+    save_final,
+    save_resume,
+    stop_diverged,
+)
+from training.divergence import grad_norm, json_row, nonfinite_step, nonfinite_weights, refuse_nonfinite_model
 from training.scale import (
     all_reduce_stats,
     checkpoint_wait_group,
@@ -436,7 +447,7 @@ def micro_batch_loss(args, mb: dict, log_q: torch.Tensor, N: float) -> tuple[tor
 def optimizer_step(t: Training, batch: list[dict]) -> dict:
     """One step on a global batch: this process's micro-batches, each loss divided by the global N and
     backpropagated (gradients add up), then clipping and the update. Returns the step's sums over all
-    processes (objective_loss's stats, and the loss)."""
+    processes (objective_loss's stats, the loss, and the gradient norm)."""
     args, size = t.args, t.args.micro_batch_size
     # this process's share of the global batch, shortest first: micro-batches of similar lengths carry less
     # padding, and their gradients add up to the same sum however the share is grouped
@@ -464,11 +475,14 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
         s["loss"] = loss.item()
         for key in stats:
             stats[key] += s[key]
-    if args.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(t.model.parameters(), args.grad_clip)
-    t.optimizer.step()
+    stats = all_reduce_stats(stats, t.world, t.device)
+    # the global gradient norm, clipped to --grad-clip; a step whose loss or gradient is not finite leaves
+    # the weights as they are, and train stops the run (training/divergence.py)
+    stats["grad_norm"] = grad_norm(t.model, args.grad_clip)
+    if nonfinite_step(stats) is None:
+        t.optimizer.step()
     t.optimizer.zero_grad(set_to_none=True)
-    return all_reduce_stats(stats, t.world, t.device)
+    return stats
 
 
 def log_step(
@@ -497,16 +511,18 @@ def log_step(
         f"ETA {eta:,.0f}s",
         flush=True,
     )
-    return json.dumps(row) + "\n"
+    return json_row(row)  # a diverged step's NaN as null: log.jsonl stays JSON
 
 
 def train(t: Training, samples: list[dict], step: int, log_lines: list[str]) -> int:
     """The loop from `step` to the last step (or --stop-after steps): the learning rate of the step, the
     step, its log line, and the resume state every --save-every steps and at the end. Returns the step
-    reached; log_lines grows by one line per step (on rank 0)."""
+    reached; log_lines grows by one line per step (on rank 0). A loss, gradient or weight that is not
+    finite stops the run (training/divergence.py: what is checked when); no resume state holds one."""
     args = t.args
     steps_per_epoch, total, warmup = schedule(args, len(samples))
     t_start, tokens_seen, steps_run = time.time(), 0, 0
+    resume_step = step if args.resume else None  # the step of the resume state --out holds
     while step < total and (args.stop_after is None or steps_run < args.stop_after):
         epoch, k = divmod(step, steps_per_epoch)
         batch = [samples[j] for j in batch_order(len(samples), args.batch_size, epoch, args.seed)[k]]
@@ -518,9 +534,14 @@ def train(t: Training, samples: list[dict], step: int, log_lines: list[str]) -> 
         if t.rank == 0:
             log_lines.append(log_step(step, total, stats, t.optimizer, tokens_seen, t_start, steps_run))
         stopping = args.stop_after is not None and steps_run >= args.stop_after
-        if step % args.save_every == 0 or step == total or stopping:
+        saving = step % args.save_every == 0 or step == total or stopping
+        # the weights are checked before a resume state keeps them (the final checkpoint: the last step's)
+        if what := nonfinite_step(stats) or (saving and nonfinite_weights(t.model, t.world, t.device)):
+            stop_diverged(args, t.rank, t.checkpoint_wait, what, step, total, log_lines, resume_step)
+        if saving:
             save_resume(args.out, args, t.model, t.optimizer, step, log_lines, t.rank)
             wait_for_checkpoint(t.checkpoint_wait)
+            resume_step = step
     return step
 
 
@@ -669,6 +690,7 @@ def add_run_arguments(ap: ArgumentParser) -> None:
 # max_length, seed, device and hence precision, ...) would make the resumed run another run.
 # So are --fsdp and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is
 # tested equal to one process): a DDP run can move to FSDP. --param-dtype changes precision: not.
+# From the state a diverged run left, --lr may change too (training/checkpoint.py, check_resume).
 RESUME_MAY_CHANGE = {
     "out",
     "resume",
@@ -710,6 +732,13 @@ def check_enough_samples(args, n_samples: int, skipped: int) -> None:
             f"--max-length), fewer than --batch-size {args.batch_size}; "
             + ("raise --max-length" if skipped else "lower --batch-size")
         )
+
+
+def check_model(model, first: torch.Tensor, name: str) -> None:
+    """What stage 03 refuses of the model before it trains: weights that are not all finite (a checkpoint of
+    a run that diverged), then logits that are not a plain head (read from the first sample)."""
+    refuse_nonfinite_model(model, name)
+    check_head_is_plain(model, first.to(model.device), "stage 03")
 
 
 def place_model(
@@ -787,9 +816,9 @@ def main(argv: list[str] | None = None) -> int:
     check_enough_samples(args, len(samples), skipped)
     first = torch.tensor([samples[0]["input_ids"]])  # what the head check reads
     model = load_model(  # under --fsdp rank 0 alone loads and checks it, on the host (training/scale.py)
-        args, rank, device, lambda m: check_head_is_plain(m, first.to(m.device), "stage 03"), checkpoint_wait
+        args, rank, device, lambda m: check_model(m, first, args.model), checkpoint_wait
     )
-    check_room(args.out, checkpoint_room(model, args.optimizer))
+    check_room(args.out, checkpoint_room(model, args.optimizer, args.out if args.resume else None))
     if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
         open_out(args.out, start_over=not args.resume)
 

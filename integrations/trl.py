@@ -27,6 +27,8 @@ data/artifacts/ckpt-trl-<objective>): the model (save_pretrained), its tokenizer
 naming TRL's version) and log.jsonl, one line per step, so that stage 04 evaluates it as it is. Not here:
 --norm kept (stage 03 counts the kept tokens in a no-grad pass before the step), --resume, --fsdp.
 Refused before any work (exit 2, one line): what stage 03 refuses about the inputs and --out.
+Stopped (exit 2, one line) when the run diverges, as stage 03 stops: a loss or gradient that is not finite
+(each step), weights that are not (at the end); no model is written.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ if __name__ == "__main__":
 import torch
 from transformers import TrainerCallback
 
-from cuset_common.artifacts import check_train_out, finishes_out, open_out, tokenizer_fingerprint
+from cuset_common.artifacts import aside_dir, check_train_out, finishes_out, open_out, tokenizer_fingerprint
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, load_script, run_main
 from cuset_common.data_sources import load_data
 from cuset_common.device import pick_device, resolve_precision
@@ -55,6 +57,7 @@ from cuset_common.files import write_text_atomic
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import DATA
 from training.checkpoint import save_final
+from training.divergence import diverged_error, nonfinite_step, nonfinite_weights
 from training.scale import all_reduce_stats
 
 try:
@@ -160,25 +163,45 @@ class CusetSFTTrainer(SFTTrainer):
         loss = loss * self.accelerator.num_processes
         return (loss, outputs) if return_outputs else loss
 
+    def diverged(self, what: str, step: int) -> None:
+        """Stop a run whose loss, gradient or weights are not finite (training/divergence.py): raises
+        Diverged, one line and exit 2; nothing is written (this run keeps no resume state)."""
+        a = self.cuset_args
+        restored = aside_dir(a.out).exists()  # --force: finishes_out puts the previous content back
+        raise diverged_error(what, step, self.args.max_steps, a.lr, a.out, restored=restored, resumable=False)
+
 
 class StepLog(TrainerCallback):
     """Stage 03's progress line and log.jsonl row for each optimizer step (its log_step), with the step's
     statistics summed over processes. on_optimizer_step comes before the scheduler's step: the learning
-    rate read is the one the step used, as in stage 03's log."""
+    rate read is the one the step used, as in stage 03's log.
+
+    Before the update (on_pre_optimizer_step, after Trainer's clipping) the step's loss and the norm of its
+    gradients are checked as stage 03 checks them (training/divergence.py): one that is not finite stops the
+    run (Diverged, exit 2) before it reaches the weights, on every process alike (the loss is summed over
+    them, the gradients are DDP's average)."""
 
     def __init__(self, trainer: CusetSFTTrainer):
         self.trainer = trainer
         self.lines: list[str] = []
         self.tokens_seen = 0.0
         self.t_start = None
+        self.stats: dict = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t_start = time.time()
 
-    def on_optimizer_step(self, args, state, control, **kwargs):
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
         trainer = self.trainer
         world = trainer.accelerator.num_processes
-        stats = all_reduce_stats(trainer.step_stats, world, str(trainer.args.device))
+        self.stats = all_reduce_stats(trainer.step_stats, world, str(trainer.args.device))
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        self.stats["grad_norm"] = float(torch.nn.utils.get_total_norm(grads))
+        if what := nonfinite_step(self.stats):
+            trainer.diverged(what, state.global_step + 1)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        trainer, stats = self.trainer, self.stats
         self.tokens_seen += stats["tokens"]
         if trainer.is_world_process_zero():
             step = state.global_step + 1  # counted after this callback
@@ -329,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train()
 
     step = trainer.state.global_step
+    if what := nonfinite_weights(trainer.model, process_count(), str(trainer.args.device)):
+        trainer.diverged(what, step)  # checked once, before the model is written
     meta = train03.checkpoint_meta(
         args, step, inputs.tok_fp, data_id, inputs.max_length, precision, memory=None
     )

@@ -50,6 +50,7 @@ SLOW_FILES = {
     "test_fsdp.py",
     "test_nearest_train.py",
     "test_openai_engine.py",
+    "test_openai_hostile.py",
     "test_profile.py",
     "test_real_model.py",
     "test_sandbox.py",

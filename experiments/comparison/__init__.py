@@ -38,7 +38,11 @@ steps are all finished is skipped. A step that was interrupted continues: stage 
 over), stage 03 with --resume when <ckpt>/resume/ does (else --force: it starts over), stage 04 in the same
 --out (it keeps finished rows; --force when the folder holds another run). A stage gets SIGTERM when this
 command dies (Linux), so a rerun never races one left running. With everything finished a call only
-re-aggregates. A finished training's resume state (<ckpt>/resume/) is deleted: the checkpoint stays.
+re-aggregates. A finished training's resume state (<ckpt>/resume/) is deleted: the checkpoint stays. A
+training that diverges (stage 03 stops on a loss, gradient or weight that is not finite, exit 2) is recorded
+in <run>/diverged.json with its arguments: the run's other steps are skipped, the comparison goes on, and
+the report names it "diverged" instead of giving numbers of a model that was never made; a call with other
+--train-args trains it again.
 
 Split across processes or sessions. `--runs sft-seed1,cuset-seed1` runs the base stages and those runs
 only, and writes no table (two processes with one torch thread each share 2 cores; give --no-eval-base to

@@ -56,11 +56,16 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int = 0) -
     return out
 
 
+def trained(per_run: dict, objective: str) -> list[dict]:
+    """The runs of an objective whose training did not diverge: the only ones with values."""
+    return [v for v in per_run.values() if v["objective"] == objective and not v.get("diverged")]
+
+
 def unit_matrices(per_run: dict, objectives: list[str], key: str) -> list[np.ndarray]:
     """Each objective's values of `key` as a matrix [seeds, units] over the same units in the same order:
     held-out samples (arrays, aligned by the profiles) or prompts (task/level -> value; nan where a run has
-    no verdict for a prompt)."""
-    runs = [[v["units"][key] for v in per_run.values() if v["objective"] == o] for o in objectives]
+    no verdict for a prompt). The seeds are those that trained (a diverged run has no values)."""
+    runs = [[v["units"][key] for v in trained(per_run, o)] for o in objectives]
     if not isinstance(runs[0][0], dict):
         return [np.stack(r).astype(np.float64) for r in runs]
     prompts = sorted(set().union(*(u for r in runs for u in r)))
@@ -69,10 +74,14 @@ def unit_matrices(per_run: dict, objectives: list[str], key: str) -> list[np.nda
 
 def paired(args, per_run: dict) -> dict:
     """Every objective (and the base model, when evaluated) against sft, per paired metric: the bootstrap
-    over seeds and units of paired_bootstrap."""
-    keys = list(next(v for v in per_run.values() if v["objective"] == "sft")["units"])
+    over seeds and units of paired_bootstrap, over the seeds that trained. An objective all of whose seeds
+    diverged has no row; none has one when all of sft's did."""
+    if not trained(per_run, "sft"):
+        return {}
+    keys = list(trained(per_run, "sft")[0]["units"])
     others = [o for o in args.objectives if o != "sft"] + (["base"] if args.eval_base else [])
     return {
         o: {key: paired_bootstrap(*unit_matrices(per_run, [o, "sft"], key), args.bootstrap) for key in keys}
         for o in others
+        if trained(per_run, o)
     }

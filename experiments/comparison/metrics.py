@@ -1,6 +1,7 @@
 """The numbers of the table: token metrics from stage 01's profiles of the held-out data (aligned token by
 token with the base model's), kernel verdicts from stage 04's summaries, per run and as mean and standard
-deviation over seeds per objective."""
+deviation over seeds per objective. A run whose training diverged has no model and so no numbers: it is
+recorded as diverged, and an objective's figures are over its seeds that trained."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cuset_common.cli import UserError
 from cuset_common.files import read_jsonl
 from experiments.comparison.bootstrap import paired
 from experiments.comparison.objectives import region_variants, regions_dir
-from experiments.comparison.steps import read_json, summary_problem
+from experiments.comparison.steps import read_json, summary_problem, training_diverged
 from harness.outcomes import APART
 
 PROFILE = {"p0": np.float32, "argmax_correct": np.uint8, "c": np.uint8, "token_ids": np.int32}
@@ -133,10 +134,14 @@ def token_groups(base_dir: Path, profile: dict, meta: dict, sample_of: np.ndarra
 
 
 def seed_table(per_run: dict, objectives: list[str]) -> dict:
-    """{objective: {metric: {mean, n, std}}} over each objective's seeds (std nan for one seed)."""
+    """{objective: {metric: {mean, n, std}}} over each objective's seeds that trained (std nan for one
+    seed); {} for an objective all of whose seeds diverged."""
     table = {}
     for o in objectives:
-        rows = [v["metrics"] for v in per_run.values() if v["objective"] == o]
+        rows = [v["metrics"] for v in per_run.values() if v["objective"] == o and not v.get("diverged")]
+        if not rows:
+            table[o] = {}
+            continue
         table[o] = {
             k: {
                 "mean": float(np.mean([x[k] for x in rows])),
@@ -158,11 +163,14 @@ def aggregate(args, runs: list[dict]) -> dict:
     sample_of = np.repeat(np.arange(n), np.diff(bt["sample_offsets"]))  # [T]
     groups = token_groups(base_dir, bt, bmeta, sample_of)
     per_run, backends, ks = {}, set(), {name: set() for name in args.evaluations}
-    base_run = {"name": "base", "objective": "base", "seed": 0, "dir": base_dir, "profile": bt}
-    for r in [base_run] + [
-        r | {"profile": read_profile(r["dir"] / "profile-heldout", base)[0]} for r in runs
-    ]:
-        metrics, units = token_metrics(r["profile"], groups, sample_of, n)
+    base_run = {"name": "base", "objective": "base", "seed": 0, "dir": base_dir}
+    for r in [base_run, *runs]:
+        if message := training_diverged(r.get("steps", []), fresh=not args.report_only):
+            per_run[r["name"]] = {"objective": r["objective"], "seed": r["seed"], "diverged": message}
+            per_run[r["name"]] |= {"metrics": {}, "units": {}}
+            continue
+        profile = bt if r is base_run else read_profile(r["dir"] / "profile-heldout", base)[0]
+        metrics, units = token_metrics(profile, groups, sample_of, n)
         for name in args.evaluations if r is not base_run or args.eval_base else ():
             km, ku, backend, k = kernel_metrics(r["dir"] / f"eval-{name}", name)
             metrics, units, backends = metrics | km, units | ku, backends | {backend}
@@ -177,6 +185,7 @@ def aggregate(args, runs: list[dict]) -> dict:
         "per_run": per_run,
         "table": seed_table(per_run, ["base", *args.objectives]),
         "paired": paired(args, per_run),
+        "diverged": {name: v["diverged"] for name, v in per_run.items() if v.get("diverged")},
         "backends": sorted(backends),
         "k": {name: sorted(k) for name, k in ks.items()},
         "evaluations": args.evaluations,

@@ -11,7 +11,7 @@ from pathlib import Path
 from cuset_common.cli import UserError
 from cuset_common.files import write_text_atomic
 from experiments.comparison.plan import plan, step_groups
-from experiments.comparison.steps import finished, read_json, stamp_file
+from experiments.comparison.steps import diverged_file, group_done, read_json, stamp_file, training_diverged
 
 CKPT_KEPT = ("meta.json", "log.jsonl")  # of a checkpoint folder: its arguments and its training log
 
@@ -43,19 +43,15 @@ def check_record_folder(record: Path, out: Path, groups: list[tuple[str, list[di
 
 def save_record(args) -> int:
     """Copy each finished group of --out into --save-record, step folder by step folder: a step's earlier
-    copy is replaced, the others stay (a base model evaluated in another session keeps its results)."""
+    copy is replaced, the others stay (a base model evaluated in another session keeps its results). Of a
+    run whose training diverged, the record that says so (it has no other results)."""
     base_steps, runs = plan(args)
     saved = []
     for name, steps, folder in step_groups(args, base_steps, runs):
-        if not all(finished(s) for s in steps):
+        if not group_done(steps):
             continue
         dest = args.save_record / name
-        for src in [s["out"] for s in steps]:
-            tmp = dest / f".{src.name}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp, ignore=without_weights)
-            shutil.rmtree(dest / src.name, ignore_errors=True)
-            os.replace(tmp, dest / src.name)
+        copy_results(steps, dest)
         timings = (read_json(dest / "timings.json") or {}) | (read_json(folder / "timings.json") or {})
         write_text_atomic(dest / "timings.json", json.dumps(timings, indent=2) + "\n")
         if (folder / "log.txt").exists():
@@ -68,11 +64,29 @@ def save_record(args) -> int:
     return 0
 
 
+def copy_results(steps: list[dict], dest: Path) -> None:
+    """A done group's results into dest: each step's folder (a checkpoint without its weights), or of a run
+    whose training diverged its record alone (it has no other results)."""
+    if training_diverged(steps):
+        record = next(diverged_file(s) for s in steps if s["stage"] == "03")
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(record, dest / record.name)
+        return
+    for src in [s["out"] for s in steps]:
+        tmp = dest / f".{src.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, ignore=without_weights)
+        shutil.rmtree(dest / src.name, ignore_errors=True)
+        os.replace(tmp, dest / src.name)
+
+
 def missing_results(args, base_steps: list[dict], runs: list[dict]) -> list[str]:
     """`group (folder, ...)` for each group of --out that lacks artifacts the table reads: every step's but
     stage 03's and the base profile of the training data (the regions stand for it)."""
     missing = []
     for name, steps, _ in step_groups(args, base_steps, runs):
+        if training_diverged(steps, fresh=False):  # no results: the record says it diverged
+            continue
         read = [s for s in steps if s["stage"] != "03" and (s["stage"], s["out"].name) != ("01", "profile")]
         lacks = [s["out"].name for s in read if not stamp_file(s).exists()]
         missing += [f"{name} ({', '.join(lacks)})"] if lacks else []

@@ -1,8 +1,10 @@
 """The report: comparison.md (the tables, what each column means, the commands), comparison.json (every
-number) and comparison.png (held-out NLL per CUDA-sensitivity category)."""
+number) and comparison.png (held-out NLL per CUDA-sensitivity category). A run whose training diverged is
+named as such: its objective's cells are over the seeds that trained, and read "diverged" where none did."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -32,13 +34,28 @@ COLUMNS = {
 }
 
 
+DIVERGED = "diverged"  # the cell of an objective all of whose seeds diverged: no model, no number
+
+
 def category_columns(table: dict) -> list[str]:
-    """The `cat.<name>.nll` metrics that have tokens in the held-out data (sft's row has every metric)."""
-    return [
-        k
-        for k in table["sft"]
-        if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(table["sft"][k]["mean"])
-    ]
+    """The `cat.<name>.nll` metrics that have tokens in the held-out data (the base model's row has every
+    metric, and so has every objective's that trained)."""
+    row = table["base"]
+    return [k for k in row if k.startswith("cat.") and k.endswith(".nll") and not math.isnan(row[k]["mean"])]
+
+
+def table_cell(table: dict, o: str, c: str) -> str:
+    """An objective's cell of metric c: cell() over its seeds that trained, DIVERGED where none did."""
+    return cell(table[o][c]) if table[o] else DIVERGED
+
+
+def row_name(res: dict, o: str) -> str:
+    """An objective's row label, with how many of its seeds diverged, if any (their runs have no numbers)."""
+    runs = [v for v in res["per_run"].values() if v["objective"] == o]
+    lost = sum(bool(v.get("diverged")) for v in runs)
+    if not lost:
+        return o
+    return f"{o} ({'every seed' if lost == len(runs) else f'{lost} of {len(runs)} seeds'} diverged)"
 
 
 def cell(s: dict) -> str:
@@ -52,26 +69,30 @@ def number(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.3f}"
 
 
-def md_table(cols: list[str], rows: list[str], fmt, label=lambda c: c) -> list[str]:
-    """A markdown table: one row per objective, fmt(objective, column) per cell, label(column) heads."""
+def md_table(
+    cols: list[str], rows: list[str], fmt, label=lambda c: c, name=lambda o: o, empty: str = "only sft"
+) -> list[str]:
+    """A markdown table: one row per objective, name(objective) first, fmt(objective, column) per cell,
+    label(column) heads; `empty`: why there is none."""
     if not cols or not rows:
-        return ["(none: the comparison has only sft)"]
+        return [f"(none: {empty})"]
     return [
         "| objective | " + " | ".join(map(label, cols)) + " |",
         "|---" * (len(cols) + 1) + "|",
-        *[f"| {o} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows],
+        *[f"| {name(o)} | " + " | ".join(fmt(o, c) for c in cols) + " |" for o in rows],
     ]
 
 
 def kernel_section(args, res: dict) -> list[str]:
     """Kernel verdicts per evaluation: compile rate, pass@1 and (several replies per prompt) pass@k."""
-    t, ks = res["table"], {name: "/".join(map(str, k)) for name, k in res["k"].items()}
+    # k: replies per prompt of each evaluation; none where no run was evaluated (every training diverged)
+    t, ks = res["table"], {name: "/".join(map(str, k)) or "no" for name, k in res["k"].items()}
     cols = [
         f"{name}.{m}"
         for name in args.evaluations
         for m in ("compile_rate", "pass@1", "pass@k")
-        if m != "pass@k" or res["k"][name] != [1]
-    ]  # one reply per prompt: pass@k is pass@1
+        if m != "pass@k" or res["k"][name] not in ([1], [])
+    ]  # one reply per prompt: pass@k is pass@1 (none: every run diverged)
 
     def label(c: str) -> str:  # pass@k: k = the evaluation's --num-samples
         name, _, metric = c.partition(".")
@@ -90,7 +111,11 @@ def kernel_section(args, res: dict) -> list[str]:
         "stage 04's unbiased pass@k.",
         "",
         *md_table(
-            cols, (["base"] if args.eval_base else []) + args.objectives, lambda o, c: cell(t[o][c]), label
+            cols,
+            (["base"] if args.eval_base else []) + args.objectives,
+            lambda o, c: table_cell(t, o, c),
+            label,
+            lambda o: row_name(res, o),
         ),
         "",
     ]
@@ -132,7 +157,8 @@ def paired_section(args, res: dict) -> list[str]:
         )
         + (" `base` is one run: only sft's seeds are drawn against it." if args.eval_base else ""),
         "",
-        *md_table(cols, list(paired), diff),
+        *md_table(cols, list(paired), diff, empty=no_pairs(res)),
+        *without_pairs(args, res),
         "",
         "## Power: the smallest difference this design resolves",
         "",
@@ -151,7 +177,35 @@ def paired_section(args, res: dict) -> list[str]:
         *([""] if passes and paired else []),
         "Every metric's resolvable difference, the SE it comes from in parentheses:",
         "",
-        *md_table(cols, list(paired), resolves),
+        *md_table(cols, list(paired), resolves, empty=no_pairs(res)),
+        "",
+    ]
+
+
+def no_pairs(res: dict) -> str:
+    """Why the paired tables are empty: every seed of sft diverged, or the comparison has only sft."""
+    return f"every seed of sft {DIVERGED}" if not res["table"]["sft"] else "only sft"
+
+
+def without_pairs(args, res: dict) -> list[str]:
+    """A line naming the objectives left out of the paired differences: every one of their seeds diverged."""
+    gone = [o for o in args.objectives if o != "sft" and not res["table"][o]]
+    return ["", f"Not paired ({DIVERGED} on every seed, no model): {', '.join(gone)}."] if gone else []
+
+
+def diverged_section(res: dict) -> list[str]:
+    """The runs whose training diverged (stage 03 stopped: a loss, gradient or weight not finite), each
+    with stage 03's line; they have no model, so no numbers in the tables."""
+    if not res["diverged"]:
+        return []
+    return [
+        "## Runs that diverged",
+        "",
+        "Stage 03 stopped these trainings (a loss, gradient or weight that is not finite) and wrote no "
+        "model: they have no numbers above, and an objective's cells are over its other seeds "
+        f'("{DIVERGED}" where it has none). A rerun with other --train-args trains them again.',
+        "",
+        *[f"- {name}: {message}" for name, message in res["diverged"].items()],
         "",
     ]
 
@@ -192,17 +246,24 @@ def markdown(args, res: dict, figure_note: str) -> str:
     """comparison.md: every table, what each column means, the stage times and the commands."""
     t, objs = res["table"], ["base", *args.objectives]
     token_cols = [f"{g}.{m}" for g in TOKEN_GROUPS for m in ("nll", "acc")]
+    name = functools.partial(row_name, res)
     lines = [
         *header(args, res),
+        *diverged_section(res),
         "## Held-out token metrics (stage 01 on the held-out data)",
         "",
-        *md_table(token_cols, objs, lambda o, c: cell(t[o][c])),
+        *md_table(token_cols, objs, lambda o, c: table_cell(t, o, c), name=name),
         "",
         *kernel_section(args, res),
         *paired_section(args, res),
         "## Held-out NLL per CUDA-sensitivity category",
         "",
-        *md_table([c[4:-4] for c in category_columns(t)], objs, lambda o, c: cell(t[o][f"cat.{c}.nll"])),
+        *md_table(
+            [c[4:-4] for c in category_columns(t)],
+            objs,
+            lambda o, c: table_cell(t, o, f"cat.{c}.nll"),
+            name=name,
+        ),
         "",
         figure_note,
         "",
@@ -252,9 +313,9 @@ def figure(path: Path, res: dict, args) -> bool:
     for j, c in enumerate(cats):
         ax.bar(
             [i - 0.4 + (j + 0.5) * width for i in range(len(objs))],
-            [t[o][c]["mean"] for o in objs],
+            [t[o][c]["mean"] if t[o] else math.nan for o in objs],  # a diverged objective: no bar
             width,
-            yerr=[0 if math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs],
+            yerr=[0 if not t[o] or math.isnan(t[o][c]["std"]) else t[o][c]["std"] for o in objs],
             label=c[4:-4],
         )
     ax.set_xticks(range(len(objs)), objs)

@@ -5,7 +5,9 @@ rerun never races one left running, and continues what it left (steps.continuati
 from __future__ import annotations
 
 import ctypes
+import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -14,12 +16,22 @@ from pathlib import Path
 
 import numpy as np
 
-from cuset_common.cli import UserError
+from cuset_common.cli import UserError, redact, register_secret
 from cuset_common.files import write_text_atomic
 from experiments.comparison.plan import plan, seeds_text, step_groups
 from experiments.comparison.stages import STAGES, command, shown, stage_module
-from experiments.comparison.steps import continuation, finished
+from experiments.comparison.steps import (
+    continuation,
+    finished,
+    group_done,
+    record_diverged,
+    stage_diverged,
+    training_diverged,
+)
 
+# The environment variables that hold a secret a stage reads (stage 04's --engine openai key:
+# harness/openai_generation.py, API_KEY_VARIABLE), which the stage inherits and the log must not show.
+SECRET_VARIABLES = ("OPENAI_API_KEY",)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -52,7 +64,7 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     groups = [
         g for g in step_groups(args, base_steps, runs) if g[0] == "base" or not args.runs or g[0] in args.runs
     ]
-    pending = [g for g in groups if not all(finished(s) for s in g[1])]
+    pending = [g for g in groups if not group_done(g[1])]
     say(
         f"{len(runs)} runs ({', '.join(args.objectives)} x {seeds_text(args)}) + base stages; "
         f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}"
@@ -65,8 +77,8 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
     calls, t0, done_now, run_seconds = 0, time.time(), 0, []
     for i, (name, steps, folder) in enumerate(groups):
         label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
-        if all(finished(s) for s in steps):
-            say(f"{label}: finished, skipped")
+        if group_done(steps):
+            say(f"{label}: {'diverged' if training_diverged(steps) else 'finished'}, skipped")
             continue
         runs_left = sum(g[0] != "base" for g in pending[done_now:])  # this one included
         eta = f"ETA {hms(np.mean(run_seconds) * runs_left)}" if run_seconds else "ETA after the first run"
@@ -88,7 +100,8 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
             calls += 1
             timings[key] = round(time.time() - t, 1)
             write_text_atomic(timings_path, json.dumps(timings, indent=2) + "\n")
-            after_step(step, cmd, rc, folder)
+            if after_step(step, cmd, rc, folder):
+                break  # its training diverged: nothing to profile or evaluate
         done_now += 1
         run_seconds += [time.time() - t_group] if name != "base" else []
     say(f"{calls} stage calls in {hms(time.time() - t0)}")
@@ -96,24 +109,47 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
 
 
 def run_step(step: dict, folder: Path) -> tuple[list[str], int]:
-    """One stage call, continued where it was interrupted, its output appended to <folder>/log.txt;
-    returns (the command, its exit status)."""
-    with open(folder / "log.txt", "a") as log:
+    """One stage call, continued where it was interrupted, its output appended to <folder>/log.txt
+    (run_logged: no secret in it); returns (the command, its exit status)."""
+    for name in SECRET_VARIABLES:
+        register_secret(os.environ.get(name))  # redact() in the log, and in the error quoting its tail
+    with open(folder / "log.txt", "a", encoding="utf-8", errors="replace") as log:
         cmd = command(step, continuation(step, lambda msg: print(f"[compare]   {msg}", file=log, flush=True)))
         say(f"  {shown(cmd)}   (log: {folder / 'log.txt'})")
         print(f"\n$ {shown(cmd)}", file=log, flush=True)
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent).returncode
+        rc = run_logged(cmd, log)
     return cmd, rc
 
 
-def after_step(step: dict, cmd: list[str], rc: int, folder: Path) -> None:
-    """A failed stage call is a UserError that quotes the last lines of its log; a finished training's
-    resume state is deleted."""
+def run_logged(cmd: list[str], log) -> int:
+    """Run `cmd`, its stdout and stderr written to `log` line by line with every registered secret redacted
+    (cli.redact); returns its exit status. The stages keep the key they inherit out of what they print
+    (harness/openai_generation.py), and the log is kept in --save-record's copy, which is meant to be
+    committed: this keeps it out whatever a library of theirs prints. A line ends at a line end or at a \r
+    (a progress line redrawn in place), so the log holds each as it comes."""
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+    ) as p:
+        for line in io.TextIOWrapper(p.stdout, encoding="utf-8", errors="replace", newline=""):
+            log.write(redact(line))
+            log.flush()
+    return p.returncode
+
+
+def after_step(step: dict, cmd: list[str], rc: int, folder: Path) -> bool:
+    """A failed stage call is a UserError that quotes the last lines of its log, but for a training that
+    diverged: recorded (record_diverged), said, and True, the run's other steps skipped and the comparison
+    going on; a finished training's resume state is deleted."""
     if rc != 0:
         tail = "".join((folder / "log.txt").read_text().splitlines(keepends=True)[-15:])
+        if step["stage"] == "03" and (message := stage_diverged(tail)):
+            record_diverged(step, message)
+            say(f"  diverged: {message}")
+            return True
         raise UserError(f"{shown(cmd)} failed (exit {rc}); last lines of {folder / 'log.txt'}:\n{tail}")
     if step["stage"] == "03" and finished(step):
         # its resume state (weights and optimizer moments, several times the checkpoint's size) is of no
         # use once the checkpoint is written
         for old in ("resume", ".resume.old"):
             shutil.rmtree(step["out"] / old, ignore_errors=True)
+    return False

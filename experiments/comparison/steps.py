@@ -1,7 +1,9 @@
 """When a step is finished, and how an interrupted one continues. A step is finished when its artifact
 exists, matches what would be run now (the arguments its stage records, stage 04's fingerprint.json, the
 data's sha256) and is newer than the artifacts it reads; an interrupted one continues with its stage's own
---resume where the state it left is the same run's, else starts over."""
+--resume where the state it left is the same run's, else starts over. A run whose training diverged (stage
+03 stopped on a loss, gradient or weight that is not finite) is done too: its record says so, and the
+report shows it as diverged, not as numbers of a model that was never made."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import shutil
 from pathlib import Path
 
 from cuset_common.artifacts import args_to_json
-from cuset_common.files import sha256_file
+from cuset_common.files import sha256_file, write_text_atomic
 from experiments.comparison.stages import stage_module
 from profiler.shards import partial_dir
 from training.checkpoint import resume_dir
+from training.divergence import DIVERGED
 
 
 def read_json(path: Path) -> dict | None:
@@ -122,3 +125,53 @@ def continuation(step: dict, log) -> tuple[str, ...]:
     if stage == "04" and read_json(out / "fingerprint.json") not in (None, fingerprint(step)):
         return ("--force",)
     return ()
+
+
+def diverged_file(step: dict) -> Path:
+    """Where the comparison records that a run's training diverged: beside its checkpoint folder, which
+    stage 03 leaves as it was (or empty, or with its last resume state)."""
+    return step["out"].parent / "diverged.json"
+
+
+def stage_diverged(log_tail: str) -> str | None:
+    """The error line of a stage-03 call that stopped because the run diverged (its output's last line,
+    training/divergence.py's DIVERGED), without `error: `; None for any other failure."""
+    last = (log_tail.strip().splitlines() or [""])[-1]
+    return last.removeprefix("error: ") if last.startswith(f"error: {DIVERGED}") else None
+
+
+def record_diverged(step: dict, message: str) -> None:
+    """Record that this training step diverged, with the arguments it ran with: a later call with the same
+    arguments reports the run as diverged instead of training it again (it would diverge again)."""
+    record = {"argv": step["argv"], "message": message}
+    write_text_atomic(diverged_file(step), json.dumps(record, indent=2) + "\n")
+
+
+def diverged(step: dict, fresh: bool = True) -> str | None:
+    """Stage 03's message when this training step diverged, else None. fresh: the record must be of the
+    arguments the step would run with now, and newer than what it reads (regions made again since are
+    another training); --report-only reads a record as it is (its paths are another folder's, and checkout
+    times are no mtimes)."""
+    if step["stage"] != "03":
+        return None
+    path = diverged_file(step)
+    record = read_json(path)
+    if record is None or not isinstance(record.get("message"), str):
+        return None
+    if fresh and (
+        record.get("argv") != step["argv"]
+        or any(p.exists() and p.stat().st_mtime > path.stat().st_mtime for p in step["inputs"])
+    ):
+        return None
+    return record["message"]
+
+
+def training_diverged(steps: list[dict], fresh: bool = True) -> str | None:
+    """diverged() of a run's training step (None for the base group, which trains nothing)."""
+    return next((m for s in steps if (m := diverged(s, fresh))), None)
+
+
+def group_done(steps: list[dict]) -> bool:
+    """A group needs no more stage calls: every step finished, or its training diverged (the steps after
+    it have no model to read)."""
+    return training_diverged(steps) is not None or all(finished(s) for s in steps)
