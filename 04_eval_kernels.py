@@ -30,16 +30,20 @@ or AMX), else fp32. summary.json's "generation" says which engine, version and d
 seconds, and the tokens written and their seconds with loading excluded.
 
 Protocol (docs/evaluation.md, "Protocol"), in the order of this file: extract the code block -> nvcc
-(fixed flags, parallel, timeout) -> gen.py once per task in its own folder -> the binary in a fresh
-sandbox folder that holds only the inputs -> compare.py on the files it wrote under data/ -> an
-outcome (harness/outcomes.py): missing, no_code, compile_error, runtime_error, timeout,
-wrong_output, pass; `unsupported` (the emulator cannot run it), `task_error` and `generation_error`
-are counted apart, outside pass@k. Then the task check, pass@k and the summary; main is the recipe.
-When each build and run happens, on how many threads and for how long: harness/schedule.py.
+(fixed flags, parallel, timeout) -> gen.py once per task and input set in its own folder (the task's
+own set, and --input-sets - 1 fresh ones under seeds drawn for the run: harness/input_sets.py) -> per
+set, the binary in a fresh sandbox folder that holds only the inputs -> compare.py on the files it
+wrote under data/ -> an outcome (harness/outcomes.py): missing, no_code, compile_error,
+runtime_error, timeout, wrong_output, no_kernel (right, but no kernel launched:
+harness/launch_count.py), pass (on every set); `unsupported` (the emulator cannot run it),
+`task_error` and `generation_error` are counted apart, outside pass@k. Then the task check, pass@k and
+the summary; main is the recipe. When each build and run happens, on how many threads and for how
+long: harness/schedule.py.
 
 Task check: a task's scripts are known to accept one program, its own reference; before its
-candidates are judged, that reference goes the same path (one extra compile and run per task with a
-candidate to judge, kept in --out/task_checks.jsonl). `task_error`: gen.py failed, or compare.py
+candidates are judged, that reference goes the same path (one extra compile and a run per input set
+for each task with a candidate to judge, kept in --out/task_checks.jsonl); a fresh set it fails on is
+left out. `task_error`: gen.py failed, or compare.py
 judged the reference F, or (on the GPU) the reference did not pass. Emulated, a reference that cannot
 run leaves its task `unchecked` (judged, counted apart). --no-task-check skips it.
 
@@ -83,8 +87,25 @@ from cuset_common.paths import (
 from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
 from harness.gpu_probe import GpuWatch, decide_backend, open_gpu
+from harness.input_sets import (
+    judge_on_sets,
+    make_input_sets,
+    mark_dropped_by_check,
+    set_names,
+    set_secret,
+    write_generator,
+)
+from harness.launch_count import LaunchCount, LaunchCounter, launch_counter, no_kernel_reason
 from harness.openai_generation import check_server, generate_openai
-from harness.outcomes import APART, GENERATION_ERROR, NOT_COMPILED, OUTCOMES, TASK_ERROR, UNSUPPORTED
+from harness.outcomes import (
+    APART,
+    GENERATION_ERROR,
+    NO_KERNEL,
+    NOT_COMPILED,
+    OUTCOMES,
+    TASK_ERROR,
+    UNSUPPORTED,
+)
 from harness.program_files import copy_written_files
 from harness.programs import (
     Emulator,
@@ -101,7 +122,7 @@ from harness.programs import (
     require_tools,
     resolve_backend,
 )
-from harness.report import Progress, write_generation_summary, write_summary
+from harness.report import Progress, checks_summary, write_generation_summary, write_summary
 from harness.run_folder import (
     Run,
     generation_settings,
@@ -113,7 +134,7 @@ from harness.run_folder import (
 )
 from harness.sandbox import use_bwrap
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
-from harness.timing import TIMING_ARGUMENT, read_timing, speed_stats
+from harness.timing import CHECK_FOLDER, TIMING_ARGUMENT, output_check_void, read_timing, speed_stats
 from harness.vllm_generation import (
     AUTO_MIN_PARAMETERS,
     AUTO_MIN_TOKENS,
@@ -249,13 +270,15 @@ def compile_job(
 # ---------------------------------------------------------------------------------------
 
 
-def prepare_task_data(task: dict, folder: Path, timeout: float, runner: Runner) -> str | None:
-    """gen.py once per task: inputs and reference outputs in `folder`/data (never shown to candidates),
-    under whatever names its author chose. Returns None when it ran, else what failed (task_error)."""
+def prepare_task_data(
+    task: dict, folder: Path, timeout: float, runner: Runner, secret: str | None = None
+) -> str | None:
+    """gen.py once per task and input set: inputs and reference outputs in `folder`/data (never shown to
+    candidates), under whatever names its author chose; with a fresh set's `secret`, under seeds mixed with
+    it (harness/input_sets.py). Returns None when it ran, else what failed (task_error)."""
     folder.mkdir(parents=True)
     (folder / "data").mkdir()
-    (folder / "gen.py").write_text(task["gen.py"])
-    code, log = runner.task_script("gen.py", folder, timeout)
+    code, log = runner.task_script(write_generator(task, folder, secret), folder, timeout)
     os.chmod(folder, 0o700)  # the candidate's uid must not reach the reference outputs
     if code == 0:
         return None
@@ -280,14 +303,19 @@ def execute(
     timed: bool = False,
     compare_timeout: float = 900.0,
     timing_timeout: float = 120.0,
+    counter: LaunchCounter | None = None,
 ) -> tuple[str, str, dict]:
     """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
     under data/ with the references (compare_outputs). Returns (outcome, log, timing); `timed` (kernel
     mode on the GPU): a program that passes is then timed in a run of its own (time_kernels), so that
-    the outcome is decided before and apart from timing, and a slow but correct kernel still passes."""
+    the outcome is decided before and apart from timing, and a slow but correct kernel still passes.
+    `counter` (harness/launch_count.py): a program that writes the right outputs without launching a
+    kernel is no_kernel."""
     started = time.monotonic()
-    code, log = run_fresh(task, exe, gen_dir, workdir / "run", timeout, runner, env)
-    took = {"run_s": round(time.monotonic() - started, 2)}
+    count = counter.start() if counter else None
+    code, log = run_fresh(task, exe, gen_dir, workdir / "run", timeout, runner, env, count=count)
+    launches, log = count.read(log) if count else (None, log)
+    took = {"run_s": round(time.monotonic() - started, 2)} | ({"kernel_launches": launches} if count else {})
     if code is None:
         return "timeout", f"no exit within {timeout:g} s\n{log}", took
     if code != 0:
@@ -295,7 +323,11 @@ def execute(
     passed, judged = compare_outputs(task, gen_dir, workdir, runner, compare_timeout)
     if not passed:
         return "wrong_output", log + judged, took
-    timing = time_kernels(task, exe, gen_dir, workdir, timing_timeout, runner, env) if timed else {}
+    if count and (why := no_kernel_reason(launches)):
+        return NO_KERNEL, f"{log}{judged}\n[harness] {why}", took
+    if not timed:
+        return "pass", log + judged, took
+    timing = time_kernels(task, exe, gen_dir, workdir, timing_timeout, runner, env, None, compare_timeout)
     return "pass", log + judged, took | timing
 
 
@@ -309,16 +341,18 @@ def run_fresh(
     env: dict[str, str] | None,
     *argv: str,
     stdin: str | None = None,
+    count: LaunchCount | None = None,
 ) -> tuple[int | None, str]:
     """The program with `argv` in a fresh `run_dir` (fresh_run_folder), as untrusted code, within
-    `timeout`: (exit status or None, its log)."""
+    `timeout`, its launches counted where `count` is given: (exit status or None, its log)."""
+    folder, cmd = fresh_run_folder(task, exe, gen_dir, run_dir), ["./prog", *argv]
     return runner.untrusted(
-        ["./prog", *argv],
-        fresh_run_folder(task, exe, gen_dir, run_dir),
+        count.command(cmd, folder) if count else cmd,
+        folder,
         timeout,
         file_mb=output_limit_mb(task),
         nproc=64,
-        env=env,
+        env=(env or {}) | (count.env() if count else {}),
         stdin=None if stdin is None else stdin.encode(),
     )
 
@@ -326,11 +360,16 @@ def run_fresh(
 def fresh_run_folder(task: dict, exe: Path, gen_dir: Path, run_dir: Path) -> Path:
     """`run_dir` holding a copy of the program and data/ with the task's inputs, and nothing else: the
     program cannot read the reference outputs."""
-    (run_dir / "data").mkdir(parents=True)
+    copy_inputs(task, gen_dir, run_dir / "data")
     shutil.copy(exe, run_dir / "prog")
-    for buf in task["inputs"]:
-        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", run_dir / "data")
     return run_dir
+
+
+def copy_inputs(task: dict, gen_dir: Path, folder: Path) -> None:
+    """The task's input files of gen.py's data/ in `gen_dir`, copied into `folder` (made here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for buf in task["inputs"]:
+        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", folder)
 
 
 def time_kernels(
@@ -341,35 +380,44 @@ def time_kernels(
     timeout: float,
     runner: Runner,
     env: dict[str, str] | None,
+    check_dir: Path | None = None,
+    compare_timeout: float = 900.0,
 ) -> dict:
     """The timing run of a kernel-mode program that passed: the harness with TIMING_ARGUMENT, in a fresh
     folder, within its own `timeout` (--timing-timeout). Returns the row's timing fields (harness/timing.py:
     read_timing), or {"timing_void": why} when it gives none; a fresh random nonce on stdin, which the
-    timing line must carry, tells the harness's line from one forged by candidate code."""
-    nonce = secrets.token_hex(16)
-    code, log = run_fresh(
-        task, exe, gen_dir, workdir / "timing", timeout, runner, env, TIMING_ARGUMENT, stdin=f"{nonce}\n"
-    )
+    timing line must carry, tells the harness's line from one forged by candidate code. After the timed
+    launches the harness launches the candidate once more, on the inputs of `check_dir` (another input
+    set; by default `gen_dir`'s), and writes its outputs: compare.py must judge them T against that set's
+    references, or the timing is void (output_check_void)."""
+    nonce, run_dir, check_dir = secrets.token_hex(16), workdir / "timing", check_dir or gen_dir
+    if check_dir != gen_dir:
+        copy_inputs(task, check_dir, run_dir / CHECK_FOLDER)
+    argv, stdin = [TIMING_ARGUMENT], f"{nonce}\n"
+    code, log = run_fresh(task, exe, gen_dir, run_dir, timeout, runner, env, *argv, stdin=stdin)
     if code is None:
         return {"timing_void": f"the timing run did not exit within {timeout:g} s (--timing-timeout)"}
     if code != 0:
         return {"timing_void": f"the timing run ended with exit status {code}:\n{clip(log)}"}
-    return read_timing(log, nonce)
+    passed, judged = compare_outputs(task, check_dir, workdir, runner, compare_timeout, run="timing")
+    return read_timing(log, nonce) if passed else output_check_void(clip(judged))
 
 
 def compare_outputs(
-    task: dict, gen_dir: Path, workdir: Path, runner: Runner, timeout: float
+    task: dict, gen_dir: Path, workdir: Path, runner: Runner, timeout: float, run: str = "run"
 ) -> tuple[bool, str]:
-    """The task's compare.py on the reference outputs beside what the program left under run/data/.
+    """The task's compare.py on the reference outputs beside what the program left under `run`/data/.
     Returns (compare.py printed T last, the log: files left out, then compare.py's output)."""
-    cmp_dir = workdir / "compare"
+    cmp_dir = workdir / ("compare" if run == "run" else f"compare-{run}")
     # The reference outputs (links: ours and compare's only), never replaced by the program's files;
     # the inputs come from the program's folder, so what it wrote under an input's name is its output.
-    given = {f"{buf['name']}.bin" for buf in task["inputs"]}
+    # Not so for the timing run (time_kernels): its data/ holds another set's inputs than those its
+    # outputs are judged on, which come from gen_dir with the references (kernel mode writes no input).
+    given = {f"{buf['name']}.bin" for buf in task["inputs"]} if run == "run" else set()
     shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
     notes = copy_written_files(
         workdir,
-        ["run", "data"],
+        [run, "data"],
         cmp_dir / "data",
         skip=set(os.listdir(cmp_dir / "data")),
         max_bytes=output_limit_mb(task) << 20,
@@ -412,42 +460,59 @@ def reference_failure(outcome: str, backend: str) -> tuple[str, str] | None:
 
 @dataclass
 class Judge:
-    """The protocol's last steps on one run's built programs, task by task (judge_task): gen.py once, the
-    task check, then each program run and compared. Rows and checks are kept in `run` as each is final."""
+    """The protocol's last steps on one run's built programs, task by task (judge_task): gen.py once per
+    input set, the task check, then each program run on each set and compared. Rows and checks are kept
+    in `run` as each is final."""
 
     args: argparse.Namespace
     tasks: dict[str, dict]
     runner: Runner
     run: Run
     schedule: Schedule
+    counter: LaunchCounter | None  # harness/launch_count.py; None: nothing counted (GPU kernel mode)
 
     def judge_task(self, task_id: str, programs: list[tuple], reference: tuple | None) -> None:
-        """gen.py once, the task check (`reference`: its build, None when there is none to run), then the
-        task's programs, each (job, row, executable, folder). A task that cannot judge here (gen.py failed,
-        or its own reference failed: reference_failure) gives its programs task_error rows."""
-        gen_dir = self.schedule.folder(task_id) / "gen"
-        failed = prepare_task_data(self.tasks[task_id], gen_dir, self.args.task_timeout, self.runner)
-        check = None if failed else self.task_check(task_id, gen_dir, reference)
+        """gen.py once per input set, the task check (`reference`: its build, None when there is none to
+        run), then the task's programs, each (job, row, executable, folder). A task that cannot judge here
+        (gen.py failed, or its own reference failed: reference_failure) gives its programs task_error rows;
+        a fresh set that cannot judge (harness/input_sets.py) is left out of its programs' runs."""
+        sets, failed = self.input_sets(task_id)
+        check = None if failed else self.task_check(task_id, sets, reference)
         if failed and reference:
             self.schedule.finished(reference[1])  # the reference the check built is not run
         cause = "gen.py failed" if failed else None
         if check and (found := reference_failure(check["outcome"], self.runner.backend)):
             cause, why = found
             failed = f"{why}:\n{check['log']}"
+        mark_dropped_by_check(sets, check)
         for job, row, exe, workdir in programs:
             if failed:
                 row = row | {"outcome": TASK_ERROR, "cause": cause, "log": clip(failed)}
                 self.schedule.finished(workdir)
             else:
                 budget = run_budget(check, self.args.run_timeout)
-                outcome, log, timing = self.run_program(task_id, exe, gen_dir, workdir, budget, self.timed)
-                row = row | {"outcome": outcome, "log": clip(log)} | timing
+                outcome, log, fields = self.run_program(
+                    task_id, exe, sets, workdir, budget, self.timed, self.args.reference
+                )
+                row = row | {"outcome": outcome, "log": clip(log)} | fields
                 row |= {"task_check": check["outcome"]} if check else {}
             self.run.record(job, row)
 
-    def task_check(self, task_id: str, gen_dir: Path, reference: tuple | None) -> dict | None:
+    def input_sets(self, task_id: str) -> tuple[list, str | None]:
+        """The task's --input-sets sets, each made by its gen.py in the task's folder (make_input_sets):
+        (the sets, or why the task's own gen.py failed)."""
+        task, names = self.tasks[task_id], set_names(self.args.input_sets)
+        secrets_ = [set_secret(self.run.secret, task_id, name) for name in names]
+
+        def generate(folder: Path, secret: str | None) -> str | None:
+            return prepare_task_data(task, folder, self.args.task_timeout, self.runner, secret)
+
+        return make_input_sets(generate, self.schedule.folder(task_id), names, secrets_)
+
+    def task_check(self, task_id: str, sets: list, reference: tuple | None) -> dict | None:
         """The task check's verdict (None with --reference: its rows are the check), run here unless the
-        run already holds it."""
+        run already holds it: the reference's outcome on the task's own set, and on each set
+        (input_sets), which shows the fresh sets its scripts can judge."""
         if self.args.reference:
             return None
         if self.args.no_task_check:
@@ -455,8 +520,9 @@ class Judge:
         if task_id not in self.run.checks:
             exe, workdir = reference
             budget = run_budget(None, self.args.run_timeout)
-            outcome, log, took = self.run_program(task_id, exe, gen_dir, workdir, budget, timed=False)
-            self.run.record_check(task_id, {"outcome": outcome, "log": clip(log), "run_s": took["run_s"]})
+            outcome, log, fields = self.run_program(task_id, exe, sets, workdir, budget, False, True)
+            check = {"outcome": outcome, "log": clip(log), "run_s": fields["run_s"]}
+            self.run.record_check(task_id, check | {"input_sets": fields["input_sets"]})
         return self.run.checks[task_id]
 
     @property
@@ -465,27 +531,37 @@ class Judge:
         return self.runner.backend == "gpu" and self.args.mode == "kernel"
 
     def run_program(
-        self, task_id: str, exe: Path, gen_dir: Path, workdir: Path, budget: float, timed: bool
+        self, task_id: str, exe: Path, sets: list, workdir: Path, budget: float, timed: bool, reference: bool
     ) -> tuple:
-        """execute() within `budget` seconds (and, when `timed`, its timing run within --timing-timeout);
-        the program's folder is removed after."""
+        """execute() on each input set within `budget` seconds (judge_on_sets; `reference`: the task's own),
+        then, when `timed` and it passed, its timing run within --timing-timeout, which times on one set
+        and checks the launch after the timed ones on another (time_kernels); the program's folder is
+        removed after."""
         task, env = self.tasks[task_id], self.schedule.run_env
-        out = execute(
-            task,
-            exe,
-            gen_dir,
-            workdir,
-            budget,
-            self.runner,
-            env,
-            timed,
-            compare_timeout=self.args.task_timeout,
-            timing_timeout=self.args.timing_timeout,
-        )
+
+        def run_on(input_set) -> tuple:
+            workdir_set = workdir / input_set.name
+            return execute(
+                task,
+                exe,
+                input_set.folder,
+                workdir_set,
+                budget,
+                self.runner,
+                env,
+                compare_timeout=self.args.task_timeout,
+                counter=self.counter,
+            )
+
+        outcome, log, fields = judge_on_sets(run_on, sets, reference)
+        if timed and outcome == "pass":
+            used = [s.folder for s in sets if s.dropped is None]
+            timeout, judge_s = self.args.timing_timeout, self.args.task_timeout
+            fields |= time_kernels(task, exe, used[-1], workdir, timeout, self.runner, env, used[0], judge_s)
         if self.runner.watch:  # a failure is the program's only while the GPU still works after it
-            self.runner.watch.after(out[0], f"a program of task {task_id}")
+            self.runner.watch.after(outcome, f"a program of task {task_id}")
         self.schedule.finished(workdir)
-        return out
+        return outcome, log, fields
 
 
 def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runner, work: Path, run) -> None:
@@ -493,6 +569,8 @@ def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runn
     task (Judge.judge_task); each row and check is kept in `run` as it is final."""
     emulator = prepare_emulator(work, args.emulate_checks) if runner.backend == "emulated" and jobs else None
     schedule = Schedule(work, [j[0] for j in jobs], args.jobs, runner.backend)
+    counter = launch_counter(runner.backend, args.mode, work) if jobs else None
+    arch = arch + (counter.nvcc_flags if counter else [])  # the GPU's shared runtime, for the count
 
     def build_one(item: tuple) -> tuple:
         """(job, completion) -> compile_job's (row, executable or None, folder or None)."""
@@ -519,7 +597,7 @@ def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runn
             run.record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
         else:
             references[tid] = exe, workdir
-    judge = Judge(args, by_id, runner, run, schedule)
+    judge = Judge(args, by_id, runner, run, schedule, counter)
     runs = sum(map(len, programs.values())) + len(references)
     schedule.judge_tasks(
         lambda t: judge.judge_task(t, programs[t], references.get(t)), sorted(programs), runs
@@ -591,6 +669,7 @@ def group_stats(rows: list[dict], k: int) -> dict:
 # REFERENCE_ALLOWANCE x CANDIDATE_ALLOWANCE).
 RANGES = {
     "num_samples": "[1, inf)",
+    "input_sets": "[1, inf)",
     "max_new_tokens": "[1, inf)",
     "loop_stop": "[0, inf)",
     "gen_batch_size": "[1, inf)",
@@ -644,6 +723,15 @@ def add_input_arguments(ap: ArgumentParser) -> None:
     a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
     a("--levels", type=levels, default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
     a("--mode", choices=("standalone", "kernel"), default="standalone")
+    a(
+        "--input-sets",
+        type=int,
+        default=2,
+        metavar="N",
+        help="judge every program on the task's own input set and N-1 more, made by its gen.py under "
+        'seeds drawn for this run (docs/evaluation.md, "Input sets"); 1: the task\'s own alone (default '
+        "%(default)s)",
+    )
     a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
     a("--force", action="store_true", help="start over in --out when it holds another run")
 
@@ -725,7 +813,8 @@ def add_generation_arguments(ap: ArgumentParser) -> None:
         type=float,
         default=600.0,
         metavar="SECONDS",
-        help="--engine openai: seconds for one request's answer (default %(default)s)",
+        help="--engine openai: seconds for one request, from connecting to the last byte of its answer "
+        "(default %(default)s)",
     )
     a(
         "--api-retries",
@@ -988,6 +1077,7 @@ def write_run_summary(
         "sandbox": runner.sandbox,
         "generation": generation,
         "generation_errors": sum("generation_error" in r for r in rows),
+        "checks": checks_summary(rows, args.input_sets),
     }
     header = (
         f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from cuset_common.cli import PROGRESS_LINE
 from cuset_common.files import write_text_atomic
+from harness.input_sets import input_set_summary
+from harness.outcomes import NO_KERNEL
 
 
 class Progress:
@@ -49,6 +51,38 @@ NOTES = {  # what summary.md says when a run has rows of a kind
 }
 
 
+def checks_summary(rows: list[dict], requested_sets: int) -> dict:
+    """What the judge's checks did in a run (docs/evaluation.md, "Protocol"): the input sets asked for and
+    the tasks judged on fewer (harness/input_sets.py), and the rows each check caught: a fresh input set
+    (passed the task's own, failed a fresh one), no_kernel (the right outputs, no kernel launched), the
+    output check after the timed launches (a pass whose timing is void for it), and the speedups flagged
+    as suspect (harness/timing.py: SUSPECT_SPEEDUP)."""
+    sets = input_set_summary(rows, requested_sets)
+    return {
+        "input_sets": sets["requested"],
+        "tasks_on_fewer_sets": sets["tasks_on_fewer_sets"],
+        "fewer_sets_tasks": sets["tasks"],
+        "caught_by_fresh_inputs": sets["caught"],
+        "caught_no_kernel": sum(r["outcome"] == NO_KERNEL for r in rows),
+        "caught_timing_output_check": sum("timing_check" in r for r in rows),
+        "speedup_suspect": sum(bool(r.get("speedup_suspect")) for r in rows),
+    }
+
+
+def checks_line(checks: dict) -> str:
+    """summary.md's sentence on the checks (checks_summary)."""
+    fewer = checks["fewer_sets_tasks"]
+    named = f" ({', '.join(fewer[:8])}{', ...' if len(fewer) > 8 else ''})" if fewer else ""
+    return (
+        f"Checks: {checks['input_sets']} input set(s) per program (the task's own and fresh ones, "
+        f"docs/evaluation.md); {checks['tasks_on_fewer_sets']} task(s) judged on fewer{named}, results.jsonl "
+        f"says why. Caught: {checks['caught_by_fresh_inputs']} row(s) by a fresh input set, "
+        f"{checks['caught_no_kernel']} `no_kernel`, {checks['caught_timing_output_check']} timing(s) void by "
+        f"the output check after the timed launches; {checks['speedup_suspect']} speedup(s) over 10x flagged "
+        f"`speedup_suspect`."
+    )
+
+
 def summary_markdown(summary: dict, header: str) -> str:
     """summary.md: one table row per group (all, each level, each category), the outcome counts, notes."""
     cols = [c for c in summary["overall"] if c != "rows"]
@@ -68,6 +102,8 @@ def summary_markdown(summary: dict, header: str) -> str:
         "emulated": summary["backend"] == "emulated",
     }
     lines += [line for kind, n in counts.items() if n for line in ("", NOTES[kind].format(n=n))]
+    if summary.get("checks"):
+        lines += ["", checks_line(summary["checks"])]
     if summary.get("generation"):
         lines += ["", generation_line(summary["generation"])]
     return "\n".join(lines) + "\n"

@@ -26,6 +26,7 @@ from cuset_common.files import (
 )
 from cuset_common.paths import LEVELS
 from cuset_common.tasks import load_tasks
+from harness.input_sets import run_secret
 from harness.vllm_generation import choose_engine, engine_device
 
 # Room a job takes in --out: its row (logs clipped to harness.programs.LOG_KEEP characters, twice at most)
@@ -49,6 +50,7 @@ FINGERPRINTED = (
     "run_timeout",
     "timing_timeout",  # which passing rows carry timings
     "no_task_check",
+    "input_sets",  # how many; the secret behind the fresh ones is kept apart (Run.secret)
 )
 
 
@@ -148,7 +150,9 @@ def read_run_rows(out: Path, name: str) -> list[dict]:
 class Run:
     """The rows, completions and task checks of the run in --out, appended to their files as each is made
     and then kept in memory (under one lock: compiles and runs finish on several threads), so that a kill
-    loses only what was in flight and what a file lacks is never taken as done."""
+    loses only what was in flight and what a file lacks is never taken as done; and the secret behind the
+    run's fresh input sets (harness/input_sets.py: run_secret), kept in --out so that a resumed run judges
+    its remaining rows on the same sets as the rows it keeps."""
 
     def __init__(self, out: Path):
         self.out, self.lock = out, threading.Lock()
@@ -156,6 +160,7 @@ class Run:
         self.rows = {key(r): r for r in read_run_rows(out, "results.jsonl")}
         self.completions = {key(r): r["completion"] for r in read_run_rows(out, "completions.jsonl")}
         self.checks = {r.pop("task_id"): r for r in read_run_rows(out, "task_checks.jsonl")}
+        self.secret = run_secret(out)
 
     def record(self, job: tuple, row: dict) -> None:
         with self.lock:

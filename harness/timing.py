@@ -2,11 +2,14 @@
 (data/taskgen/core.py: TIMER): reading the harness's timing line without trusting the program, and the
 statistics of timed rows. Pure functions of the samples the line carries.
 
-The harness times the candidate and the reference in interleaved repetitions, each from a cold L2 cache,
-and prints per repetition each side's milliseconds per launch. A row keeps each side's median and
-interquartile range, the speedup (the median over repetitions of reference / candidate time: the two
-sides of one repetition ran back to back, under the same clocks) and a confidence interval for it, and
-counts towards fast_p only when that interval lies wholly above p.
+The harness times the candidate and the reference in interleaved repetitions, each launch by its own pair
+of events from a cold L2 cache, and prints per repetition each side's mean milliseconds per launch. Then it
+launches the candidate once more on the inputs under CHECK_FOLDER/ and writes what that launch computed,
+which stage 04 judges like a first run's outputs: a kernel whose later launches do less than its first
+gets no timing (output_check_void). A row keeps each side's median and interquartile range, the speedup
+(the median over repetitions of reference / candidate time: the two sides of one repetition ran back to
+back, under the same clocks) and a confidence interval for it, and counts towards fast_p only when that
+interval lies wholly above p. A speedup over SUSPECT_SPEEDUP is flagged for a look.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ import statistics
 # The argument that makes a kernel-mode program time instead of writing outputs; the harness
 # (data/taskgen/core.py: TIMING_ARGUMENT) checks for the same text.
 TIMING_ARGUMENT = "--time"
+CHECK_FOLDER = (
+    "check"  # where the harness (data/taskgen/core.py: CHECK_FOLDER) reads the checked launch's inputs
+)
 TIMING_LINE = re.compile(
     r"CUSET_TIMING nonce=(\w*) candidate_ms=(\S*) reference_ms=(\S*) launches=(\d+),(\d+)"
 )
 CONFIDENCE = 0.95  # of the speedup's interval
 FAST_P = (0.0, 1.0, 1.5)  # fast_p: the share of rows that pass with a speedup interval above p
+# A speedup above this is flagged `speedup_suspect` in the row and counted in the summary: far more than a
+# kernel of the same algorithm gains, it more often means work skipped in a way no check here sees.
+SUSPECT_SPEEDUP = 10.0
 
 
 def read_timing(log: str, nonce: str) -> dict:
@@ -39,6 +48,17 @@ def read_timing(log: str, nonce: str) -> dict:
         return void("its samples are not two equal lists of positive times, enough for a confidence interval")
     launches = [int(match.group(4)), int(match.group(5))]
     return timing_stats(candidate, reference) | {"launches": launches}
+
+
+def output_check_void(judged: str) -> dict:
+    """The timing fields of a row whose launch after the timed ones wrote outputs compare.py judges F:
+    the kernel's later launches do less than its first (they skip their work, or return what the first
+    left in __device__ memory), so its timings measure less than the work."""
+    return {
+        "timing_void": "the candidate's launch after the timed ones wrote outputs compare.py judges F, so "
+        f"its later launches do less than its first: timing discarded{judged}",
+        "timing_check": "wrong_output",
+    }
 
 
 def void(why: str) -> dict:
@@ -59,7 +79,8 @@ def timing_stats(candidate_ms: list[float], reference_ms: list[float]) -> dict:
     """A timed row's fields from the two sides' milliseconds per launch, paired by repetition: each side's
     median and interquartile range, the speedup and its interval (speedup_interval)."""
     ratios = [ref / cand for cand, ref in zip(candidate_ms, reference_ms, strict=True)]
-    return {
+    suspect = {"speedup_suspect": True} if statistics.median(ratios) > SUSPECT_SPEEDUP else {}
+    return suspect | {
         "candidate_ms": statistics.median(candidate_ms),
         "candidate_ms_iqr": interquartile_range(candidate_ms),
         "reference_ms": statistics.median(reference_ms),

@@ -27,14 +27,19 @@ from cuset_common.tasks import load_tasks
 ev = eval_stage()
 BIG = 520 << 20  # bytes: over the old fixed 512 MiB file-size limit
 UNUSED_KERNEL = "__global__ void unused_kernel() {}\n"  # extraction wants CUDA; these programs are host-only
+# save() launches a kernel that does nothing first: stage 04 judges a standalone program that launches none
+# `no_kernel` (harness/launch_count.py), and these programs do their work on the host, on either backend.
 FILE_IO = r"""
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <unistd.h>
+__global__ void touch_kernel() {}
+static void launch_a_kernel() { touch_kernel<<<1, 1>>>(); cudaDeviceSynchronize(); }
 template <typename T> static void load(const char* p, T* v, size_t n) {
     FILE* f = fopen(p, "rb"); if (!f || fread(v, sizeof(T), n, f) != n) exit(1); fclose(f); }
 template <typename T> static void save(const char* p, const T* v, size_t n) {
+    launch_a_kernel();
     FILE* f = fopen(p, "wb"); if (!f || fwrite(v, sizeof(T), n, f) != n) exit(1); fclose(f); }
 """
 
@@ -72,7 +77,7 @@ COMPARE_FILES = (
 
 PROGRAMS = {
     "needs_module": "int main() { return 0; }\n",
-    "big_output": 'int main() { FILE* f = fopen("data/big.bin", "wb"); if (!f) return 1;\n'
+    "big_output": 'int main() { launch_a_kernel(); FILE* f = fopen("data/big.bin", "wb"); if (!f) return 1;\n'
     f"  if (ftruncate(fileno(f), {BIG}L) != 0) return 2; fclose(f); return 0; }}\n",
     "undeclared": 'int main() { int32_t x[1024]; load("data/x.bin", x, 1024);\n'
     '  for (int i = 0; i < 1024; ++i) x[i] *= 2; save("data/out.bin", x, 1024); return 0; }\n',
@@ -158,10 +163,24 @@ NAMINGS = {
 }
 
 
+# x: 1024 whole numbers in 1..1024, drawn the ways real gen.py scripts seed (torch in 360 of the 500,
+# numpy's legacy seed in about 146, default_rng in 5), so that stage 04 can draw fresh input sets of them
+# (harness/input_sets.py); every output above is then exact in float32, whatever the draw.
+DRAWS = {
+    "single_reference": "np.random.seed(42)\nx = np.random.randint(1, 1025, 1024)",
+    "ref_prefix": "import torch\ntorch.manual_seed(42)\nx = torch.randint(1, 1025, (1024,)).numpy()",
+    "expected_prefix": "x = np.random.default_rng(7).integers(1, 1025, 1024)",
+    "output_ref": "import random\nrandom.seed(3)\n"
+    "x = np.array([random.randint(1, 1024) for _ in range(1024)])",
+    "two_outputs": "x = np.random.RandomState(5).randint(1, 1025, 1024)",
+    "in_place": "np.random.seed(11)\nx = np.random.randint(1, 1025, 1024)",
+}
+
+
 def naming_task(tid: str, outputs: list[tuple]) -> dict:
     gen = (
         "import os\nimport numpy as np\nos.makedirs('data', exist_ok=True)\n"
-        "x = np.arange(1, 1025, dtype=np.float32)\nx.tofile('data/x.bin')\n"
+        f"{DRAWS.get(tid, 'x = np.arange(1, 1025)')}\nx = x.astype(np.float32)\nx.tofile('data/x.bin')\n"
     )
     gen += "".join(
         f"np.asarray({py}, dtype=np.{dt}).tofile('data/{ref}.bin')\n" for _, _, dt, _, py, ref in outputs
@@ -259,6 +278,16 @@ def test_every_reference_naming_is_judged_both_ways(realset, tid):
         "log"
     ]
     assert rows[(tid, 2)]["outcome"] == "wrong_output", rows[(tid, 2)]["log"]
+
+
+@pytest.mark.parametrize("tid", NAMINGS)
+def test_each_reference_and_right_program_passes_on_a_fresh_input_set_too(realset, tid):
+    """gen.py seeded as real CUDABench scripts seed (DRAWS) is drawn again under the run's secret: the
+    task's reference passes on that fresh set (the task check) and so does the right program."""
+    check = next(c for c in realset[3] if c["task_id"] == tid)
+    assert [(s["seed"], s["outcome"]) for s in check["input_sets"]] == [("task", "pass"), ("fresh-1", "pass")]
+    row = realset[1][(tid, 1)]
+    assert [s["outcome"] for s in row["input_sets"]] == ["pass", "pass"] and "input_sets_dropped" not in row
 
 
 def test_each_task_is_checked_once_and_only_where_a_program_is_judged(realset):
@@ -561,7 +590,7 @@ def test_a_killed_run_resumes_from_its_appended_rows(tmp_path):
         (["--num-samples", "0"], "--num-samples 0: must be an integer >= 1"),
         (["--limit", "0"], "--limit 0: must be an integer >= 1"),
         (["--limit", "-1"], "--limit -1: must be an integer >= 1"),
-        (["--run-timeout", "0"], "--run-timeout 0: must be a finite number > 0"),
+        (["--run-timeout", "0"], "--run-timeout 0: must be a finite number in (0, 43200]"),
         (["--solutions", "/nonexistent/sols.jsonl"], "file not found"),
     ],
 )

@@ -44,8 +44,9 @@ CANDIDATE_MARKER = "// @CUSET_CANDIDATE_KERNELS@"
 # second time, with TIMING_ARGUMENT, to time it; harness/timing.py reads the line it prints.
 TIMING_ARGUMENT = "--time"
 TIMING_REPEATS = 25  # interleaved repetitions, each timing both sides
-TIMING_MIN_MS = 1.0  # the least time one pair of events spans: launch overhead is then a small part
-TIMING_MAX_LAUNCHES = 1 << 16  # launches per pair of events at most (a kernel that does nothing)
+TIMING_MIN_MS = 1.0  # the least time the launches of one side's repetition take together
+TIMING_MAX_LAUNCHES = 256  # launches per side and repetition at most, each timed on its own (a flush each)
+CHECK_FOLDER = "check"  # where stage 04 puts the inputs of the launch after the timed ones
 
 SPLITS = ("train", "eval", "pretrain")
 
@@ -213,9 +214,10 @@ static void read_timing_nonce(char* nonce, int size) {{
     nonce[strcspn(nonce, "\\r\\n")] = '\\0';
 }}
 
-// CUDA events around back-to-back launches, each batch from a cold L2 cache: writing a device
-// buffer twice the size of the L2 cache (as the device reports it) evicts what the batch before,
-// of either side, brought into it.
+// CUDA events around each launch, and each launch from a cold L2 cache. Before it, untimed, the side's
+// outputs are overwritten with 0xFF bytes (a launch that computes nothing leaves them so) and a device
+// buffer twice the size of the L2 cache (as the device reports it) is written, which evicts what the
+// launch before, of either side, brought into it (as Triton's do_bench and KernelBench time).
 class KernelTimer {{
   public:
     KernelTimer() {{
@@ -225,36 +227,54 @@ class KernelTimer {{
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         flush_bytes_ = 2 * size_t(prop.l2CacheSize);
         CUDA_CHECK(cudaMalloc(&flush_buffer_, flush_bytes_));
-        CUDA_CHECK(cudaEventCreate(&start_));
-        CUDA_CHECK(cudaEventCreate(&stop_));
+        for (int i = 0; i < {TIMING_MAX_LAUNCHES}; ++i) {{
+            CUDA_CHECK(cudaEventCreate(&start_[i]));
+            CUDA_CHECK(cudaEventCreate(&stop_[i]));
+        }}
     }}
     ~KernelTimer() {{
-        cudaEventDestroy(start_);
-        cudaEventDestroy(stop_);
+        for (int i = 0; i < {TIMING_MAX_LAUNCHES}; ++i) {{
+            cudaEventDestroy(start_[i]);
+            cudaEventDestroy(stop_[i]);
+        }}
         cudaFree(flush_buffer_);
     }}
 
-    // Milliseconds per launch of `run`, launched `launches` times between one pair of events.
-    template <typename Run>
-    float ms_per_launch(Run& run, int launches) {{
+    // What comes before every timed launch, untimed: the outputs poisoned, then the L2 cache flushed.
+    template <typename Poison>
+    void prepare(Poison& poison) {{
+        poison();
         CUDA_CHECK(cudaMemsetAsync(flush_buffer_, 0, flush_bytes_));
-        CUDA_CHECK(cudaEventRecord(start_));
-        for (int i = 0; i < launches; ++i) run();
-        CUDA_CHECK(cudaEventRecord(stop_));
-        CUDA_CHECK(cudaEventSynchronize(stop_));
-        CUDA_CHECK(cudaGetLastError());
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-        return ms / launches;
     }}
 
-    // The launches per pair of events that span at least {TIMING_MIN_MS:g} ms, doubled from one until
+    // Milliseconds per launch of `run`: the mean of `launches` launches, each prepared and then timed
+    // by a pair of events of its own.
+    template <typename Run, typename Poison>
+    float ms_per_launch(Run& run, Poison& poison, int launches) {{
+        for (int i = 0; i < launches; ++i) {{
+            prepare(poison);
+            CUDA_CHECK(cudaEventRecord(start_[i]));
+            run();
+            CUDA_CHECK(cudaEventRecord(stop_[i]));
+        }}
+        CUDA_CHECK(cudaEventSynchronize(stop_[launches - 1]));
+        CUDA_CHECK(cudaGetLastError());
+        float sum = 0.0f;
+        for (int i = 0; i < launches; ++i) {{
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, start_[i], stop_[i]));
+            sum += ms;
+        }}
+        return sum / launches;
+    }}
+
+    // The launches per repetition whose times span at least {TIMING_MIN_MS:g} ms together, doubled from one until
     // they do. The launch before, untimed, loads the kernels' module (CUDA loads it lazily).
-    template <typename Run>
-    int calibrate(Run& run) {{
+    template <typename Run, typename Poison>
+    int calibrate(Run& run, Poison& poison) {{
         run();
         int launches = 1;
-        while (launches < {TIMING_MAX_LAUNCHES} && launches * ms_per_launch(run, launches) < {TIMING_MIN_MS!r})
+        while (launches < {TIMING_MAX_LAUNCHES} && launches * ms_per_launch(run, poison, launches) < {TIMING_MIN_MS!r})
             launches *= 2;
         return launches;
     }}
@@ -262,7 +282,7 @@ class KernelTimer {{
   private:
     void* flush_buffer_ = nullptr;
     size_t flush_bytes_ = 0;
-    cudaEvent_t start_, stop_;
+    cudaEvent_t start_[{TIMING_MAX_LAUNCHES}], stop_[{TIMING_MAX_LAUNCHES}];
 }};
 
 static void append_ms(std::string& list, float ms) {{
@@ -273,17 +293,30 @@ static void append_ms(std::string& list, float ms) {{
 
 // Times the candidate against the reference in {TIMING_REPEATS} interleaved repetitions, the candidate
 // ahead of the reference in even ones and after it in odd ones, so that neither the order nor a
-// drift of the clocks over the run favours a side. Prints one line: per repetition, each side's
-// milliseconds per launch, and the launches per pair of events; stage 04 computes the statistics
-// (harness/timing.py).
-template <typename Candidate, typename Reference>
-static void time_kernels(const char* nonce, Candidate& candidate, Reference& reference) {{
+// drift of the clocks over the run favours a side; before each side's batch of launches the inputs are
+// put back as read (restore), whatever the other side's wrote over them. Prints one line: per repetition,
+// each side's milliseconds per launch, and the launches per repetition; stage 04 computes the statistics
+// (harness/timing.py). Then the candidate runs once more, prepared as each timed launch was, on the
+// inputs stage 04 put under {CHECK_FOLDER}/ (another set of inputs where it has one): main writes what it
+// computed, and stage 04 judges that as it judged the plain run. A kernel whose later launches do less
+// than the one before (it skips them, or returns what it kept in __device__ memory) fails there.
+template <typename Candidate, typename Reference, typename Restore, typename Poison, typename LoadCheck>
+static void time_kernels(const char* nonce, Candidate& candidate, Reference& reference, Restore& restore,
+                         Poison& poison, LoadCheck& load_check_inputs) {{
     KernelTimer timer;
-    const int candidate_launches = timer.calibrate(candidate);
-    const int reference_launches = timer.calibrate(reference);
+    restore();
+    const int candidate_launches = timer.calibrate(candidate, poison);
+    restore();
+    const int reference_launches = timer.calibrate(reference, poison);
     std::string candidate_ms, reference_ms;
-    auto time_candidate = [&] {{ append_ms(candidate_ms, timer.ms_per_launch(candidate, candidate_launches)); }};
-    auto time_reference = [&] {{ append_ms(reference_ms, timer.ms_per_launch(reference, reference_launches)); }};
+    auto time_candidate = [&] {{
+        restore();
+        append_ms(candidate_ms, timer.ms_per_launch(candidate, poison, candidate_launches));
+    }};
+    auto time_reference = [&] {{
+        restore();
+        append_ms(reference_ms, timer.ms_per_launch(reference, poison, reference_launches));
+    }};
     for (int i = 0; i < {TIMING_REPEATS}; ++i) {{
         if (i % 2 == 0) {{
             time_candidate();
@@ -295,6 +328,13 @@ static void time_kernels(const char* nonce, Candidate& candidate, Reference& ref
     }}
     printf("CUSET_TIMING nonce=%s candidate_ms=%s reference_ms=%s launches=%d,%d\\n", nonce,
            candidate_ms.c_str(), reference_ms.c_str(), candidate_launches, reference_launches);
+    fflush(stdout);
+    load_check_inputs();
+    restore();
+    timer.prepare(poison);
+    candidate();
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
 }}
 """
 
@@ -328,6 +368,32 @@ def _host_write_outputs(spec: OpSpec) -> str:
             f'write_file("data/{b.name}.bin", h_{b.name}.data(), {b.count} * sizeof({b.ctype}));',
         ]
     return "\n".join(lines)
+
+
+def _timing_steps(spec: OpSpec) -> str:
+    """The harness's steps around each timed launch (TIMER: time_kernels): put the inputs back as read,
+    overwrite the outputs with 0xFF bytes, and read the inputs of the launch after the timed ones from
+    CHECK_FOLDER/ where stage 04 put them there."""
+    restore = [
+        f"CUDA_CHECK(cudaMemcpy(d_{b.name}, h_{b.name}.data(), {b.count} * sizeof({b.ctype}), cudaMemcpyHostToDevice));"
+        for b in spec.inputs
+    ]
+    poison = [
+        f"CUDA_CHECK(cudaMemsetAsync(d_{b.name}, 0xFF, {b.count} * sizeof({b.ctype})));" for b in spec.outputs
+    ]
+    check = [
+        f'if (access("{CHECK_FOLDER}/{b.name}.bin", R_OK) == 0)\n'
+        f'    read_file("{CHECK_FOLDER}/{b.name}.bin", h_{b.name}.data(), {b.count} * sizeof({b.ctype}));'
+        for b in spec.inputs
+    ]
+    return "\n".join(
+        f"auto {name} = [&]() {{\n" + _indent("\n".join(lines), 4) + "\n};"
+        for name, lines in (
+            ("restore_inputs", restore),
+            ("poison_outputs", poison),
+            ("load_check_inputs", check),
+        )
+    )
 
 
 def _host_free(spec: OpSpec) -> str:
@@ -378,26 +444,25 @@ def render_harness(spec: OpSpec) -> str:
     """Kernel-mode host program: the candidate's kernels replace CANDIDATE_MARKER.
 
     Run plainly, it runs the candidate once and writes its outputs (stage 04 judges those). Run with
-    TIMING_ARGUMENT, it writes nothing: it times the candidate against the reference kernels and
-    prints one `CUSET_TIMING` line (TIMER).
+    TIMING_ARGUMENT, it times the candidate against the reference kernels, prints one `CUSET_TIMING`
+    line (TIMER), then writes the outputs of one more launch of the candidate, on the inputs under
+    CHECK_FOLDER/ (stage 04 judges those too: _timing_steps).
     """
     run_candidate = _indent(_launch(spec, ""), 4)
     run_reference = _indent(_launch(spec, "cuset_ref::"), 4)
-    run_once = "\n\n".join(
-        [
-            "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());",
-            _host_write_outputs(spec),
-        ]
-    )
+    run_once = "run_candidate();\nCUDA_CHECK(cudaGetLastError());\nCUDA_CHECK(cudaDeviceSynchronize());"
+    timed = "time_kernels(nonce, run_candidate, run_reference, restore_inputs, poison_outputs, load_check_inputs);"
     body = "\n\n".join(
         [
             "char nonce[80];\nread_timing_nonce(nonce, sizeof nonce);",
             _host_setup(spec),
             "auto run_candidate = [&]() {\n" + run_candidate + "\n};",
             "auto run_reference = [&]() {\n" + run_reference + "\n};",
+            _timing_steps(spec),
             f'if (argc > 1 && strcmp(argv[1], "{TIMING_ARGUMENT}") == 0) {{\n'
-            "    time_kernels(nonce, run_candidate, run_reference);\n"
+            f"    {timed}\n"
             "} else {\n" + _indent(run_once, 4) + "\n}",
+            _host_write_outputs(spec),
             _host_free(spec),
             "return 0;",
         ]
