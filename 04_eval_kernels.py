@@ -650,12 +650,11 @@ def group_stats(rows: list[dict], k: int) -> dict:
     n_ok = [(len(v), sum(r["outcome"] == "pass" for r in v)) for v in per_prompt.values()]
     usable = [r for r in rows if r["outcome"] not in (TASK_ERROR, GENERATION_ERROR)]  # no program to build
     compiled = sum(r["outcome"] not in NOT_COMPILED for r in usable)
-    out = {"rows": len(rows), "compile_rate": compiled / max(len(usable), 1)}
+    out = {"rows": len(rows), "compile_rate": compiled / len(usable) if usable else None}  # None: no row
     out |= {o: sum(r["outcome"] == o for r in rows) for o in APART}
     out["unchecked"] = sum(r.get("task_check", "pass") != "pass" for r in judged)
-    out["pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_ok) / max(len(n_ok), 1)
-    if k > 1:
-        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in n_ok) / max(len(n_ok), 1)
+    for kk in sorted({1, k}):  # over no judged prompt there is no rate: null, not 0
+        out[f"pass@{kk}"] = sum(pass_at_k(n, c, kk) for n, c in n_ok) / len(n_ok) if n_ok else None
     return out | speed_stats(judged)
 
 

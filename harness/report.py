@@ -83,13 +83,21 @@ def checks_line(checks: dict) -> str:
     )
 
 
+def rate_text(stats: dict, column: str) -> str:
+    """A cell of the summary table: a rate to 3 decimals, "n/a" where no row could give it (null), a count."""
+    value = stats.get(column, "")
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def summary_markdown(summary: dict, header: str) -> str:
     """summary.md: one table row per group (all, each level, each category), the outcome counts, notes."""
     cols = [c for c in summary["overall"] if c != "rows"]
     lines = [header, "", "| group | rows | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
 
     def row(name, s):
-        vals = [f"{s[c]:.3f}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in cols]
+        vals = [rate_text(s, c) for c in cols]
         return f"| {name} | {s['rows']} | " + " | ".join(vals) + " |"
 
     lines.append(row("**all**", summary["overall"]))

@@ -247,12 +247,13 @@ def saved_fingerprint(out: Path) -> dict | None:
     return None
 
 
-def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[tuple, str]:
-    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line. A line naming a task
+def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[tuple, str | None]:
+    """--solutions JSONL: {task_id, level, sample (default 0), completion} per line; a null completion is no
+    answer (outcome `missing`), as stage 04's own completions.jsonl writes one. A line naming a task
     that is not in --tasks, a level other than 1-3 or a negative sample is refused (a typo would otherwise
     score that job as missing), and so is the same job twice (which answer counts?). Answers for jobs this
     run did not select (another split, level or sample) are ignored with a warning that counts them."""
-    found: dict[tuple, str] = {}
+    found: dict[tuple, str | None] = {}
     first_line: dict[tuple, int] = {}
     outside = []
     for lineno, obj in read_jsonl(path):
@@ -271,6 +272,13 @@ def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[t
         raise UserError(
             f"{path}: holds no answers; write one JSON object per line: task_id, level, sample, completion"
         )
+    if not found:  # as empty as no answers at all: every job would be scored `missing`
+        lineno, key = outside[0]
+        raise UserError(
+            f"{path}: none of its {len(outside)} answer(s) names a job of this run (e.g. line {lineno}: "
+            f"{key[0]} level {key[1]} sample {key[2]}); pass the --split, --levels and --num-samples "
+            f"the answers were written for"
+        )
     if outside:
         lineno, key = outside[0]
         print(
@@ -281,7 +289,7 @@ def load_solutions(path: Path, wanted: set[tuple], task_ids: set[str]) -> dict[t
     return found
 
 
-def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str]:
+def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str | None]:
     """((task id, level, sample), completion) of one --solutions line, refused unless it names a job that
     can exist: level and sample JSON integers (1.7 is no level, nor true, nor "1"), the task id an integer
     or a string of --tasks."""
@@ -305,8 +313,8 @@ def solution_row(obj: dict, where: str, task_ids: set[str]) -> tuple[tuple, str]
             f'sample integers ("level": 1, not 1.0, true or "1")'
         )
     key = (str(tid), level, sample)
-    if not isinstance(text, str):
-        raise UserError(f"{where}: completion must be a string, not {json_kind(text)}")
+    if text is not None and not isinstance(text, str):  # null: no answer given, as stage 04 writes it
+        raise UserError(f"{where}: completion must be a string or null (no answer), not {json_kind(text)}")
     if key[0] not in task_ids:
         raise UserError(
             f"{where}: task {key[0]!r} is not in --tasks; fix the task id (or pass the task file "

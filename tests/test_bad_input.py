@@ -893,6 +893,10 @@ def test_compare_makes_a_damaged_stage_04_summary_again_and_names_it_in_a_report
         (json.dumps(summary | {"num_samples": 4}), "overall.pass@4 must be a number"),
         (
             json.dumps(summary | {"overall": summary["overall"] | {"pass@1": None}}),
+            "overall.pass@1 is null: no row was judged",
+        ),
+        (
+            json.dumps(summary | {"overall": summary["overall"] | {"pass@1": 1.5}}),
             "overall.pass@1 must be a number in [0, 1]",
         ),
     ]:

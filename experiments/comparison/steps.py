@@ -42,6 +42,10 @@ def summary_problem(summary: dict | None) -> str | None:
     if not isinstance(over, dict):
         return "overall must be an object"
     rates = ("compile_rate", "pass@1", *([f"pass@{k}"] if k > 1 else []))  # pass@k: pass@1 when k is 1
+    if isinstance(over, dict) and over.get("pass@1", 0) is None:
+        return (
+            "overall.pass@1 is null: no row was judged (each was task_error, generation_error or unsupported)"
+        )
     if bad := [r for r in rates if type(over.get(r)) not in (int, float) or not 0 <= over[r] <= 1]:
         return f"overall.{bad[0]} must be a number in [0, 1]"
     return None
