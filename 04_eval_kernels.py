@@ -74,7 +74,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cuset_common.artifacts import finishes_out
-from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main, sigterm_exits
 from cuset_common.models import check_model_source
 from cuset_common.paths import (
     DATA,
@@ -1120,7 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     record_generation_errors(args, by_id, generation, runner, run)
-    judge_jobs(args, by_id, [j for j in todo if j in run.completions], arch, runner, run)
+    with sigterm_exits():  # as Ctrl-C: the programs that run end at once (harness/schedule.py)
+        judge_jobs(args, by_id, [j for j in todo if j in run.completions], arch, runner, run)
     print(write_run_summary(args, run.finish(jobs), gpu, backend, runner, generation))
     print(f"results in {args.out}")
     return 0

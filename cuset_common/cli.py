@@ -5,11 +5,13 @@ file as one line too, secrets kept out of every closing line, argument checks, l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib.util
 import io
 import os
 import re
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -210,6 +212,19 @@ def run_main(main_fn, argv: list[str] | None = None, interrupted: str = INTERRUP
         if os.environ.get("RANK", "0") == "0":
             say_last(f"interrupted: {interrupted}")
         return 130
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """SIGTERM raises SystemExit(143) in the main thread meanwhile, so that clean-up runs (finally blocks,
+    harness/schedule.py's stop of running programs). Python's default for SIGTERM ends the process at once:
+    vLLM's engine and worker processes then went on generating as orphans, each holding a core and gigabytes
+    (experiments/compare.py stops a stage with SIGTERM); tests/test_engines.py kills a run to check."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ArgumentParser(argparse.ArgumentParser):

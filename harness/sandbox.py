@@ -134,6 +134,31 @@ class SandboxBusy(SandboxError):
     SANDBOX_UIDS, or processes (SHORTAGE). Worth retrying; not a broken setup."""
 
 
+class Interrupted(Exception):
+    """The command was killed, or never started, because the stage is stopping (stop_programs): it has
+    no result, and the caller records none, so that a resumed run does it again."""
+
+
+# Stopping (Ctrl-C, SIGTERM): every run_sandboxed waiting on its command wakes at once through this pipe
+# (stop_programs writes a byte that nobody reads, so it stays readable), kills it and raises Interrupted.
+STOPPING = threading.Event()
+_WAKE_READ, _WAKE_WRITE = os.pipe()
+
+
+def stop_programs() -> None:
+    """End every running command now, and refuse new ones, until allow_programs."""
+    if not STOPPING.is_set():
+        STOPPING.set()
+        os.write(_WAKE_WRITE, b"!")
+
+
+def allow_programs() -> None:
+    """Undo stop_programs, once nothing runs any more."""
+    if STOPPING.is_set():
+        os.read(_WAKE_READ, 1)
+        STOPPING.clear()
+
+
 def _is_root() -> bool:
     return os.geteuid() == 0
 
@@ -724,12 +749,15 @@ def _kill_everything(proc: subprocess.Popen) -> None:
 
 
 def _exited(proc: subprocess.Popen, timeout: float) -> bool:
-    """Wait for the command without reaping it (a pidfd is readable once the process exited)."""
+    """Wait for the command without reaping it (a pidfd is readable once the process exited), or for
+    stop_programs; True: it exited."""
     pidfd = os.pidfd_open(proc.pid)
     try:
         waiter = select.poll()
         waiter.register(pidfd, select.POLLIN)
-        return bool(waiter.poll(min(timeout * 1000, 2**31 - 1)))  # poll's C int of milliseconds
+        waiter.register(_WAKE_READ, select.POLLIN)
+        ready = waiter.poll(min(timeout * 1000, 2**31 - 1))  # poll's C int of milliseconds
+        return any(fd == pidfd for fd, _ in ready)
     finally:
         os.close(pidfd)
 
@@ -764,7 +792,7 @@ def run_sandboxed(
     gpu_dev: untrusted, the folder whose GPU nodes it gets with the driver's libraries (HOST_DEV on the
     GPU backend; a test's stand-ins); None: no GPU.
     Raises SandboxBusy when it still cannot after wait_s, SandboxError when the sandbox could not be
-    set up otherwise (either way the command never ran).
+    set up otherwise (either way the command never ran), Interrupted after stop_programs.
     """
     folder = cwd.resolve()
     attempt = partial(
@@ -818,6 +846,8 @@ def _run(
     gpu_dev: Path | None,
 ) -> tuple[int | None, str]:
     """One attempt of run_sandboxed, as `uid` (None: as we are)."""
+    if STOPPING.is_set():
+        raise Interrupted(f"not started: stopping ({cmd[0]})")
     marker = secrets.token_hex(16) if isolate else ""  # without a sandbox, nothing can fail to set up
     stdin_fd = _stdin_pipe(stdin) if stdin is not None else subprocess.DEVNULL
     filter_fd = _userns_filter_fd() if isolate and untrusted and not _has("--disable-userns") else None
@@ -855,6 +885,8 @@ def _run(
     exited = _exited(proc, timeout)
     _kill_everything(proc)
     reader.join(timeout=5)  # only a process that escaped (isolate=False, via another service) can hold it
+    if STOPPING.is_set() and not exited:
+        raise Interrupted(f"killed: stopping ({cmd[0]})")
     if not capture.started and not exited and not capture.text().strip():
         # the budget ran out before the program could start (a budget shorter than the sandbox's start on
         # a busy machine): a timeout like any other, not a broken setup

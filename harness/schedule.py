@@ -6,6 +6,9 @@ tasks are then judged one at a time on the GPU, so that timings stay meaningful,
 emulated, where each program gets its share of the cores. Each task has a folder of its own in the run's
 work folder (harness/programs.py: make_work_dir) for its data and its programs' folders, removed once its
 programs have run; each program's folder is removed once it has run. A progress line counts the runs.
+Ctrl-C or SIGTERM (raised in the main thread: cuset_common/cli.py, sigterm_exits) ends the programs that run
+at once and starts no other (harness/sandbox.py, stop_programs); what they would have recorded is not
+recorded, so a resumed run does it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.report import Progress
+from harness.sandbox import allow_programs, stop_programs
 
 # Run budgets. Emulated, a task built for a GPU can take minutes: a reference (its task check, or
 # --reference) may run REFERENCE_ALLOWANCE x --run-timeout, once per task, and a candidate as long
@@ -42,8 +46,20 @@ def mapped(what: str, fn: Callable, items: list, jobs: int) -> list:
         progress()
         return out
 
-    with ThreadPoolExecutor(jobs) as pool:
-        return list(pool.map(one, items))
+    return pooled(one, items, jobs)
+
+
+def pooled(fn: Callable, items: list, jobs: int) -> list:
+    """[fn(x) for x in items], `jobs` at a time; stopped (the module's docstring), at once."""
+    pool = ThreadPoolExecutor(jobs)
+    try:
+        return list(pool.map(fn, items))
+    except BaseException:  # KeyboardInterrupt, SystemExit: only the main thread waits here
+        stop_programs()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)  # the running calls end, those not started never start
+        allow_programs()
 
 
 class Schedule:
@@ -76,8 +92,7 @@ class Schedule:
             judge_task(task_id)
             shutil.rmtree(self.task_dirs[task_id], ignore_errors=True)
 
-        with ThreadPoolExecutor(1 if self.one_at_a_time else self.jobs) as pool:
-            list(pool.map(judge, task_ids))
+        pooled(judge, task_ids, 1 if self.one_at_a_time else self.jobs)
 
     def finished(self, program_dir: Path | None = None) -> None:
         """One program has run (or will not: its task cannot judge it); its folder is removed."""

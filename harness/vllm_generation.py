@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import os
-import signal
 import sys
 import time
 from collections import defaultdict
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from cuset_common.cli import UserError
+from cuset_common.cli import UserError, sigterm_exits
 from cuset_common.data import end_of_turn_ids
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.models import load_tokenizer, model_parameters
@@ -213,19 +212,6 @@ def generate_on_engine(
     return generation_record(
         "vllm", f"vllm {version}", precision, device, loaded - started, written, finished - loaded
     )
-
-
-@contextlib.contextmanager
-def sigterm_exits():
-    """SIGTERM raises SystemExit(143) in the main thread while the engine lives, so that its shutdown runs.
-    Python's default for SIGTERM ends the process at once, and vLLM's engine and worker processes then went
-    on generating as orphans, each holding a core and gigabytes (experiments/compare.py stops a stage with
-    SIGTERM); tests/test_engines.py kills a run to check."""
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def start_engine(
