@@ -43,21 +43,21 @@ Efficiency: the model body runs once per batch (under bf16 autocast where the de
 natively: --precision) and lm_head is applied to the response positions only, --chunk-rows at a time,
 with log-softmax of the gold token, the entropy and the argmax per chunk in float32, so a float32
 [batch, seq, vocab] logits tensor never exists (real vocabularies exceed 150k). The defaults depend on
-the device (profiler/batching.py: for_device): on a GPU batches of 8 samples (longest first: little
-padding) and chunks of 1024 rows; on a CPU one sample per batch and 128 rows per chunk
-(bench/profile.py measures both against the per-sample loop a user writes first).
+the device (cuset_common/profiler/batching.py: for_device): on a GPU batches of 8 samples (longest first:
+little padding) and chunks of 1024 rows; on a CPU one sample per batch and 128 rows per chunk
+(research/bench/profiling.py measures both against the per-sample loop a user writes first).
 
-Tagging (profiler/tagger.py): regexes over the response text with prose outside ``` fences, comments
-and literals blanked; a token gets the first category in PRIORITY whose matches its character span
+Tagging (cuset_common/profiler/tagger.py): regexes over the response text with prose outside ``` fences,
+comments and literals blanked; a token gets the first category in PRIORITY whose matches its character span
 overlaps. Beyond the named lexemes, inside __global__/__device__ bodies: indexing = integer assignments
 derived from thread builtins, and pointer arithmetic with an index (`x + row * cols`) in full;
 guard = is_guard (bounds checks; a loop's own termination test is not one, nor a condition whose
 `(` is never closed), early `return;`; write_back = stores through an output pointer (a non-const
 pointer parameter, or a local pointer derived from one: `float* yr = y + row * cols; yr[j] = v`).
 
-Resume (profiler/shards.py): finished batches are saved every --save-every seconds to <out>.partial/
-(state.json: what the result depends on; batches-B0-B1.safetensors: the results of batches [B0, B1)),
-each file written to a temp name and renamed. --resume checks state.json against this run (only
+Resume (cuset_common/profiler/shards.py): finished batches are saved every --save-every seconds to
+<out>.partial/ (state.json: what the result depends on; batches-B0-B1.safetensors: the results of batches [B0,
+B1)), each file written to a temp name and renamed. --resume checks state.json against this run (only
 RESUME_MAY_CHANGE may differ) and continues after the last shard; the batch plan is deterministic, so
 the artifact equals an uninterrupted run's bit for bit. Without --resume a partial state is refused,
 neither reused nor deleted. The folder is removed once the artifact is in place.
@@ -90,7 +90,7 @@ from cuset_common.device import pick_device, resolve_precision
 from cuset_common.method import gold_logprob_entropy, head_logits
 from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
 from cuset_common.paths import DATA, TINY_MODEL
-from profiler.batching import (
+from cuset_common.profiler.batching import (
     Progress,
     check_response_tokens,
     for_device,
@@ -99,9 +99,9 @@ from profiler.batching import (
     positive_or_auto,
     print_profile_summary,
 )
-from profiler.inputs import check_scores, load_data_once
-from profiler.shards import check_partial, load_shards, partial_dir, save_shard
-from profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
+from cuset_common.profiler.inputs import check_scores, load_data_once
+from cuset_common.profiler.shards import check_partial, load_shards, partial_dir, save_shard
+from cuset_common.profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
 
 STAGE = "01_profile"
 RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
@@ -185,7 +185,7 @@ def profile(
 
 
 # ---------------------------------------------------------------------------------------
-# 2. CUDA sensitivity: profiler/tagger.py, tag_tokens (the categories and the rules are there)
+# 2. CUDA sensitivity: cuset_common/profiler/tagger.py, tag_tokens (the categories and the rules are there)
 # 3. The artifact: flat per-token tensors, one record per sample, meta.json
 # ---------------------------------------------------------------------------------------
 

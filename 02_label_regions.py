@@ -16,8 +16,8 @@ docs/method.md "Regions"):
 
 It then tests the paper's observation on the data against three permutation nulls (does low confidence
 come in runs at all? do SENSITIVE low tokens cluster more than other low tokens? the same on untagged
-tokens), says in one sentence what the data supports (labeling/observation.py), and draws samples as an
-HTML page (labeling/report.py).
+tokens), says in one sentence what the data supports (cuset_common/labeling/observation.py), and draws samples
+as an HTML page (cuset_common/labeling/report.py).
 
 Inputs -> outputs:
   profile artifact (01_profile.py; default data/artifacts/profile)
@@ -63,12 +63,12 @@ from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data import jsonl_lines
 from cuset_common.data_sources import add_data_arguments, data_checks, data_flags, load_data
 from cuset_common.files import json_safe
+from cuset_common.labeling.labels import RegionLabels
+from cuset_common.labeling.observation import compute_finding
+from cuset_common.labeling.report import render_html, render_report
 from cuset_common.method import CODES, RHO, TAU_MAX, sample_threshold
 from cuset_common.models import load_tokenizer
 from cuset_common.paths import DATA, TINY_MODEL
-from labeling.labels import RegionLabels
-from labeling.observation import compute_finding
-from labeling.report import render_html, render_report
 
 STAGE = "02_label_regions"
 PROFILE_TENSORS = {

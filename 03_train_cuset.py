@@ -31,8 +31,9 @@ Inputs -> outputs
 
 The file follows the data: 1. the keep mask and the loss; 2. the samples aligned with the regions;
 3. log q(gold) at the response positions; 4. the schedule; 5. one optimizer step and its log line;
-6. the command line and main. Beside it: training/scale.py (processes, FSDP2, the memory plan, printed
-before the first step) and training/checkpoint.py (the resume state, the final checkpoint).
+6. the command line and main. Beside it: cuset_common/training/scale.py (processes, FSDP2, the memory
+plan, printed before the first step) and cuset_common/training/checkpoint.py (the resume state, the final
+checkpoint).
 
 Refused before any work (exit 2, one line): artifacts from other data or tokenizer, a profile
 rewritten since stage 02 read it, a model whose logits are not h @ W.T + b (scaled or soft-capped),
@@ -41,9 +42,9 @@ stage's run (README, "Pipeline and artifacts"; --force starts over, keeping the 
 new one succeeds), an --out another run holds, a model whose weights are not all finite, a resume state
 that is cut short or damaged.
 Stopped (exit 2, one line) when the run diverges: a loss, gradient or weight that is not finite (checked as
-training/divergence.py says). No model is written; the last resume state stays, and --resume may continue
-from it with a lower --lr. A full disk while a checkpoint is written: one line, the previous one kept.
-Samples whose prompt fills --max-length have no response token: they are skipped and counted.
+cuset_common/training/divergence.py says). No model is written; the last resume state stays, and --resume may
+continue from it with a lower --lr. A full disk while a checkpoint is written: one line, the previous one
+kept. Samples whose prompt fills --max-length have no response token: they are skipped and counted.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
 from cuset_common.models import check_head_is_plain, load_tokenizer, output_head
 from cuset_common.paths import DATA, TINY_MODEL
-from training.checkpoint import (
+from cuset_common.training.checkpoint import (
     check_resume,
     checkpoint_room,
     load_resume,
@@ -86,8 +87,14 @@ from training.checkpoint import (
     save_resume,
     stop_diverged,
 )
-from training.divergence import grad_norm, json_row, nonfinite_step, nonfinite_weights, refuse_nonfinite_model
-from training.scale import (
+from cuset_common.training.divergence import (
+    grad_norm,
+    json_row,
+    nonfinite_step,
+    nonfinite_weights,
+    refuse_nonfinite_model,
+)
+from cuset_common.training.scale import (
     all_reduce_stats,
     checkpoint_wait_group,
     format_memory_plan,
@@ -477,7 +484,7 @@ def optimizer_step(t: Training, batch: list[dict]) -> dict:
             stats[key] += s[key]
     stats = all_reduce_stats(stats, t.world, t.device)
     # the global gradient norm, clipped to --grad-clip; a step whose loss or gradient is not finite leaves
-    # the weights as they are, and train stops the run (training/divergence.py)
+    # the weights as they are, and train stops the run (cuset_common/training/divergence.py)
     stats["grad_norm"] = grad_norm(t.model, args.grad_clip)
     if nonfinite_step(stats) is None:
         t.optimizer.step()
@@ -518,7 +525,8 @@ def train(t: Training, samples: list[dict], step: int, log_lines: list[str]) -> 
     """The loop from `step` to the last step (or --stop-after steps): the learning rate of the step, the
     step, its log line, and the resume state every --save-every steps and at the end. Returns the step
     reached; log_lines grows by one line per step (on rank 0). A loss, gradient or weight that is not
-    finite stops the run (training/divergence.py: what is checked when); no resume state holds one."""
+    finite stops the run (cuset_common/training/divergence.py: what is checked when); no resume state holds
+    one."""
     args = t.args
     steps_per_epoch, total, warmup = schedule(args, len(samples))
     t_start, tokens_seen, steps_run = time.time(), 0, 0
@@ -690,7 +698,7 @@ def add_run_arguments(ap: ArgumentParser) -> None:
 # max_length, seed, device and hence precision, ...) would make the resumed run another run.
 # So are --fsdp and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is
 # tested equal to one process): a DDP run can move to FSDP. --param-dtype changes precision: not.
-# From the state a diverged run left, --lr may change too (training/checkpoint.py, check_resume).
+# From the state a diverged run left, --lr may change too (cuset_common/training/checkpoint.py, check_resume).
 RESUME_MAY_CHANGE = {
     "out",
     "resume",
@@ -815,9 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     samples, skipped = tokenize_dataset(records, tokenizer, max_length, regions)
     check_enough_samples(args, len(samples), skipped)
     first = torch.tensor([samples[0]["input_ids"]])  # what the head check reads
-    model = load_model(  # under --fsdp rank 0 alone loads and checks it, on the host (training/scale.py)
-        args, rank, device, lambda m: check_model(m, first, args.model), checkpoint_wait
-    )
+    # under --fsdp rank 0 alone loads and checks it, on the host (cuset_common/training/scale.py)
+    model = load_model(args, rank, device, lambda m: check_model(m, first, args.model), checkpoint_wait)
     check_room(args.out, checkpoint_room(model, args.optimizer, args.out if args.resume else None))
     if rank == 0:  # --force: the previous run is put back if this one fails (finishes_out)
         open_out(args.out, start_over=not args.resume)
@@ -836,7 +843,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f" | resumed at step {step}" if step else "")
         )
         print(format_memory_plan(plan, args, world), flush=True)
-    reset_peak_memory(device)  # meta.json's measured peak is training's, not loading's (training/scale.py)
+    reset_peak_memory(
+        device
+    )  # meta.json's measured peak is training's, not loading's (cuset_common/training/scale.py)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
     run = Training(
         args, rank, world, device, tokenizer.pad_token_id, model, net, optimizer, autocast, checkpoint_wait

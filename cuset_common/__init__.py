@@ -13,8 +13,8 @@
   method        what stages 01-03 compute alike: the per-sample threshold, the chunked gold log-prob head
   tasks         CUDABench tasks and the prompt builder (the SFT data and stage 04 word prompts alike)
 
-Each stage's own helpers live beside it: profiler/ (stage 01), labeling/ (stage 02), training/ (stage 03),
-harness/ (stage 04).
+Each stage's own helpers live beside it: cuset_common/profiler/ (stage 01), cuset_common/labeling/ (stage 02),
+cuset_common/training/ (stage 03), harness/ (stage 04).
 """
 
 import sys

@@ -329,7 +329,7 @@ def whole(low: int) -> tuple:
 
 
 COUNTS = {"samples": whole(0), "response_tokens": whole(0)}
-# Read by stage 02 (every field), stage 03 (--mask-source profile) and experiments/compare.py.
+# Read by stage 02 (every field), stage 03 (--mask-source profile) and research/compare_objectives.py.
 PROFILE_META = {
     "model": PATH,
     "tokenizer_fingerprint": TEXT,
@@ -338,7 +338,7 @@ PROFILE_META = {
     "counts": COUNTS,
     "categories": CATEGORY_NAMES,
 }
-# Read by stage 03 (profile: with --mask-source profile) and experiments/compare.py (counts).
+# Read by stage 03 (profile: with --mask-source profile) and research/compare_objectives.py (counts).
 REGIONS_META = {
     "tokenizer_fingerprint": TEXT,
     "data": OBJECT,
@@ -624,7 +624,7 @@ def finishes_out(main_fn):
 
 
 def check_train_out(args, regions: Path | None, resumable: bool = True) -> None:
-    """Stage 03's --out (and integrations/trl.py's, which cannot resume: resumable False), before any work:
+    """Stage 03's --out (and research/trl_sft.py's, which cannot resume: resumable False), before any work:
     the rule of every stage (check_out_dir), and a folder with a run in it is continued with --resume or
     started over with --force, never silently."""
     inputs = {"--data": args.data, "--model": Path(args.model), "--regions": regions}

@@ -219,7 +219,8 @@ def sigterm_exits():
     """SIGTERM raises SystemExit(143) in the main thread meanwhile, so that clean-up runs (finally blocks,
     harness/schedule.py's stop of running programs). Python's default for SIGTERM ends the process at once:
     vLLM's engine and worker processes then went on generating as orphans, each holding a core and gigabytes
-    (experiments/compare.py stops a stage with SIGTERM); tests/test_engines.py kills a run to check."""
+    (research/compare_objectives.py stops a stage with SIGTERM); tests/test_engines.py kills a run to
+    check."""
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         yield
@@ -296,7 +297,7 @@ def describe(interval: str) -> str:
 def load_script(relpath: str):
     """Import a stage script by path, for tests and benchmarks (a stage's file name starts with a digit,
     so `import` cannot name it; the stages themselves never import each other)."""
-    # named by its path (integrations/trl.py: integrations.trl), so as not to shadow a library of its stem
+    # named by its path (research/trl_sft.py: research.trl_sft), so as not to shadow a library of its stem
     name = ".".join(Path(relpath).with_suffix("").parts).replace("-", "_")
     spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
     module = importlib.util.module_from_spec(spec)

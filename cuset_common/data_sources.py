@@ -114,7 +114,8 @@ def add_data_arguments(ap: argparse.ArgumentParser, role: str) -> None:
 
 
 def data_argv(args: argparse.Namespace) -> list[str]:
-    """The data flags as typed, for a command that must read the same data (hints, experiments/compare.py)."""
+    """The data flags as typed, for a command that must read the same data (hints,
+    research/compare_objectives.py)."""
     fields = [x for f in getattr(args, "data_fields", []) for x in ("--data-fields", f)]
     filters = [x for w in getattr(args, "data_where", []) for x in ("--data-where", w)]
     return ["--data", str(args.data), *fields, *filters]

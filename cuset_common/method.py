@@ -16,7 +16,8 @@ from torch.utils.checkpoint import checkpoint
 # labels regions with is the one stage 03 masks with.
 RHO = 0.2
 TAU_MAX = 0.5
-# c_it takes CODES values: 0 (not CUDA-sensitive) and the categories 1-9 (profiler/tagger.py: CATEGORIES)
+# c_it takes CODES values: 0 (not CUDA-sensitive) and the categories 1-9 (cuset_common/profiler/tagger.py:
+# CATEGORIES)
 CODES = 10
 
 

@@ -14,7 +14,7 @@ SFT_KERNEL_FILE = DATA / "sft" / "train_kernel.jsonl"
 # The same without the copies: the training data of a real model, which needs none (--preset cpu-real).
 SFT_KERNEL_ORIGINALS_FILE = DATA / "sft" / "train_kernel_originals.jsonl"
 # Held-out SFT data: the same records from the `eval` split (held-out ops; no renamed copies), so that
-# stage 01 can score a trained checkpoint on tasks it never saw (experiments/compare.py).
+# stage 01 can score a trained checkpoint on tasks it never saw (research/compare_objectives.py).
 EVAL_SFT_FILE = DATA / "sft" / "eval.jsonl"
 EVAL_SFT_KERNEL_FILE = DATA / "sft" / "eval_kernel.jsonl"
 TINY_MODEL = DATA / "models" / "tiny-cuda-lm"

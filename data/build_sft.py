@@ -6,7 +6,7 @@ SFT data from its `eval` split.
 
 train_kernel_originals.jsonl: the kernel-mode records of the train tasks themselves, without renamed
 copies (the first 102 records of train_kernel.jsonl): the training data of a real model, which reads
-names from its prompt without them (experiments/compare.py --preset cpu-real).
+names from its prompt without them (research/compare_objectives.py --preset cpu-real).
     python data/build_sft.py --check        # exit 1 if the committed files are stale
 
 train.jsonl: one record per (train task, prompt level 1-3), standalone mode: the user turn is
@@ -26,7 +26,7 @@ times longer, and the tiny model's demo is kernel mode.
 
 eval.jsonl and eval_kernel.jsonl: the same two forms, built by the same record() from the `eval`
 split (held-out ops, as stage 04 evaluates them by default), without renamed copies: held-out data
-for stage 01 to score trained checkpoints on (experiments/compare.py). Never trained on.
+for stage 01 to score trained checkpoints on (research/compare_objectives.py). Never trained on.
 
 Records are chat `messages` plus `id`, `task_id`, `level`, `mode` (extra keys are ignored by
 the stages). Output is deterministic: rerunning reproduces the files byte for byte.

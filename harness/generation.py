@@ -261,7 +261,8 @@ def generation_record(
 def default_threads() -> int:
     """Torch threads for generating on a CPU: the CPUs this process may use, less one. Decoding a token
     does too little work per weight read for a second thread to gain much, and beside another busy process
-    the threads would wait for the core it holds (measured in docs/performance.md, bench/generate.py)."""
+    the threads would wait for the core it holds (measured in docs/performance.md,
+    research/bench/generate.py)."""
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 

@@ -1,5 +1,5 @@
 """The outcomes of stage 04's rows, defined once: the protocol in 04_eval_kernels.py gives each row one, its
-summary counts them, and experiments/compare.py and experiments/outcome_table.py read them.
+summary counts them, and research/compare_objectives.py and research/outcome_table.py read them.
 
 A row the protocol judges ends in one of OUTCOMES, listed in the order of the step that decides it
 (docs/evaluation.md, "Protocol"):

@@ -159,8 +159,9 @@ def generate_vllm(
 ) -> dict:
     """generation.generate's contract through vLLM: replies for `jobs`, on_batch({job: reply}) as each
     prompt's samples are all done (a kill loses the prompts in flight), the generation record returned.
-    compiled: vLLM's compiled graphs on a CPU too (bench/generate.py measures what they cost and give).
-    When it returns (or fails), vLLM's processes have ended and its memory in this process is released."""
+    compiled: vLLM's compiled graphs on a CPU too (research/bench/generate.py measures what they cost and
+    give). When it returns (or fails), vLLM's processes have ended and its memory in this process is
+    released."""
     try:
         return generate_on_engine(args, tasks_by_id, jobs, complete, progress, on_batch, compiled)
     finally:

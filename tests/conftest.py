@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the repository root, whose packages the tests import
 
 from cuset_common.cli import load_script, run_main  # noqa: E402,F401  (tests import load_script from here)
 from cuset_common.device import nvidia_smi_lists_a_gpu
@@ -82,7 +83,7 @@ def tiny_tokenizer():
 
 # Scripts that need a package outside requirements.txt: where it is missing, their tests skip, naming it (the
 # fast tier runs with requirements.txt and pytest alone).
-OPTIONAL_PACKAGES = {"integrations/trl.py": "trl"}
+OPTIONAL_PACKAGES = {"research/trl_sft.py": "trl"}
 
 
 def missing_package(script: str) -> str | None:

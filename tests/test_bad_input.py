@@ -4,11 +4,11 @@ complete, every number is checked, and the readers name file and line. A link as
 one real folder (a loop refused), a read-only --out is refused, artifact folders get the user's umask,
 edited metas, a --device not present and a model whose config disagrees with its weights are one line,
 stage 04's task rows and --solutions values are checked for type when read (before --out), an append never
-keeps part of a line, and experiments/compare.py checks its options and forwarded stage arguments before any
-work, refuses a loop of links, and names a damaged stage-04 summary. What pyarrow and the hub library raise
-on a bad --data (a parquet file with two columns of one name or damaged pages, an id the library refuses)
-and JSON nested deeper than Python reads are one line too; --data through a pipe is read once; Ctrl-C is
-one line saying what is kept and how to go on (exit 130), a real SIGINT to stage 03 included.
+keeps part of a line, and research/compare_objectives.py checks its options and forwarded stage arguments
+before any work, refuses a loop of links, and names a damaged stage-04 summary. What pyarrow and the hub
+library raise on a bad --data (a parquet file with two columns of one name or damaged pages, an id the library
+refuses) and JSON nested deeper than Python reads are one line too; --data through a pipe is read once; Ctrl-C
+is one line saying what is kept and how to go on (exit 130), a real SIGINT to stage 03 included.
 
 Each test runs a stage's real main() on real artifacts that conftest's `world` fixture makes with the
 bundled tiny model (stage 01, 02 and 03 artifacts and a stage-04 run folder), and checks the sha256 of every
@@ -31,17 +31,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ARGS, MADE, ROOT, SCRIPTS, gpu_present, load_script, refused, snapshot
+from conftest import ARGS, MADE, SCRIPTS, gpu_present, load_script, refused, snapshot
 
 from cuset_common.artifacts import aside_dir, finishes_out, open_out
 from cuset_common.cli import INTERRUPTED, UserError, run_main
 from cuset_common.files import append_jsonl
-from cuset_common.paths import SFT_KERNEL_FILE, TINY_MODEL
-from experiments.comparison.command import main as compare_main
-from experiments.comparison.metrics import kernel_metrics
-from experiments.comparison.steps import finished
+from cuset_common.paths import ROOT, SFT_KERNEL_FILE, TINY_MODEL
 from harness.report import Progress
 from harness.run_folder import Run
+from research.comparison.command import main as compare_main
+from research.comparison.metrics import kernel_metrics
+from research.comparison.steps import finished
 
 STAGE = {stage: load_script(script) for stage, script in SCRIPTS.items()}
 MAIN = {name: STAGE[name[:2]].main for name in ARGS}  # "04-gen" is stage 04 answering with the model
@@ -812,7 +812,7 @@ def test_a_model_whose_config_disagrees_with_its_weights_is_one_line(world, stag
 
 
 # ---------------------------------------------------------------------------------------
-# experiments/compare.py: every option and forwarded stage argument checked before any work
+# research/compare_objectives.py: every option and forwarded stage argument checked before any work
 # ---------------------------------------------------------------------------------------
 
 COMPARE_BAD = {

@@ -1,7 +1,7 @@
 """Runs that meet in one --out, and artifacts whose files are not their own: a second run into an --out
 that a live run holds exits 2 with one line naming that run's process, before any work (--resume too, and
-experiments/compare.py on its folder); a run killed (SIGKILL) while it holds the lock does not block the
-next; an artifact whose tensor file was replaced by another run's (same names, dtypes and shapes) is
+research/compare_objectives.py on its folder); a run killed (SIGKILL) while it holds the lock does not block
+the next; an artifact whose tensor file was replaced by another run's (same names, dtypes and shapes) is
 refused by the stage that reads it, in one line naming the stage to rerun, with nothing changed; and so is
 one written before artifacts recorded their files.
 
@@ -22,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ARGS, MADE, ROOT, SCRIPTS, load_script, refused, snapshot
+from conftest import ARGS, MADE, SCRIPTS, load_script, refused, snapshot
 from safetensors.numpy import load_file
 
 from cuset_common.cli import run_main
 from cuset_common.out_lock import lock_file
+from cuset_common.paths import ROOT
 
 STAGE = {stage: load_script(script) for stage, script in SCRIPTS.items()}
-COMPARE = ROOT / "experiments" / "compare.py"
+COMPARE = ROOT / "research" / "compare_objectives.py"
 # The lock file names its holder "pid <pid> on <host>, since <time>" (cuset_common/out_lock.py)
 HOLDER = "pid {} on "
 
@@ -93,7 +94,7 @@ def test_a_second_compare_into_a_held_folder_exits_2(tmp_path, capsys):
     shutil.copytree(ROOT / "docs" / "records" / "cpu-real", record)
     argv = ["--preset", "cpu-real", "--report-only", "--out", record]
     with holding_the_lock("compare", argv, record) as first:
-        line, _ = refused(load_script("experiments/compare.py").main, argv, capsys)
+        line, _ = refused(load_script("research/compare_objectives.py").main, argv, capsys)
         assert "another run is writing there" in line and HOLDER.format(first.pid) in line, line
 
 

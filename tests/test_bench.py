@@ -12,16 +12,15 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from cuset_common.paths import ROOT
 
 
 def run_quick(script: str) -> str:
     r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick"],
+        [sys.executable, str(ROOT / "research" / "bench" / script), "--quick"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -33,7 +32,7 @@ def run_quick(script: str) -> str:
 
 def tables(out: str, header: list[str]) -> list[list[dict[str, str]]]:
     """Every markdown table in out with these column names, in order: its rows as {column: cell}
-    (bench/common.py print_table writes them)."""
+    (research/bench/common.py print_table writes them)."""
     lines, found = out.splitlines(), []
     for k, line in enumerate(lines):
         if line == "| " + " | ".join(header) + " |":
@@ -73,14 +72,14 @@ def assert_compares(rows: dict[str, dict[str, str]], ratio: str, anchor: str, fi
 @pytest.mark.parametrize("script", ["profile.py", "train.py", "generate.py"])
 def test_help(script):
     r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True
+        [sys.executable, str(ROOT / "research" / "bench" / script), "--help"], capture_output=True, text=True
     )
     assert r.returncode == 0 and "--quick" in r.stdout and "--threads" in r.stdout
 
 
 def test_profile_bench_compares_stage_01_with_the_naive_loop_on_both_models():
     out = run_quick("profile.py")
-    assert out.startswith("# bench/profile.py --quick") and "machine: " in out
+    assert out.startswith("# research/bench/profiling.py --quick") and "machine: " in out
     assert "### tiny:" in out and "### wide:" in out
     per_model = tables(out, ["variant", "tokens per CPU s", "speed vs naive", "peak extra memory (MiB)"])
     assert len(per_model) == 2  # the tiny model's, then the wide one's
@@ -92,7 +91,7 @@ def test_profile_bench_compares_stage_01_with_the_naive_loop_on_both_models():
 
 def test_train_bench_compares_every_objective_the_chunked_head_and_bf16():
     out = run_quick("train.py")
-    assert out.startswith("# bench/train.py --quick") and "machine: " in out
+    assert out.startswith("# research/bench/train.py --quick") and "machine: " in out
     columns = ["objective", "step (CPU s)", "time vs sft", "peak extra memory (MiB)", "memory vs sft"]
     objectives = by(*tables(out, columns), "objective")
     assert objectives.keys() == {"sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight"}
@@ -120,7 +119,7 @@ def test_train_bench_compares_every_objective_the_chunked_head_and_bf16():
 
 def test_eval_bench_compares_stage_04_with_plain_nvcc():
     out = run_quick("eval.py")
-    assert out.startswith("# bench/eval.py --quick") and "machine: " in out
+    assert out.startswith("# research/bench/eval.py --quick") and "machine: " in out
     rows = by(
         *tables(out, ["variant", "wall s", "programs per minute", "speed vs anchor", "ideal"]), "variant"
     )
@@ -132,7 +131,7 @@ def test_eval_bench_compares_stage_04_with_plain_nvcc():
 
 def test_generate_bench_compares_stage_04_with_model_generate_beside_the_limits():
     out = run_quick("generate.py")
-    assert out.startswith("# bench/generate.py --quick") and "machine: " in out
+    assert out.startswith("# research/bench/generate.py --quick") and "machine: " in out
     assert "GEMM fp32" in out and "memory read" in out and "ceiling: 5.2M parameters" in out
     columns = ["machine", "variant", "engine", "dtype", "tokens", "load s", "generation s", "tokens per s"]
     (table,) = tables(out, [*columns, "speed vs anchor", "of the ceiling"])

@@ -1,4 +1,4 @@
-"""experiments/copy_probe.py: does a model copy names from its prompt, as a kernel that compiles must?
+"""research/copy_probe.py: does a model copy names from its prompt, as a kernel that compiles must?
 
 The probe's numbers are checked against the definitions they claim: name extraction on known
 signatures, teacher-forced probabilities against a naive one-prefix-at-a-time loop on the bundled
@@ -13,12 +13,12 @@ import re
 
 import pytest
 import torch
-from conftest import ROOT, load_script
+from conftest import load_script
 
 from cuset_common.data import encode_sample, load_sft
-from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
+from cuset_common.paths import EVAL_SFT_KERNEL_FILE, ROOT, TINY_MODEL
 
-probe = load_script("experiments/copy_probe.py")
+probe = load_script("research/copy_probe.py")
 
 
 def test_prompt_names_are_the_kernels_and_their_parameters():

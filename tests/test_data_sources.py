@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCRIPTS, load_script, make_artifacts, refused
+from conftest import SCRIPTS, load_script, make_artifacts, refused
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +28,7 @@ from cuset_common.cli import UserError
 from cuset_common.data import load_sft
 from cuset_common.data_sources import data_checks, load_data
 from cuset_common.files import sha256_file
-from cuset_common.paths import TINY_MODEL
+from cuset_common.paths import ROOT, TINY_MODEL
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

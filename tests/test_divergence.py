@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, load_script, refused
+from conftest import load_script, refused
 from safetensors.torch import load_file
 
-import training.checkpoint
+import cuset_common.training.checkpoint
 from cuset_common.artifacts import size_text
 from cuset_common.cli import UserError
 from cuset_common.models import load_causal_lm, load_tokenizer
-from cuset_common.paths import EVAL_SFT_KERNEL_FILE, SFT_FILE, SFT_KERNEL_FILE, TINY_MODEL
-from training.divergence import DIVERGED, DIVERGED_FILE
+from cuset_common.paths import EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE, TINY_MODEL
+from cuset_common.training.divergence import DIVERGED, DIVERGED_FILE
 
 train = load_script("03_train_cuset.py")
 
@@ -222,7 +222,7 @@ def test_resume_counts_the_state_it_replaces_as_room(stopped_run, tmp_path, caps
     data, out = copy_of(stopped_run, tmp_path)
     model = load_causal_lm(str(TINY_MODEL), torch.float32)
     held = sum(f.stat().st_size for f in (out / "resume").iterdir())
-    free = training.checkpoint.checkpoint_room(model, "adamw") - held + 4096
+    free = cuset_common.training.checkpoint.checkpoint_room(model, "adamw") - held + 4096
     real, usage = shutil.disk_usage, collections.namedtuple("usage", "total used free")
 
     def disk_usage(path):
@@ -262,7 +262,9 @@ def test_a_full_disk_while_saving_a_resume_state_is_one_line_and_keeps_the_previ
         def __exit__(self, *exc):
             self.f.close()
 
-    monkeypatch.setattr(training.checkpoint, "open", lambda p, mode: FullDisk(open(p, mode)), raising=False)
+    monkeypatch.setattr(
+        cuset_common.training.checkpoint, "open", lambda p, mode: FullDisk(open(p, mode)), raising=False
+    )
     line, _ = refused(train.main, args_of(data, out, "--max-steps", 2, "--resume"), capsys)
     tmp_state = out / ".resume.tmp" / "state.pt"
     assert line == f"error: no space left on device writing {tmp_state}: free space or choose another --out"
@@ -279,7 +281,7 @@ def test_a_full_disk_while_saving_a_resume_state_is_one_line_and_keeps_the_previ
 
 def test_the_trl_port_stops_a_run_that_diverges_and_writes_no_model(tmp_path, data, capsys):
     pytest.importorskip("trl")
-    trl_train = load_script("integrations/trl.py")
+    trl_train = load_script("research/trl_sft.py")
     out = tmp_path / "trl"
     argv = ["--data", data, "--out", out, "--objective", "sft", "--max-length", 384, "--batch-size", 4]
     argv += [
@@ -307,8 +309,8 @@ def test_the_trl_port_stops_a_run_that_diverges_and_writes_no_model(tmp_path, da
 def test_the_comparison_records_a_diverged_training_and_goes_on(tmp_path):
     """A stage-03 call that stopped so is recorded (its run done, as diverged) instead of failing the whole
     comparison; any other failure still does."""
-    from experiments.comparison.runner import after_step
-    from experiments.comparison.steps import diverged, group_done
+    from research.comparison.runner import after_step
+    from research.comparison.steps import diverged, group_done
 
     out = tmp_path / "run" / "ckpt"
     step = {"stage": "03", "out": out, "inputs": [], "argv": ["--lr", "1e30", "--out", str(out)]}
@@ -345,9 +347,9 @@ def test_the_report_says_diverged_instead_of_a_number():
     seed of two: the other seed's numbers, and its row says how many diverged."""
     from types import SimpleNamespace
 
-    from experiments.comparison.bootstrap import paired
-    from experiments.comparison.metrics import seed_table
-    from experiments.comparison.report import row_name, table_cell
+    from research.comparison.bootstrap import paired
+    from research.comparison.metrics import seed_table
+    from research.comparison.report import row_name, table_cell
 
     args = SimpleNamespace(objectives=["sft", "cuset"], eval_base=False, bootstrap=20)
     per_run = per_run_with({"sft-seed0": False, "sft-seed1": True, "cuset-seed0": True, "cuset-seed1": True})
@@ -368,7 +370,7 @@ def test_a_comparison_whose_trainings_diverge_reports_them_as_diverged(tmp_path)
     train8, held3 = tmp_path / "train8.jsonl", tmp_path / "eval3.jsonl"
     train8.write_text("".join(SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:8]))
     held3.write_text("".join(EVAL_SFT_KERNEL_FILE.read_text().splitlines(keepends=True)[:3]))
-    argv = [sys.executable, str(ROOT / "experiments" / "compare.py"), "--preset", "cpu-quick"]
+    argv = [sys.executable, str(ROOT / "research" / "compare_objectives.py"), "--preset", "cpu-quick"]
     argv += ["--objectives", "sft,cuset", "--seeds", "1", "--max-length", "512", "--modes", "kernel"]
     argv += ["--regions-args", "--permutations 10 --html-samples 1", "--data", str(train8)]
     argv += ["--train-args", "--max-steps 2 --batch-size 4 --micro-batch-size 4 --save-every 1 --lr 1e30"]

@@ -502,8 +502,8 @@ def test_own_loop_samples_are_seeded_per_prompt(tmp_path):
 
 
 def test_stage_04_stopped_with_sigterm_takes_vllms_processes_with_it(tmp_path, vllm_version):
-    """SIGTERM (what experiments/compare.py sends a stage it stops) while vLLM generates: stage 04 exits
-    with 143 and every process vLLM started has ended (they went on generating as orphans before:
+    """SIGTERM (what research/compare_objectives.py sends a stage it stops) while vLLM generates: stage 04
+    exits with 143 and every process vLLM started has ended (they went on generating as orphans before:
     cuset_common/cli.py, sigterm_exits)."""
     argv = ["--mode", "kernel", "--levels", "1,2,3", "--num-samples", "4", "--temperature", "0.8"]
     argv += ["--max-new-tokens", "800", "--threads", "1", "--engine", "vllm", "--generate-only"]

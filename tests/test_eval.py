@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, eval_stage, plain_backend, refused
+from conftest import eval_stage, plain_backend, refused
 
 from cuset_common.data import load_sft
 from cuset_common.models import load_causal_lm, load_tokenizer
-from cuset_common.paths import TASKS_FILE
+from cuset_common.paths import ROOT, TASKS_FILE
 from cuset_common.tasks import load_tasks
 from harness.generation import (
     LOOP_CHECK_EVERY,

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, eval_stage, refused
+from conftest import eval_stage, refused
 
 from cuset_common.files import sha256_file
-from cuset_common.paths import TASKS_FILE
+from cuset_common.paths import ROOT, TASKS_FILE
 from cuset_common.tasks import load_tasks
 
 ev = eval_stage()

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 from test_train import (
     MAX_LENGTH,
     MODEL,
@@ -33,6 +32,7 @@ from test_train import (
 )
 
 from cuset_common.data import load_sft
+from cuset_common.paths import ROOT
 
 # Under FSDP each gradient element is the same K-term sum as on one process, reduce-scattered over the
 # processes in another order: the reordering bound of assert_same_sgd_training (test_train.py) holds as for
@@ -45,7 +45,7 @@ FSDP_ARGS = dict(SINGLE_ARGS, fsdp=True)
 # the moment the plan is made (one process) or the model is sharded (--fsdp), with the model's own parameters
 # and buffers registered first, so that the peak is comparable with the plan's total; it also records the
 # device type of the mesh FSDP shards over, and whether the model was built on the meta device (under --fsdp
-# every rank but 0: training/scale.py, load_model).
+# every rank but 0: cuset_common/training/scale.py, load_model).
 DRIVER = r"""
 import json, os, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
@@ -115,9 +115,10 @@ def gone(pid: int) -> bool:
 
 
 def padding_only_bytes(model, tokens: int) -> int:
-    """The plan's activation bytes that only a padded micro-batch keeps (training/scale.py, layer_bytes), in
-    float32: the float mask SDPA makes of the padding mask (a row of MAX_LENGTH per token and layer) and k, v
-    repeated to every head, which transformers does only when there is a mask. data8 pads nothing."""
+    """The plan's activation bytes that only a padded micro-batch keeps (cuset_common/training/scale.py,
+    layer_bytes), in float32: the float mask SDPA makes of the padding mask (a row of MAX_LENGTH per token and
+    layer) and k, v repeated to every head, which transformers does only when there is a mask. data8 pads
+    nothing."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model)

@@ -1,9 +1,9 @@
-"""bench/gpu_check.py on the CPU: without a GPU it refuses in one line; its verdicts (the speedup window, the
-memory plan against the peak on both sides, the driver's CUDA against nvcc's, PARTIAL for one GPU) and the
-summary; the training shape that makes the plan's bounds hold; its command runner (time limit, the kill at
-a line, process trees that leave the command's group: torchrun's workers, a setsid child, an escaped one);
-nvidia-smi's time limit; and its unpacking of a bubblewrap .deb, with dpkg-deb and without, with tarfile's
-filters and without (Python before 3.11.4), into a folder that outlives the check, on real files and
+"""research/bench/gpu_check.py on the CPU: without a GPU it refuses in one line; its verdicts (the speedup
+window, the memory plan against the peak on both sides, the driver's CUDA against nvcc's, PARTIAL for one GPU)
+and the summary; the training shape that makes the plan's bounds hold; its command runner (time limit, the
+kill at a line, process trees that leave the command's group: torchrun's workers, a setsid child, an escaped
+one); nvidia-smi's time limit; and its unpacking of a bubblewrap .deb, with dpkg-deb and without, with
+tarfile's filters and without (Python before 3.11.4), into a folder that outlives the check, on real files and
 processes. The check's steps themselves need a GPU: docs/tests.md, "The GPU check"."""
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, load_script
+from conftest import load_script
 
 from cuset_common import device
 from cuset_common.cli import UserError
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.models import load_causal_lm
-from cuset_common.paths import TINY_MODEL
-from training.scale import memory_plan
+from cuset_common.paths import ROOT, TINY_MODEL
+from cuset_common.training.scale import memory_plan
 
-gc = load_script("bench/gpu_check.py")
+gc = load_script("research/bench/gpu_check.py")
 MIB = 2**20
 
 
@@ -38,7 +38,10 @@ MIB = 2**20
 def test_without_a_gpu_the_check_exits_2_with_one_line(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--out", str(out)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "research/bench/gpu_check.py", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 2
     assert r.stdout == ""

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, eval_stage, refused
+from conftest import eval_stage, refused
 
 import cuset_common.device as device
 from cuset_common.cli import UserError
+from cuset_common.paths import ROOT
 from harness import gpu_probe
 from harness.gpu_probe import (
     GpuWatch,

@@ -29,11 +29,11 @@ from safetensors.numpy import load_file, save_file
 from test_label_regions import make_profile, random_samples
 
 import cuset_common.artifacts as artifacts
-import profiler.shards as shards
+import cuset_common.profiler.shards as shards
 from cuset_common.artifacts import file_records, size_text, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import UserError, load_script, run_main
 from cuset_common.paths import SFT_KERNEL_FILE, TINY_MODEL
-from profiler.tagger import CATEGORIES, tag_tokens
+from cuset_common.profiler.tagger import CATEGORIES, tag_tokens
 
 stage01 = load_script("01_profile.py")
 stage02 = load_script("02_label_regions.py")
@@ -270,7 +270,10 @@ def test_stage_01_records_the_sha256_of_the_data_it_read(tmp_path, monkeypatch, 
     data = tmp_path / "d.jsonl"
     shutil.copy(small_data, data)
     original = hashlib.sha256(data.read_bytes()).hexdigest()
-    for module in ("cuset_common.data_sources", "profiler.inputs"):  # where stage 01 parses JSONL from
+    for module in (
+        "cuset_common.data_sources",
+        "cuset_common.profiler.inputs",
+    ):  # where stage 01 parses JSONL from
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -522,8 +525,9 @@ def category(text: str, needle: str) -> str:
 
 
 def test_what_is_cut_off_or_broken_reads_no_further_than_it_may():
-    """The three rules that keep tagging linear on text cut off or broken (profiler/tagger.py: conditions,
-    LEXEMES[7]; profiler/cuda_source.py: device_functions), each beside the closed case, as it was."""
+    """The three rules that keep tagging linear on text cut off or broken (cuset_common/profiler/tagger.py:
+    conditions, LEXEMES[7]; cuset_common/profiler/cuda_source.py: device_functions), each beside the closed
+    case, as it was."""
     head = "__global__ void k(float* y, int n) {\n    int i = threadIdx.x;\n"
     # an `if (` never closed has no condition; closed, it is a guard
     assert category(head + "    if (i < n", "i < n") == "none"

@@ -20,9 +20,9 @@ from safetensors.numpy import load_file
 from cuset_common.artifacts import file_records, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import load_script
 from cuset_common.files import sha256_file
+from cuset_common.labeling import observation
 from cuset_common.method import CODES
 from cuset_common.paths import ROOT, TINY_MODEL
-from labeling import observation
 
 CATEGORIES = {
     "1": "signature",

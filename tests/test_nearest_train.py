@@ -1,4 +1,4 @@
-"""experiments/nearest_train.py: the memorise-and-copy baseline of the kernel-mode compile rate.
+"""research/nearest_train.py: the memorise-and-copy baseline of the kernel-mode compile rate.
 
 Its answers must carry the eval task's exact signatures (else its compile rate says nothing about
 copying), and stage 04 must score them for real: every answer compiles in its eval harness, and none
@@ -16,7 +16,7 @@ from conftest import load_script
 from cuset_common.paths import TASKS_FILE
 from cuset_common.tasks import KERNEL_SIGNATURE, load_tasks, signature_parts
 
-nt = load_script("experiments/nearest_train.py")
+nt = load_script("research/nearest_train.py")
 ev = load_script("04_eval_kernels.py")
 
 

@@ -21,12 +21,14 @@ import re
 import sys
 
 import pytest
-from conftest import ROOT, load_script, missing_package
+from conftest import load_script, missing_package
+
+from cuset_common.paths import ROOT
 
 # Every script a user runs: the files with a __main__ block in the folders that hold commands.
 SCRIPTS = sorted(
     str(path.relative_to(ROOT))
-    for folder in (ROOT, *(ROOT / name for name in ("bench", "data", "experiments", "integrations")))
+    for folder in (ROOT, *(ROOT / name for name in ("data", "research", "research/bench")))
     for path in folder.glob("*.py")
     if 'if __name__ == "__main__"' in path.read_text()
 )
@@ -54,7 +56,7 @@ def figures(text: str) -> list[str]:
 
 def help_text(script: str, capsys, monkeypatch) -> str:
     """What `python <script> --help` prints, read in this process (the scripts share one torch import)."""
-    # the script's folder, where `python <script>` finds data/taskgen; last, so that integrations/trl.py
+    # the script's folder, where `python <script>` finds data/taskgen; last, so that research/trl_sft.py
     # does not stand in for the trl library it imports
     monkeypatch.setattr(sys, "path", [*sys.path, str((ROOT / script).parent)])
     module = load_script(script)
@@ -69,7 +71,7 @@ def help_text(script: str, capsys, monkeypatch) -> str:
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_carries_no_measurement(script, capsys, monkeypatch):
     if package := missing_package(script):
-        pytest.skip(f"{script} needs {package}, which is not installed (requirements-dev.txt)")
+        pytest.skip(f"{script} needs {package}, which is not installed (tests/requirements.txt)")
     assert not figures(help_text(script, capsys, monkeypatch))
 
 

@@ -11,7 +11,9 @@ import re
 import subprocess
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import load_script
+
+from cuset_common.paths import ROOT
 
 README = ROOT / "README.md"
 METHOD = ROOT / "docs" / "method.md"
@@ -104,6 +106,6 @@ def test_the_category_codes_are_counted_once():
     """c_it's values, 0 and one code per category: CODES (cuset_common/method.py) is what stage 02 and the
     observation count over, so it must cover every category the tagger assigns."""
     from cuset_common.method import CODES
-    from profiler.tagger import CATEGORIES
+    from cuset_common.profiler.tagger import CATEGORIES
 
     assert sorted(CATEGORIES) == list(range(1, CODES))

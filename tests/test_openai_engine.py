@@ -23,9 +23,9 @@ import time
 import urllib.request
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import load_script
 
-from cuset_common.paths import TASKS_FILE, TINY_MODEL
+from cuset_common.paths import ROOT, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, load_tasks
 from harness.generation import prompt_seed
 from harness.openai_generation import chat_body, cut_reply

@@ -29,7 +29,7 @@ from test_openai_engine import (
 )
 
 from cuset_common import cli
-from experiments.comparison import runner
+from research.comparison import runner
 
 KEY = "sk-hostile-0123456789abcdefghijKLMNOP"
 # A dripping server sends a byte this often, and stops after DRIP_FOR_S (a client it holds is let go then).
@@ -271,7 +271,7 @@ def test_a_server_echoing_the_key_puts_it_in_no_file_and_no_line(tmp_path, capsy
 
 
 def test_the_comparisons_log_of_a_stage_holds_no_key(tmp_path, monkeypatch):
-    """experiments/comparison copies each stage's output into <run>/log.txt: a stage printing the key it
+    """research/comparison copies each stage's output into <run>/log.txt: a stage printing the key it
     inherits (here a stand-in that prints it on stdout and stderr) leaves it redacted there."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     printing = "import os, sys; k = os.environ['OPENAI_API_KEY']; print('key', k); print(k, file=sys.stderr)"

@@ -2,7 +2,7 @@
 under a file, a folder where a file is expected, a file missing, a folder this user may not enter (run as
 `nobody`), text that is not UTF-8, a path whose bytes are not UTF-8, a full disk; a device or a pipe that
 never ends as --data, --tasks or --solutions; timeouts the sandbox's wait cannot hold; a reader that must
-not write to what it reads (experiments/outcome_table.py); a secret kept out of every closing line.
+not write to what it reads (research/outcome_table.py); a secret kept out of every closing line.
 
 cuset_common/cli.py's run_main turns an OSError or UnicodeDecodeError about a file into one line wherever it
 is raised, and keeps the traceback of one about no file (a bug's); the checks in cuset_common/files.py answer
@@ -23,15 +23,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ARGS, ROOT, SCRIPTS, load_script, refused, snapshot
+from conftest import ARGS, SCRIPTS, load_script, refused, snapshot
 from safetensors import SafetensorError
 
 import cuset_common.files as files
 from cuset_common import cli
 from cuset_common.cli import UserError, register_secret, run_main, within
 from cuset_common.files import replace_dir_atomic, write_text_atomic
-from experiments.outcome_table import main as outcome_table_main
+from cuset_common.paths import ROOT
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE
+from research.outcome_table import main as outcome_table_main
 
 STAGE = {stage: load_script(script) for stage, script in SCRIPTS.items()}
 MAIN = {name: STAGE[name[:2]].main for name in ARGS}  # "04-gen": stage 04 answering with the model
@@ -493,8 +494,8 @@ RESUME_DAMAGE = {
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", RESUME_DAMAGE)
 def test_a_damaged_resume_state_file_is_one_line_naming_it(stopped_training, damage, tmp_path, capsys):
-    """training/checkpoint.py reads these files; what it does not catch itself, run_main does (the file
-    named by the OSError, or the text file being decoded)."""
+    """cuset_common/training/checkpoint.py reads these files; what it does not catch itself, run_main does
+    (the file named by the OSError, or the text file being decoded)."""
     stopped, argv = stopped_training
     out = tmp_path / "ckpt"
     shutil.copytree(stopped, out)

@@ -22,10 +22,10 @@ from cuset_common.artifacts import SCHEMA_VERSION
 from cuset_common.cli import load_script, run_main
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.method import gold_logprob_entropy
-from profiler.batching import for_device, make_batches
-from profiler.shards import partial_dir
+from cuset_common.paths import ROOT
+from cuset_common.profiler.batching import for_device, make_batches
+from cuset_common.profiler.shards import partial_dir
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_MODEL = ROOT / "data" / "models" / "tiny-cuda-lm"
 SFT_SMALL = FIXTURES / "sft_small.jsonl"

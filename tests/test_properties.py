@@ -1,6 +1,6 @@
 """Property-based tests: inputs that hypothesis makes up (random bytes and encodings, JSON of any shape and
 depth, artifact metas, stage-04 task rows, --solutions rows and stage-04 summaries with any value in any
-field, argument strings forwarded by experiments/compare.py) end in the project's one-line error (a
+field, argument strings forwarded by research/compare_objectives.py) end in the project's one-line error (a
 UserError, or the parser's `error:` line with exit status 2) or in success, never in a traceback.
 
 The readers are called directly (read_jsonl, read_artifact through the stages' own loaders, stage 04's
@@ -29,11 +29,11 @@ from cuset_common.data_sources import load_data
 from cuset_common.files import append_jsonl, read_jsonl
 from cuset_common.paths import LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
-from experiments.comparison.metrics import kernel_metrics, read_profile
-from experiments.comparison.options import parse_args as compare_parse_args
 from harness.generation import prompt_ids
 from harness.programs import MIN_OUTPUT_MB
 from harness.run_folder import load_solutions, select_tasks
+from research.comparison.metrics import kernel_metrics, read_profile
+from research.comparison.options import parse_args as compare_parse_args
 
 STAGE01, STAGE02, STAGE03, STAGE04 = (
     load_script(f)
@@ -537,7 +537,7 @@ def test_any_value_in_a_solutions_row_is_an_integer_job_or_refused_with_file_and
 
 
 # ---------------------------------------------------------------------------------------
-# experiments/compare.py: stage 04's summary.json and results.jsonl, any value in any field it reads
+# research/compare_objectives.py: stage 04's summary.json and results.jsonl, any value in any field it reads
 # ---------------------------------------------------------------------------------------
 
 
@@ -608,7 +608,7 @@ def test_compare_reads_any_stage_04_summary_or_names_the_file(eval_run, field, v
 
 
 # ---------------------------------------------------------------------------------------
-# experiments/compare.py: forwarded argument strings, checked by the target stage's own parser
+# research/compare_objectives.py: forwarded argument strings, checked by the target stage's own parser
 # ---------------------------------------------------------------------------------------
 
 # Words a user might put in a forwarded string: flags of the stages, numbers in and out of range, quotes.

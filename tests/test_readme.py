@@ -9,9 +9,9 @@ import functools
 import re
 import subprocess
 
-from conftest import ROOT, load_script, missing_package
+from conftest import load_script, missing_package
 
-from cuset_common.paths import SFT_FILE, SFT_KERNEL_FILE
+from cuset_common.paths import ROOT, SFT_FILE, SFT_KERNEL_FILE
 from harness.vllm_generation import CHECKED_VERSION
 
 README = ROOT / "README.md"
@@ -69,7 +69,7 @@ def test_every_flag_of_readmes_stage_commands_is_in_its_parser():
     """parse_args on each command's arguments: an unknown flag or a value out of range exits (argparse)."""
     parsed = [command for block in readme_commands() for command in stage_commands(block)]
     unparsed = sum(bool(missing_package(a[1])) for b in readme_commands() for a in b if a[0] == "python")
-    assert len(parsed) + unparsed >= 10  # the four stages twice, integrations/trl.py, stage 04 on a server
+    assert len(parsed) + unparsed >= 10  # the four stages twice, research/trl_sft.py, stage 04 on a server
 
 
 def test_stage_04_after_training_judges_the_mode_the_training_data_is_in():

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
+from cuset_common.paths import ROOT
 from harness.programs import Runner
 from harness.sandbox import (
     SANDBOX_UIDS,

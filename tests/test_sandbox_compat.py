@@ -25,8 +25,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, eval_stage, refused
+from conftest import eval_stage, refused
 
+from cuset_common.paths import ROOT
 from harness.sandbox import probe_isolation, run_sandboxed, use_bwrap
 
 NOBODY = 65534

@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, load_script
+from conftest import load_script
 
 from cuset_common.cli import UserError
 from cuset_common.device import bf16_supported, computes_bf16, pick_device, resolve_precision
-from cuset_common.paths import SFT_FILE, TINY_MODEL
-from training.scale import (
+from cuset_common.paths import ROOT, SFT_FILE, TINY_MODEL
+from cuset_common.training.scale import (
     collective_device,
     decoder_layers,
     fsdp_mesh,
@@ -76,7 +76,7 @@ WAITER = r"""
 import datetime, os, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch.distributed as dist
-from training.scale import checkpoint_wait_group, wait_for_checkpoint
+from cuset_common.training.scale import checkpoint_wait_group, wait_for_checkpoint
 rank = int(os.environ["RANK"])
 store = dist.TCPStore("127.0.0.1", int(sys.argv[2]), 2, rank == 0, timeout=datetime.timedelta(seconds=120))
 dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
@@ -121,7 +121,7 @@ sys.path.insert(0, sys.argv[1])
 from types import SimpleNamespace
 import torch.distributed as dist
 from cuset_common.cli import UserError
-from training.scale import checkpoint_wait_group, load_model
+from cuset_common.training.scale import checkpoint_wait_group, load_model
 rank = int(os.environ["RANK"])
 store = dist.TCPStore("127.0.0.1", int(sys.argv[2]), 2, rank == 0, timeout=datetime.timedelta(seconds=120))
 dist.init_process_group("gloo", store=store, rank=rank, world_size=2)

@@ -16,10 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
 from cuset_common.files import read_jsonl
-from cuset_common.paths import NVCC_FLAGS, SFT_KERNEL_FILE, TASKS_FILE
+from cuset_common.paths import NVCC_FLAGS, ROOT, SFT_KERNEL_FILE, TASKS_FILE
 from cuset_common.tasks import build_prompt, fence, load_tasks
 
 sys.path.insert(0, str(ROOT / "data"))  # the taskgen package lives in data/

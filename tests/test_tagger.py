@@ -1,4 +1,4 @@
-"""The CUDA-sensitivity tagger (profiler/tagger.py), taught by examples.
+"""The CUDA-sensitivity tagger (cuset_common/profiler/tagger.py), taught by examples.
 
 Read top to bottom, the cases are the rules of docs/method.md "CUDA sensitivity": what is code at all
 (the code view), then each category's lexemes, then the structural rules inside __global__/__device__
@@ -14,8 +14,8 @@ import re
 import numpy as np
 import pytest
 
-from profiler.cuda_source import code_view
-from profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
+from cuset_common.profiler.cuda_source import code_view
+from cuset_common.profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
 
 NAMES = {0: "none", **CATEGORIES}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script
+from conftest import load_script
 
 from cuset_common.files import read_jsonl
 from cuset_common.paths import (
@@ -27,6 +27,7 @@ from cuset_common.paths import (
     NVCC_DEFAULT_ARCH,
     NVCC_FLAGS,
     NVCC_NATIVE_ARCH,
+    ROOT,
     SFT_FILE,
     SFT_KERNEL_FILE,
     TASKS_FILE,

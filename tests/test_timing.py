@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script
+from conftest import load_script
 
-from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH
+from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, ROOT
 from harness.timing import (
     TIMING_ARGUMENT,
     faster_than,

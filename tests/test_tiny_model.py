@@ -23,7 +23,8 @@ import torch
 from conftest import load_script
 from transformers import AutoModelForCausalLM
 
-ROOT = Path(__file__).resolve().parents[1]
+from cuset_common.paths import ROOT
+
 MODEL_DIR = ROOT / "data" / "models" / "tiny-cuda-lm"
 
 CUDA_SNIPPETS = [

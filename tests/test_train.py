@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_script
+from conftest import load_script
 from safetensors.torch import load_file
 
 import cuset_common.method
@@ -22,7 +22,7 @@ from cuset_common.artifacts import SCHEMA_VERSION, tokenizer_fingerprint, write_
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.device import BF16_LOSS_RTOL, resolve_precision
 from cuset_common.files import sha256_file
-from cuset_common.paths import SFT_FILE, TINY_MODEL
+from cuset_common.paths import ROOT, SFT_FILE, TINY_MODEL
 
 MODEL = str(TINY_MODEL)
 MAX_LENGTH = 384

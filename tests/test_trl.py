@@ -1,4 +1,4 @@
-"""integrations/trl.py: TRL's SFTTrainer trains with stage 03's loss. The same batch gives the same loss and
+"""research/trl_sft.py: TRL's SFTTrainer trains with stage 03's loss. The same batch gives the same loss and
 gradients as stage 03 for every objective, a short run the same loss curve, the checkpoint is one stage 04
 evaluates, and regions from other inputs are refused, on the bundled tiny model."""
 
@@ -12,16 +12,16 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, load_script, make_artifacts
+from conftest import load_script, make_artifacts
 
 from cuset_common.cli import run_main
 from cuset_common.data_sources import load_data
 from cuset_common.models import load_causal_lm
-from cuset_common.paths import SFT_KERNEL_FILE
+from cuset_common.paths import ROOT, SFT_KERNEL_FILE
 
 pytest.importorskip("trl")
-trl_train = pytest.importorskip("integrations.trl")
-train03 = trl_train.train03  # stage 03 as integrations/trl.py loaded it: the loss both sides call
+trl_train = pytest.importorskip("research.trl_sft")
+train03 = trl_train.train03  # stage 03 as research/trl_sft.py loaded it: the loss both sides call
 
 EPS = torch.finfo(torch.float32).eps
 
@@ -37,7 +37,7 @@ def pipeline(tmp_path_factory) -> dict:
 
 
 def trl_args(pipeline, out, *extra) -> list[str]:
-    """A run of integrations/trl.py (or of stage 03: the same flags) on the pipeline's data, in fp32 on the
+    """A run of research/trl_sft.py (or of stage 03: the same flags) on the pipeline's data, in fp32 on the
     CPU: the comparisons are to float32 rounding."""
     flags = ["--data", pipeline["data"], "--regions", pipeline["regions"], "--out", out]
     return [*map(str, flags), "--device", "cpu", "--precision", "fp32", *extra]
@@ -180,7 +180,7 @@ def test_short_run_follows_stage_03_and_stage_04_evaluates_it(pipeline, stage03_
 def test_two_processes_follow_stage_03(pipeline, stage03_log, tmp_path):
     """Under torchrun (DDP over gloo), each process a micro-batch of 2 of the step's 4 samples: N and the
     log's sums span both processes, and the curve is the single-process stage 03's."""
-    script = ROOT / "integrations" / "trl.py"
+    script = ROOT / "research" / "trl_sft.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
     cmd += [str(script), *trl_args(pipeline, tmp_path / "ddp", *SHORT_RUN)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)

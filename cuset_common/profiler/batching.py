@@ -1,0 +1,123 @@
+"""Stage 01's batching and bookkeeping: `auto` batch sizes and chunk rows per device, the batch plan
+(docs/performance.md), the check that some sample keeps a response token, line numbers of token offsets,
+the printed summary."""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cuset_common.artifacts import path_text
+from cuset_common.cli import UserError
+
+AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device
+
+
+def positive_or_auto(text: str) -> int | str:
+    """--batch-size, --chunk-rows: `auto` or an integer >= 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1 (or auto)")
+    return value
+
+
+def for_device(name: str, value: int | str, device: str) -> int:
+    """--batch-size or --chunk-rows (name: batch_size, chunk_rows) with auto resolved for the device.
+
+    On a CPU, one sample per batch: right padding and the masked attention it needs cost more than the
+    larger matrix products gain; and 128 rows per output-layer chunk: the passes over a [rows, vocab]
+    block (log-softmax, exp, sums) then run from cache, where larger and smaller chunks were slower. Both
+    keep stage 01 at or above the per-sample loop a user writes first (research/bench/profiling.py; the
+    figures: docs/performance.md, "Stage 01 against the per-sample loop"). On a GPU, larger batches and
+    chunks, to fill the device (docs/notebook.md says what is measured there)."""
+    return value if value != "auto" else AUTO[name]["cpu" if device == "cpu" else "gpu"]
+
+
+def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[list[int]]:
+    """Sample indices grouped longest first (little padding; an out-of-memory shows at once)."""
+    order = sorted((i for i, e in enumerate(encs) if e["spans"]), key=lambda i: -len(encs[i]["input_ids"]))
+    batches, pos = [], 0
+    while pos < len(order):
+        size = max(1, min(batch_size, batch_tokens // len(encs[order[pos]]["input_ids"])))
+        batches.append(order[pos : pos + size])
+        pos += size
+    return batches
+
+
+class Progress:
+    """Stage 01's progress lines: batch k/K, tokens done (padding excluded), rate and ETA, every log_every
+    seconds and after the last batch; a resumed run says where it resumed."""
+
+    def __init__(self, batch_tokens: list[int], start: int, log_every: float):
+        """batch_tokens: tokens per batch of the plan; start: the first batch this run scores."""
+        self.sizes, self.start, self.log_every = batch_tokens, start, log_every
+        self.done = self.done_before = sum(batch_tokens[:start])
+        self.total = sum(batch_tokens)
+        if start:
+            print(
+                f"[profile] resuming at batch {start + 1}/{len(batch_tokens)}: {self.done}/{self.total} "
+                "tokens done",
+                flush=True,
+            )
+        self.t0 = self.last_log = time.time()
+
+    def batch_done(self, k: int) -> None:
+        self.done += self.sizes[k]
+        if time.time() - self.last_log < self.log_every and k < len(self.sizes) - 1:
+            return
+        rate = (self.done - self.done_before) / max(time.time() - self.t0, 1e-9)  # tokens per second
+        eta = (self.total - self.done) / max(rate, 1e-9)
+        resumed = f"  (resumed at batch {self.start + 1})" if self.start else ""
+        print(
+            f"[profile] batch {k + 1}/{len(self.sizes)}  {self.done}/{self.total} tokens  {rate:,.0f} tok/s  "
+            f"ETA {eta // 60:.0f}m{eta % 60:02.0f}s{resumed}",
+            flush=True,
+        )
+        self.last_log = time.time()
+
+
+def check_response_tokens(encs: list[dict], args: argparse.Namespace) -> None:
+    """Refuse data none of whose samples keeps a response token: its profile would hold nothing."""
+    if not any(e["spans"] for e in encs):
+        raise UserError(
+            f"{args.data}: none of its {len(encs)} samples keeps a response token within "
+            f"--max-length {args.max_length} (the prompts fill it); raise --max-length"
+        )
+
+
+def line_indices(text: str, starts: list[int]) -> list[int]:
+    """0-based line number of each character offset in text."""
+    newlines = [i for i, c in enumerate(text) if c == "\n"]
+    return [bisect.bisect_left(newlines, s) for s in starts]
+
+
+def print_profile_summary(
+    tensors: dict[str, np.ndarray], counts: dict, out: Path, categories: dict[int, str]
+) -> None:
+    """Stage 01's closing lines: counts, mean confidence, entropy and accuracy, and each category."""
+    p0, c = tensors["p0"], tensors["c"]  # [T] each
+    print(
+        f"[profile] {counts['samples']} samples, {counts['response_tokens']} response tokens, "
+        f"{counts['truncated']} truncated, {counts['no_response']} without response tokens"
+    )
+    if len(p0):
+        entropy = tensors["entropy"].astype(np.float32).mean()
+        print(
+            f"[profile] mean confidence {p0.mean():.3f}, mean entropy {entropy:.3f} nats, "
+            f"token accuracy (argmax = gold) {tensors['argmax_correct'].mean():.1%}, "
+            f"CUDA-sensitive {(c > 0).mean():.1%} of tokens"
+        )
+    for code, name in categories.items():
+        sel = c == code
+        if sel.any():
+            print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {p0[sel].mean():.3f}")
+    print(f"[profile] wrote {path_text(out)}")

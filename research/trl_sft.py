@@ -1,0 +1,369 @@
+"""Train with TRL's SFTTrainer on any objective of stage 03: the CuSeT loss in the trainer people already run.
+
+TRL's SFTTrainer offers two losses, `loss_type="nll"` (stage 03's `sft`) and `"dft"` (stage 03's `dft`),
+none with a per-token mask or a per-sample weight. This file hands SFTTrainer stage 03's own loss: the
+objectives, their knobs and their defaults are 03_train_cuset.py's, loaded from it (docs/method.md,
+"Training with TRL"). Stage 03 stays the readable loop; this is the same run inside TRL:
+
+  data     stage 03's tokenize_dataset: the tokenization of stages 01 and 02 (cuset_common.data), each
+           sample's region mask and weight cut from stage 02's artifact, checked against this run's
+           tokenizer and data as stage 03 checks them. SFTTrainer gets a dataset of sample indices
+           (skip_prepare_dataset) and a collator that pads the samples a batch names with stage 03's
+           collate: tokens, labels, region mask and weights come from one place and line up by construction.
+  loss     compute_loss takes the per-token log-probabilities of TRL's fused LM head and calls stage 03's
+           objective_loss, with N = the response tokens of the optimizer step's global batch (every
+           gradient-accumulation micro-batch, every process) counted before masking: get_batch_samples.
+  schedule stage 03's: its optimizer over all parameters (AdamW or SGD), its learning rate (lr_at: warmup,
+           then cosine) and its order of the samples (batch_order), so that the same arguments train the
+           same model as 03_train_cuset.py, to float32 rounding (tests/test_trl.py).
+
+Commands
+  python research/trl_sft.py                                    # tiny model, bundled data, cuset
+  python research/trl_sft.py --model M --data D --regions R --objective cuset --out O
+  torchrun --nproc_per_node 4 research/trl_sft.py --model M ...  # DDP (or accelerate launch): N over all
+
+Inputs and outputs are stage 03's (03_train_cuset.py --help), and so is its checkpoint in --out (default
+data/artifacts/ckpt-trl-<objective>): the model (save_pretrained), its tokenizer, meta.json (with "trainer"
+naming TRL's version) and log.jsonl, one line per step, so that stage 04 evaluates it as it is. Not here:
+--norm kept (stage 03 counts the kept tokens in a no-grad pass before the step), --resume, --fsdp.
+Refused before any work (exit 2, one line): what stage 03 refuses about the inputs and --out.
+Stopped (exit 2, one line) when the run diverges, as stage 03 stops: a loss or gradient that is not finite
+(each step), weights that are not (at the end); no model is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, whose packages it imports
+
+import torch
+from transformers import TrainerCallback
+
+from cuset_common.artifacts import aside_dir, check_train_out, finishes_out, open_out, tokenizer_fingerprint
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, load_script, run_main
+from cuset_common.data_sources import load_data
+from cuset_common.device import pick_device, resolve_precision
+from cuset_common.files import write_text_atomic
+from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.paths import DATA
+from cuset_common.training.checkpoint import save_final
+from cuset_common.training.divergence import diverged_error, nonfinite_step, nonfinite_weights
+from cuset_common.training.scale import all_reduce_stats
+
+try:
+    import datasets
+    import trl
+    from trl import SFTConfig, SFTTrainer
+except ImportError as e:  # TRL is optional for the rest of the project
+    print(
+        f"error: {Path(__file__).name} needs TRL ({e}); pip install -r tests/requirements.txt",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
+
+train03 = load_script("03_train_cuset.py")
+
+# What stage 03's collate adds to a batch beside the model's inputs: objective_loss's arguments.
+LOSS_INPUTS = ("valid", "r", "w", "p0")
+
+
+# ---------------------------------------------------------------------------------------
+# 1. The data: stage 03's samples, batched by stage 03's collate
+# ---------------------------------------------------------------------------------------
+
+
+def visiting_order(samples: list[dict], args) -> datasets.Dataset:
+    """One row per sample visit of the whole run, in stage 03's order: the global batches of batch_order,
+    epoch after epoch, up to the last step. SFTTrainer reads it in sequence (train_sampling_strategy
+    "sequential"), and each optimizer step takes the next --batch-size rows, split over processes and
+    gradient-accumulation micro-batches as stage 03 splits them."""
+    steps_per_epoch, total, _ = train03.schedule(args, len(samples))
+    rows = [
+        i
+        for epoch in range(math.ceil(total / steps_per_epoch))
+        for batch in train03.batch_order(len(samples), args.batch_size, epoch, args.seed)
+        for i in batch
+    ]
+    return datasets.Dataset.from_dict({"sample_index": rows[: total * args.batch_size]})
+
+
+class SampleCollator:
+    """Stage 03's collate of the samples a micro-batch names, as the model's inputs (input_ids,
+    attention_mask, labels: -100 but on the response tokens) beside the loss inputs (LOSS_INPUTS)."""
+
+    def __init__(self, samples: list[dict], pad_id: int):
+        self.samples, self.pad_id = samples, pad_id
+
+    def __call__(self, rows: list[dict]) -> dict:
+        batch = train03.collate([self.samples[r["sample_index"]] for r in rows], self.pad_id, "cpu")
+        ids, valid = batch["ids"], batch["valid"]  # valid [B, L-1]: the target positions, as the labels shift
+        labels = torch.full_like(ids, -100)
+        labels[:, 1:] = ids[:, 1:].masked_fill(~valid, -100)
+        return {"input_ids": ids, "attention_mask": batch["attn"], "labels": labels} | {
+            k: batch[k] for k in LOSS_INPUTS
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# 2. The loss: SFTTrainer with stage 03's objective_loss
+# ---------------------------------------------------------------------------------------
+
+
+class CusetSFTTrainer(SFTTrainer):
+    """SFTTrainer whose loss is stage 03's objective_loss (any of its objectives), normalised by stage 03's
+    N. The knobs come from stage 03's arguments (`cuset_args`: objective, rho, tau_max, profit_threshold,
+    mask_source); `step_stats` sums objective_loss's statistics over the current optimizer step."""
+
+    # compute_loss divides by the step's global N itself: Trainer must not divide by the accumulation steps
+    loss_is_scaled_for_ga = True
+
+    def __init__(self, *args, cuset_args: argparse.Namespace, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cuset_args = cuset_args
+        self.step_stats: dict[str, float] = {}
+        self.step_log = StepLog(self)
+        self.add_callback(self.step_log)
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """The step's micro-batches, and as `num_items_in_batch` stage 03's N: their response tokens before
+        masking, summed over processes. (Trainer's own count needs the model to accept loss kwargs.)"""
+        batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        local = sum(b["valid"].sum() for b in batches).reshape(1).to(device)
+        self.step_stats = {}
+        return batches, self.accelerator.gather(local).sum()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        a = self.cuset_args
+        loss_inputs = {k: inputs.pop(k) for k in LOSS_INPUTS}
+        outputs = model(**inputs, fused_lm_head=True)  # log_probs [B, L-1]: log q(labels), 0 off them
+        # evaluate() calls without a step's N: the batch's own response tokens then
+        N = loss_inputs["valid"].sum() if num_items_in_batch is None else num_items_in_batch
+        loss, stats = train03.objective_loss(
+            outputs.log_probs,
+            loss_inputs["valid"],
+            loss_inputs["r"],
+            loss_inputs["w"],
+            max(float(N), 1.0),
+            a.objective,
+            p_mask=train03.mask_probability(a.mask_source, loss_inputs),
+            **train03.mask_knobs(a),
+        )
+        for key, value in (stats | {"loss": loss.item()}).items():
+            self.step_stats[key] = self.step_stats.get(key, 0.0) + value
+        # DDP averages gradients over processes; the loss is already the global sum / N (stage 03 alike)
+        loss = loss * self.accelerator.num_processes
+        return (loss, outputs) if return_outputs else loss
+
+    def diverged(self, what: str, step: int) -> None:
+        """Stop a run whose loss, gradient or weights are not finite (cuset_common/training/divergence.py):
+        raises Diverged, one line and exit 2; nothing is written (this run keeps no resume state)."""
+        a = self.cuset_args
+        restored = aside_dir(a.out).exists()  # --force: finishes_out puts the previous content back
+        raise diverged_error(what, step, self.args.max_steps, a.lr, a.out, restored=restored, resumable=False)
+
+
+class StepLog(TrainerCallback):
+    """Stage 03's progress line and log.jsonl row for each optimizer step (its log_step), with the step's
+    statistics summed over processes. on_optimizer_step comes before the scheduler's step: the learning
+    rate read is the one the step used, as in stage 03's log.
+
+    Before the update (on_pre_optimizer_step, after Trainer's clipping) the step's loss and the norm of its
+    gradients are checked as stage 03 checks them (cuset_common/training/divergence.py): one that is not
+    finite stops the run (Diverged, exit 2) before it reaches the weights, on every process alike (the loss is
+    summed over them, the gradients are DDP's average)."""
+
+    def __init__(self, trainer: CusetSFTTrainer):
+        self.trainer = trainer
+        self.lines: list[str] = []
+        self.tokens_seen = 0.0
+        self.t_start = None
+        self.stats: dict = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t_start = time.time()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        world = trainer.accelerator.num_processes
+        self.stats = all_reduce_stats(trainer.step_stats, world, str(trainer.args.device))
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        self.stats["grad_norm"] = float(torch.nn.utils.get_total_norm(grads))
+        if what := nonfinite_step(self.stats):
+            trainer.diverged(what, state.global_step + 1)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        trainer, stats = self.trainer, self.stats
+        self.tokens_seen += stats["tokens"]
+        if trainer.is_world_process_zero():
+            step = state.global_step + 1  # counted after this callback
+            line = train03.log_step(
+                step, state.max_steps, stats, trainer.optimizer, self.tokens_seen, self.t_start, step
+            )
+            self.lines.append(line)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. The trainer: stage 03's optimizer, schedule and order in SFTConfig
+# ---------------------------------------------------------------------------------------
+
+
+def make_trainer(args, model, tokenizer, samples: list[dict], device: str, precision: str) -> CusetSFTTrainer:
+    """CusetSFTTrainer set up to run stage 03's schedule: --max-steps (or --epochs) of --batch-size samples
+    in micro-batches of --micro-batch-size, stage 03's optimizer and learning rate, nothing saved or
+    reported by Trainer itself (the checkpoint is main's)."""
+    _, total, warmup = train03.schedule(args, len(samples))
+    optimizer_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
+    optimizer = optimizer_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: train03.lr_at(step, total, warmup, args.lr, args.min_lr_ratio) / args.lr
+    )
+    config = SFTConfig(
+        output_dir=str(args.out),
+        max_steps=total,
+        per_device_train_batch_size=args.micro_batch_size,
+        gradient_accumulation_steps=args.batch_size // (process_count() * args.micro_batch_size),
+        train_sampling_strategy="sequential",  # visiting_order is stage 03's order already
+        max_grad_norm=args.grad_clip,
+        seed=args.seed,
+        bf16=precision == "bf16",
+        use_cpu=device == "cpu",
+        remove_unused_columns=False,  # sample_index is no model input, but the collator needs it
+        dataset_kwargs={"skip_prepare_dataset": True},
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    return CusetSFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=visiting_order(samples, args),
+        data_collator=SampleCollator(samples, tokenizer.pad_token_id),
+        processing_class=tokenizer,
+        optimizers=(optimizer, scheduler),
+        cuset_args=args,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# 4. The command line and main
+# ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Stage 03's input, schedule and method arguments (the same names and defaults), and how this run
+    is carried out."""
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train03.add_input_arguments(ap)
+    train03.add_schedule_arguments(ap)
+    train03.add_method_arguments(ap)
+    a = ap.add_argument
+    a("--seed", type=int, default=0)
+    a("--device", choices=("auto", "cpu"), default="auto", help="auto: a GPU if there is one, else the CPU")
+    a("--precision", choices=("auto", "fp32", "bf16"), default="auto", help="as stage 03's --precision")
+    a("--force", action="store_true", help="as stage 03's --force")
+    ap.set_defaults(
+        fsdp=False
+    )  # save_final (cuset_common/training/checkpoint.py) reads it: stage 03's FSDP is not here
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = DATA / "artifacts" / f"ckpt-trl-{args.objective}"
+    check_ranges(ap, args, {k: v for k, v in train03.RANGES.items() if hasattr(args, k)})
+    if args.norm == "kept":
+        ap.error("--norm kept is stage 03's alone (it counts kept tokens before the step); use --norm all")
+    return args
+
+
+def check_out(args) -> None:
+    """--out, before any work: stage 03's rule (check_train_out), without --resume."""
+    check_train_out(args, args.regions if train03.uses_regions(args) else None, resumable=False)
+
+
+def process_count() -> int:
+    """The run's processes: accelerate launch and torchrun set WORLD_SIZE."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_batch_split(args, world: int) -> None:
+    if args.batch_size % (world * args.micro_batch_size):
+        raise UserError(
+            f"--batch-size {args.batch_size} must be a multiple of processes x "
+            f"--micro-batch-size ({world} x {args.micro_batch_size})"
+        )
+
+
+@dataclass
+class Inputs:
+    """The run's tokenizer and samples, checked against stage 02's artifact as stage 03 checks them, and what
+    the checkpoint's meta.json records of them."""
+
+    tokenizer: object
+    samples: list[dict]
+    skipped: int  # samples whose prompt fills max_length: no response token
+    tok_fp: str  # tokenizer_fingerprint
+    data_id: dict
+    max_length: int
+
+
+def load_inputs(args, records: list[dict], data_id: dict) -> Inputs:
+    """Stage 03's tokenizer, regions and samples for these records (its main, step by step)."""
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tok_fp = tokenizer_fingerprint(tokenizer)
+    regions = train03.load_regions(args, tok_fp, data_id)
+    max_length = train03.resolve_max_length(args, regions)
+    samples, skipped = train03.tokenize_dataset(records, tokenizer, max_length, regions)
+    train03.check_enough_samples(args, len(samples), skipped)
+    return Inputs(tokenizer, samples, skipped, tok_fp, data_id, max_length)
+
+
+@finishes_out
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    args.micro_batch_size = train03.resolve_micro_batch_size(args, device)
+    check_batch_split(args, process_count())
+
+    # The inputs, each checked before any work, as stage 03 checks them.
+    records, data_id = load_data(args)
+    check_out(args)
+    inputs = load_inputs(args, records, data_id)
+    model = load_causal_lm(args.model, torch.float32)
+    trainer = make_trainer(args, model, inputs.tokenizer, inputs.samples, device, precision)
+    rank0 = trainer.is_world_process_zero()
+    if rank0:  # --force: the previous run is put back if this one fails (finishes_out)
+        open_out(args.out, start_over=True)
+        print(
+            f"objective {args.objective} | TRL {trl.__version__} SFTTrainer | {len(inputs.samples)} samples "
+            f"({inputs.skipped} skipped: no response token within max_length) | max_length "
+            f"{inputs.max_length} | {trainer.args.max_steps} steps of {args.batch_size} samples | {device}, "
+            f"{precision}",
+            flush=True,
+        )
+    trainer.train()
+
+    step = trainer.state.global_step
+    if what := nonfinite_weights(trainer.model, process_count(), str(trainer.args.device)):
+        trainer.diverged(what, step)  # checked once, before the model is written
+    meta = train03.checkpoint_meta(
+        args, step, inputs.tok_fp, data_id, inputs.max_length, precision, memory=None
+    )
+    meta["trainer"] = {"name": "trl.SFTTrainer", "trl": trl.__version__}
+    save_final(args, trainer.model, inputs.tokenizer, meta if rank0 else None, trainer.args.process_index)
+    if rank0:
+        write_text_atomic(args.out / "log.jsonl", "".join(trainer.step_log.lines))
+        print(f"done at step {step}; {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
