@@ -84,6 +84,7 @@ from cuset_common.paths import (
     TASKS_FILE,
     TINY_MODEL,
 )
+from cuset_common.progress import Progress
 from cuset_common.tasks import fence
 from harness.generation import default_threads, generate
 from harness.gpu_probe import GpuWatch, decide_backend, open_gpu
@@ -122,7 +123,7 @@ from harness.programs import (
     require_tools,
     resolve_backend,
 )
-from harness.report import Progress, checks_summary, write_generation_summary, write_summary
+from harness.report import checks_summary, write_generation_summary, write_summary
 from harness.run_folder import (
     Run,
     generation_settings,

@@ -23,8 +23,8 @@ class UserError(Exception):
     """Bad input from the user: printed without a traceback, exit status 2."""
 
 
-# Whether a progress line is on stderr without its newline yet (harness/report.py: Progress redraws it in
-# place): run_main's last line then starts on a line of its own.
+# Whether a progress line is on stderr without its newline yet (cuset_common/progress.py: on a terminal
+# Progress redraws it in place): run_main's last line then starts on a line of its own.
 PROGRESS_LINE = {"open": False}
 
 

@@ -7,36 +7,11 @@ generation_record); a --generate-only run's summary holds that record and no ver
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 
-from cuset_common.cli import PROGRESS_LINE
 from cuset_common.files import write_text_atomic
 from harness.input_sets import input_set_summary
 from harness.outcomes import NO_KERNEL
-
-
-class Progress:
-    """One line, redrawn on each update: done/total, an optional detail, elapsed seconds and ETA (stderr)."""
-
-    def __init__(self, what: str, total: int):
-        self.what, self.total, self.done, self.t0 = what, total, 0, time.time()
-
-    def __call__(self, n: int = 1, detail: str = "") -> None:
-        self.done += n
-        el = time.time() - self.t0
-        eta = f"{el / self.done * (self.total - self.done):,.0f}s" if self.done else "?"
-        print(
-            f"\r{self.what}: {self.done}/{self.total}{detail} | {el:,.0f}s | ETA {eta}   ",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-        PROGRESS_LINE["open"] = self.done < self.total
-        if self.done >= self.total:
-            print(file=sys.stderr)
-
 
 NOTES = {  # what summary.md says when a run has rows of a kind
     "task_error": "{n} rows are `task_error`: the task's own gen.py failed here, compare.py judged the "

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.report import Progress
+from cuset_common.progress import Progress
 from harness.sandbox import allow_programs, stop_programs
 
 # Run budgets. Emulated, a task built for a GPU can take minutes: a reference (its task check, or

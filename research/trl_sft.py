@@ -47,7 +47,7 @@ import torch
 from transformers import TrainerCallback
 
 from cuset_common.artifacts import aside_dir, check_train_out, finishes_out, open_out, tokenizer_fingerprint
-from cuset_common.cli import ArgumentParser, UserError, check_ranges, load_script, run_main
+from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data_sources import load_data
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.files import write_text_atomic
@@ -56,6 +56,7 @@ from cuset_common.paths import DATA
 from cuset_common.training.checkpoint import save_final
 from cuset_common.training.divergence import diverged_error, nonfinite_step, nonfinite_weights
 from cuset_common.training.scale import all_reduce_stats
+from research.stage_modules import stage_module
 
 try:
     import datasets
@@ -68,7 +69,7 @@ except ImportError as e:  # TRL is optional for the rest of the project
     )
     raise SystemExit(2) from None
 
-train03 = load_script("03_train_cuset.py")
+train03 = stage_module("03")
 
 # What stage 03's collate adds to a batch beside the model's inputs: objective_loss's arguments.
 LOSS_INPUTS = ("valid", "r", "w", "p0")

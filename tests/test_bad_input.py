@@ -37,7 +37,7 @@ from cuset_common.artifacts import aside_dir, finishes_out, open_out
 from cuset_common.cli import INTERRUPTED, UserError, run_main
 from cuset_common.files import append_jsonl
 from cuset_common.paths import ROOT, SFT_KERNEL_FILE, TINY_MODEL
-from harness.report import Progress
+from cuset_common.progress import Progress
 from harness.run_folder import Run
 from research.comparison.command import main as compare_main
 from research.comparison.metrics import kernel_metrics
@@ -1041,8 +1041,18 @@ def test_the_closing_line_starts_below_an_open_progress_line(capsys):
     """Stage 04's progress line is redrawn in place, without a newline; Ctrl-C or an error part way must
     not glue its line to it."""
 
+    class Terminal:  # stderr as a terminal, where the line is redrawn in place
+        def isatty(self):
+            return True
+
+        def write(self, text):
+            return sys.stderr.write(text)
+
+        def flush(self):
+            sys.stderr.flush()
+
     def main(argv):
-        Progress("compile", 3)()
+        Progress("compile", 3, stream=Terminal())()
         raise KeyboardInterrupt
 
     assert run_main(main, []) == 130

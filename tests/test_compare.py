@@ -639,6 +639,9 @@ def test_a_preset_is_the_options_it_gives_and_a_typed_option_overrides_it(name, 
 def test_every_module_of_the_comparison_is_at_most_500_lines():
     """The comparison is split by concept (research/comparison/, one idea a module): no module of it, nor
     its command, holds more than 500 lines."""
-    comparison = [ROOT / "research" / "compare_objectives.py", *(ROOT / "research" / "comparison").glob("*.py")]
+    comparison = [
+        ROOT / "research" / "compare_objectives.py",
+        *(ROOT / "research" / "comparison").glob("*.py"),
+    ]
     lines = {p: len(p.read_text().splitlines()) for p in comparison}
     assert not {str(p.relative_to(ROOT)): n for p, n in lines.items() if n > 500}

@@ -24,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, whose packages it imports
-from cuset_common.cli import load_script  # noqa: E402
 from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, TASKS_FILE  # noqa: E402
 from cuset_common.tasks import load_tasks  # noqa: E402
 from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402
 from research.bench.common import cpus_available, print_table  # noqa: E402
+from research.stage_modules import stage_module  # noqa: E402
 
-ev = load_script("04_eval_kernels.py")
+ev = stage_module("04")
 
 
 def plain_nvcc(source: str, folder: Path, arch: list[str]) -> bool:

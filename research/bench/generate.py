@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cuset_common.cli import load_script
 from cuset_common.data import end_of_turn_ids
 from cuset_common.device import bf16_supported
 from cuset_common.models import model_parameters
@@ -45,6 +44,7 @@ from cuset_common.tasks import build_messages, load_tasks
 from harness.generation import default_threads
 from harness.vllm_generation import generate_vllm
 from research.bench.common import limits_line, machine, machine_limits, print_table
+from research.stage_modules import stage_module
 
 BATCH = 8  # the anchor's prompts per model.generate call: stage 04's default --gen-batch-size
 STAGE04 = str(ROOT / "04_eval_kernels.py")
@@ -141,7 +141,7 @@ def anchor(args) -> dict:
 def vllm_compiled(args) -> dict:
     """Stage 04's vLLM engine in bf16 with vLLM's graphs compiled, as they are by default: its generation
     record (stage 04 runs vLLM eagerly on a CPU; this measures why)."""
-    ev = load_script("04_eval_kernels.py")
+    ev = stage_module("04")
     run = ev.parse_args(
         [
             "--model",

@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import numpy as np
 import torch
 
-from cuset_common.cli import load_script
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.device import pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer
@@ -59,6 +58,7 @@ from research.bench.common import (
     warm_up,
     wide_model,
 )
+from research.stage_modules import stage_file_module
 
 WIDE_VOCAB = 32000
 
@@ -125,7 +125,7 @@ def naive_loop(model, encs: list[dict], device: str, use_bf16: bool) -> list[np.
 
 def variants(model, tok, encs: list[dict], args: argparse.Namespace) -> dict[str, Callable[[], list]]:
     """name -> a function running it once and returning the confidences per sample (data order)."""
-    stage, device = load_script(args.stage), args.device
+    stage, device = stage_file_module(args.stage), args.device
     use_bf16 = device.startswith("cuda")  # stage 01's --precision auto
     unused = Path(tempfile.gettempdir()) / "bench-profile-unused"  # profile() only scores: nothing is saved
 

@@ -52,7 +52,6 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from cuset_common.cli import load_script
 from cuset_common.data import load_sft
 from cuset_common.device import BF16_LOSS_RTOL, bf16_supported, pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer, model_parameters
@@ -72,6 +71,7 @@ from research.bench.common import (
     warm_up,
     wide_model,
 )
+from research.stage_modules import stage_module
 
 REGION_SHARE, WEIGHT_RANGE = 0.18, (1.0, 3.0)  # synthetic regions and weights (module docstring)
 PART1_SAMPLES = 4  # part 1's batch: one micro-batch (docs/performance.md records it so)
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     args.device = pick_device(args.device)
-    stage = load_script("03_train_cuset.py")
+    stage = stage_module("03")
     tok = load_tokenizer(str(TINY_MODEL))
     if tok.pad_token_id is None:  # as stage 03 does
         tok.pad_token = tok.eos_token

@@ -5,30 +5,19 @@ decides what to run."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import os
 import shlex
 import sys
 from pathlib import Path
 
-from cuset_common.cli import UserError, load_script
+from cuset_common.cli import UserError
 from cuset_common.paths import ROOT
+from research.stage_modules import STAGE_FILES as STAGES
+from research.stage_modules import stage_module
 
-STAGES = {
-    "01": "01_profile.py",
-    "02": "02_label_regions.py",
-    "03": "03_train_cuset.py",
-    "04": "04_eval_kernels.py",
-}
 # The stage whose arguments each --<name>-args forwards (standalone: stage 04, after --eval-args).
 FORWARDED = {"profile": "01", "regions": "02", "train": "03", "eval": "04", "standalone": "04"}
-
-
-@functools.cache
-def stage_module(key: str):
-    """The stage's own module, to parse a command line the way it will (loaded once, never run here)."""
-    return load_script(STAGES[key])
 
 
 def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
