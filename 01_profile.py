@@ -75,20 +75,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common.artifacts import (
-    args_to_json,
-    check_out_dir,
-    finishes_out,
-    path_text,
-    tokenizer_fingerprint,
-    write_artifact,
-)
+from cuset_common.artifacts import args_to_json, path_text, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import ArgumentParser, check_ranges, run_main
 from cuset_common.data import encode_sample, right_pad
 from cuset_common.data_sources import add_data_arguments, data_checks
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.method import gold_logprob_entropy, head_logits
 from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
+from cuset_common.out_dir import check_out_dir, finishes_out
 from cuset_common.paths import DATA, TINY_MODEL
 from cuset_common.profiler.batching import (
     Progress,

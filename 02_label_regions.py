@@ -52,8 +52,6 @@ import torch
 from cuset_common.artifacts import (
     args_to_json,
     check_meta_matches,
-    check_out_dir,
-    finishes_out,
     path_text,
     read_artifact_once,
     tokenizer_fingerprint,
@@ -68,6 +66,7 @@ from cuset_common.labeling.observation import compute_finding
 from cuset_common.labeling.report import render_html, render_report
 from cuset_common.method import CODES, RHO, TAU_MAX, sample_threshold
 from cuset_common.models import load_tokenizer
+from cuset_common.out_dir import check_out_dir, finishes_out
 from cuset_common.paths import DATA, TINY_MODEL
 
 STAGE = "02_label_regions"

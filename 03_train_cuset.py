@@ -61,16 +61,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cuset_common.artifacts import (
-    args_to_json,
-    check_meta_matches,
-    check_room,
-    check_train_out,
-    finishes_out,
-    open_out,
-    read_artifact,
-    tokenizer_fingerprint,
-)
+from cuset_common.artifacts import args_to_json, check_meta_matches, read_artifact, tokenizer_fingerprint
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data import encode_sample, right_pad
 from cuset_common.data_sources import add_data_arguments, data_checks, load_data
@@ -78,6 +69,7 @@ from cuset_common.device import resolve_precision
 from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.method import RHO, TAU_MAX, gold_logprobs, sample_threshold
 from cuset_common.models import check_head_is_plain, load_tokenizer, output_head
+from cuset_common.out_dir import check_room, check_train_out, finishes_out, open_out
 from cuset_common.paths import DATA, TINY_MODEL
 from cuset_common.training.checkpoint import (
     check_resume,

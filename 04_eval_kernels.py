@@ -73,9 +73,9 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cuset_common.artifacts import finishes_out
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main, sigterm_exits
 from cuset_common.models import check_model_source
+from cuset_common.out_dir import finishes_out
 from cuset_common.paths import (
     DATA,
     LEVELS,

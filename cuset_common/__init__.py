@@ -4,17 +4,20 @@
   paths         where the project's files are; nvcc flags, prompt levels and modes
   cli           UserError and run_main (one-line errors, exit status 2), the argument parser and its range
                 checks
+  progress      the one progress display of every long loop
   device        the device and the precision a stage computes in; nvidia-smi with a time limit
   files         atomic writes, JSONL read with file:line errors, hashes
-  artifacts     artifact folders (tensors + meta.json), the checks on them, the rule for --out folders
+  artifacts     artifact folders (tensors + meta.json) and the checks on them
+  out_dir       the rule for --out folders: what may be replaced, room, the previous artifact kept aside
+  out_lock      one run at a time in an --out
   data          SFT records in any supported form, and the tokenization every stage uses
   data_sources  --data as a table, dataset folder or hub id, with --data-fields and --data-where
   models        loading models and tokenizers with one-line errors; the plain-head check
   method        what stages 01-03 compute alike: the per-sample threshold, the chunked gold log-prob head
   tasks         CUDABench tasks and the prompt builder (the SFT data and stage 04 word prompts alike)
 
-Each stage's own helpers live beside it: cuset_common/profiler/ (stage 01), cuset_common/labeling/ (stage 02),
-cuset_common/training/ (stage 03), harness/ (stage 04).
+Each stage's own helpers live in a folder of their own: profiler/ (stage 01), labeling/ (stage 02),
+training/ (stage 03); stage 04's, the evaluation machinery, in harness/.
 """
 
 import sys

@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from cuset_common.artifacts import EVAL_RUN_FILES, check_out_dir, json_kind, open_out
+from cuset_common.artifacts import json_kind
 from cuset_common.cli import UserError
 from cuset_common.device import resolve_precision
 from cuset_common.files import (
@@ -24,6 +24,7 @@ from cuset_common.files import (
     write_jsonl_atomic,
     write_text_atomic,
 )
+from cuset_common.out_dir import EVAL_RUN_FILES, check_out_dir, open_out
 from cuset_common.paths import LEVELS
 from cuset_common.tasks import load_tasks
 from harness.input_sets import run_secret

@@ -46,12 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import torch
 from transformers import TrainerCallback
 
-from cuset_common.artifacts import aside_dir, check_train_out, finishes_out, open_out, tokenizer_fingerprint
+from cuset_common.artifacts import tokenizer_fingerprint
 from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
 from cuset_common.data_sources import load_data
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.files import write_text_atomic
 from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.out_dir import aside_dir, check_train_out, finishes_out, open_out
 from cuset_common.paths import DATA
 from cuset_common.training.checkpoint import save_final
 from cuset_common.training.divergence import diverged_error, nonfinite_step, nonfinite_weights

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 from conftest import ARGS, MADE, SCRIPTS, gpu_present, load_script, refused, snapshot
 
-from cuset_common.artifacts import aside_dir, finishes_out, open_out
 from cuset_common.cli import INTERRUPTED, UserError, run_main
 from cuset_common.files import append_jsonl
+from cuset_common.out_dir import aside_dir, finishes_out, open_out
 from cuset_common.paths import ROOT, SFT_KERNEL_FILE, TINY_MODEL
 from cuset_common.progress import Progress
 from harness.run_folder import Run

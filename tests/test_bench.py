@@ -69,7 +69,7 @@ def assert_compares(rows: dict[str, dict[str, str]], ratio: str, anchor: str, fi
             assert math.isfinite(value) and value > 0, (name, column, row[column])
 
 
-@pytest.mark.parametrize("script", ["profile.py", "train.py", "generate.py"])
+@pytest.mark.parametrize("script", ["profiling.py", "train.py", "generate.py"])
 def test_help(script):
     r = subprocess.run(
         [sys.executable, str(ROOT / "research" / "bench" / script), "--help"], capture_output=True, text=True
@@ -78,7 +78,7 @@ def test_help(script):
 
 
 def test_profile_bench_compares_stage_01_with_the_naive_loop_on_both_models():
-    out = run_quick("profile.py")
+    out = run_quick("profiling.py")
     assert out.startswith("# research/bench/profiling.py --quick") and "machine: " in out
     assert "### tiny:" in out and "### wide:" in out
     per_model = tables(out, ["variant", "tokens per CPU s", "speed vs naive", "peak extra memory (MiB)"])

@@ -22,9 +22,9 @@ from conftest import load_script, refused
 from safetensors.torch import load_file
 
 import cuset_common.training.checkpoint
-from cuset_common.artifacts import size_text
 from cuset_common.cli import UserError
 from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.out_dir import size_text
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, ROOT, SFT_FILE, SFT_KERNEL_FILE, TINY_MODEL
 from cuset_common.training.divergence import DIVERGED, DIVERGED_FILE
 

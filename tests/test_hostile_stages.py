@@ -30,8 +30,9 @@ from test_label_regions import make_profile, random_samples
 
 import cuset_common.artifacts as artifacts
 import cuset_common.profiler.shards as shards
-from cuset_common.artifacts import file_records, size_text, tokenizer_fingerprint, write_artifact
+from cuset_common.artifacts import file_records, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import UserError, load_script, run_main
+from cuset_common.out_dir import size_text
 from cuset_common.paths import SFT_KERNEL_FILE, TINY_MODEL
 from cuset_common.profiler.tagger import CATEGORIES, tag_tokens
 
@@ -334,7 +335,8 @@ def test_stage_02_on_a_full_disk_is_one_line_and_keeps_the_previous_artifact(
     where = "save_file" if isinstance(failure, SafetensorError) else "artifact_meta"  # tensors, or meta.json
     monkeypatch.setattr(artifacts, where, full)
     line, _ = refused(stage02.main, world["argv"], capsys)
-    assert line.startswith(f"error: --out {world['root'] / 'regions'}: the disk")
+    said = "disk quota exceeded" if getattr(failure, "errno", None) == errno.EDQUOT else "no space left on device"
+    assert line.startswith(f"error: --out {world['root'] / 'regions'}: {said}")
     assert "nothing was replaced" in line
     assert snapshot(world["root"]) == before  # no temp folder left either
 
@@ -350,7 +352,7 @@ def test_stage_01_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys, smal
 
     monkeypatch.setattr(artifacts, "save_file", full)
     line, _ = refused(stage01.main, argv01(small_data, out), capsys)
-    assert line.startswith(f"error: --out {out}: the disk filled up") and not out.exists()
+    assert line.startswith(f"error: --out {out}: no space left on device") and not out.exists()
     monkeypatch.undo()
     saved = shards.save_file
     calls = []
@@ -364,7 +366,7 @@ def test_stage_01_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys, smal
     monkeypatch.setattr(shards, "save_file", full_at_the_second_shard)
     partial = shards.partial_dir(out)
     line, _ = refused(stage01.main, argv01(small_data, out, "--save-every", "0", "--batch-size", "1"), capsys)
-    assert line.startswith(f"error: {partial}: the disk filled up") and "--resume" in line
+    assert line.startswith(f"error: {partial}: no space left on device") and "--resume" in line
     assert sorted(p.name for p in partial.iterdir()) == ["batches-000000-000001.safetensors", "state.json"]
     monkeypatch.undo()
     resume = argv01(small_data, out, "--save-every", "0", "--batch-size", "1", "--resume")

@@ -31,16 +31,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from cuset_common.artifacts import (
-    args_to_json,
-    artifact_meta,
-    aside_dir,
-    check_resume_args,
-    disk_full,
-)
+from cuset_common.artifacts import args_to_json, artifact_meta, check_resume_args, disk_full
 from cuset_common.cli import UserError
 from cuset_common.data import end_of_turn_ids
 from cuset_common.files import give_user_modes, read_json_object, replace_dir_atomic, write_text_atomic
+from cuset_common.out_dir import aside_dir
 from cuset_common.training.divergence import (
     DIVERGED_FILE,
     RESUME_AFTER_DIVERGING,

@@ -6,8 +6,8 @@ import json
 import shlex
 import sys
 
-from cuset_common.artifacts import finishes_out
 from cuset_common.cli import UserError
+from cuset_common.out_dir import finishes_out
 from cuset_common.out_lock import lock_out
 from research.comparison.metrics import aggregate
 from research.comparison.options import parse_args
