@@ -335,7 +335,11 @@ def test_stage_02_on_a_full_disk_is_one_line_and_keeps_the_previous_artifact(
     where = "save_file" if isinstance(failure, SafetensorError) else "artifact_meta"  # tensors, or meta.json
     monkeypatch.setattr(artifacts, where, full)
     line, _ = refused(stage02.main, world["argv"], capsys)
-    said = "disk quota exceeded" if getattr(failure, "errno", None) == errno.EDQUOT else "no space left on device"
+    said = (
+        "disk quota exceeded"
+        if getattr(failure, "errno", None) == errno.EDQUOT
+        else "no space left on device"
+    )
     assert line.startswith(f"error: --out {world['root'] / 'regions'}: {said}")
     assert "nothing was replaced" in line
     assert snapshot(world["root"]) == before  # no temp folder left either
