@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, load_script, make_artifacts, refused
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="hypothesis is not installed: pip install -r tests/requirements.txt")
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from cuset_common.cli import UserError
 from cuset_common.data import load_sft

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 from conftest import load_script
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="hypothesis is not installed: pip install -r tests/requirements.txt")
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from cuset_common.artifacts import META_SCHEMAS, check_schema, tokenizer_fingerprint
 from cuset_common.cli import UserError
