@@ -58,9 +58,9 @@ pointer parameter, or a local pointer derived from one: `float* yr = y + row * c
 Resume (cuset_common/profiler/shards.py): finished batches are saved every --save-every seconds to
 <out>.partial/ (state.json: what the result depends on; batches-B0-B1.safetensors: the results of batches [B0,
 B1)), each file written to a temp name and renamed. --resume checks state.json against this run (only
-RESUME_MAY_CHANGE may differ) and continues after the last shard; the batch plan is deterministic, so
-the artifact equals an uninterrupted run's bit for bit. Without --resume a partial state is refused,
-neither reused nor deleted. The folder is removed once the artifact is in place.
+cuset_common/profiler/options.py's RESUME_MAY_CHANGE may differ) and continues after the last shard; the
+batch plan is deterministic, so the artifact equals an uninterrupted run's bit for bit. Without --resume a
+partial state is refused, neither reused nor deleted. The folder is removed once the artifact is in place.
 """
 
 from __future__ import annotations
@@ -76,29 +76,27 @@ import numpy as np
 import torch
 
 from cuset_common.artifacts import args_to_json, path_text, tokenizer_fingerprint, write_artifact
-from cuset_common.cli import ArgumentParser, check_ranges, run_main
+from cuset_common.cli import run_main
 from cuset_common.data import encode_sample, right_pad
-from cuset_common.data_sources import add_data_arguments, data_checks
+from cuset_common.data_sources import data_checks
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.method import gold_logprob_entropy, head_logits
 from cuset_common.models import check_head_is_plain, load_causal_lm, load_tokenizer, output_head
 from cuset_common.out_dir import check_out_dir, finishes_out
-from cuset_common.paths import DATA, TINY_MODEL
 from cuset_common.profiler.batching import (
-    Progress,
+    batch_progress,
     check_response_tokens,
     for_device,
     line_indices,
     make_batches,
-    positive_or_auto,
     print_profile_summary,
 )
 from cuset_common.profiler.inputs import check_scores, load_data_once
+from cuset_common.profiler.options import RESUME_MAY_CHANGE, parse_args
 from cuset_common.profiler.shards import check_partial, load_shards, partial_dir, save_shard
 from cuset_common.profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
 
 STAGE = "01_profile"
-RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
 TOKEN_DTYPES = {
     "token_ids": np.int32,
@@ -164,14 +162,16 @@ def profile(
     results = [(np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.uint8)) for _ in encs]
     partial = partial_dir(args.out)
     start = load_shards(partial, batches, encs, results) if args.resume else 0
-    progress = Progress([sum(len(encs[i]["input_ids"]) for i in b) for b in batches], start, args.log_every)
+    batch_done = batch_progress(
+        [sum(len(encs[i]["input_ids"]) for i in b) for b in batches], start, args.log_every
+    )
     unsaved, last_save = start, time.time()
     for k in range(start, len(batches)):
         scored = score_batch(body, head, [encs[i] for i in batches[k]], pad_id, device, chunk_rows, use_bf16)
         check_scores(scored, batches[k], args, use_bf16)  # a NaN model stops here, before any shard holds it
         for i, res in zip(batches[k], scored):
             results[i] = res
-        progress.batch_done(k)
+        batch_done(k)
         if time.time() - last_save >= args.save_every and k < len(batches) - 1:
             save_shard(partial, run, batches, unsaved, k + 1, results)
             unsaved, last_save = k + 1, time.time()
@@ -258,64 +258,6 @@ def profile_meta(args, run: dict, data_id: dict, counts: dict, chat_template: bo
 # ---------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=str, default=str(TINY_MODEL), help="hub id or local folder (%(default)s)")
-    add_data_arguments(ap, "SFT data to profile")
-    ap.add_argument("--out", type=Path, default=DATA / "artifacts" / "profile", help="artifact folder")
-    ap.add_argument(
-        "--max-length",
-        type=int,
-        default=2048,
-        help="tokens per sample, prompt included; longer samples are truncated and counted",
-    )
-    ap.add_argument(
-        "--batch-size",
-        type=positive_or_auto,
-        default="auto",
-        help="most samples per batch; auto: 1 on a CPU, 8 on a GPU (see Efficiency above)",
-    )
-    ap.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=16384,
-        help="most padded tokens per batch (fewer samples per batch when they are long)",
-    )
-    ap.add_argument(
-        "--chunk-rows",
-        type=positive_or_auto,
-        default="auto",
-        help="positions per lm_head chunk: only a [rows, vocab] block of logits exists at a "
-        "time; auto: 128 on a CPU, 1024 on a GPU",
-    )
-    ap.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    ap.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
-        default="auto",
-        help="bf16: the model body and head under bf16 autocast, log-probs in float32; auto: bf16 "
-        "where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), "
-        "else fp32",
-    )
-    ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
-    ap.add_argument(
-        "--save-every",
-        type=float,
-        default=60.0,
-        help="seconds between partial-result shards in <out>.partial/ (0: after every batch)",
-    )
-    ap.add_argument("--resume", action="store_true", help="continue a killed run from <out>.partial/")
-    args = ap.parse_args(argv)
-    ranges = {
-        "max_length": "[1, inf)",
-        "batch_tokens": "[1, inf)",
-        "log_every": "[0, inf)",
-        "save_every": "[0, inf)",
-    }
-    check_ranges(ap, args, ranges)
-    return args
-
-
 def run_identity(args, data_id: dict, device: str, use_bf16: bool, tokenizer) -> dict:
     """What must not change between a killed run and its --resume: the result depends on all of it."""
     return {
@@ -329,7 +271,7 @@ def run_identity(args, data_id: dict, device: str, use_bf16: bool, tokenizer) ->
 
 @finishes_out  # releases the lock on --out that check_out_dir takes
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)  # cuset_common/profiler/options.py
     # bad row or mapping -> UserError naming file and row, before any work; the sha256 is of the bytes read
     records, data_id = load_data_once(args)
     device = pick_device(args.device)

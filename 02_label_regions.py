@@ -49,166 +49,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cuset_common.artifacts import (
-    args_to_json,
-    check_meta_matches,
-    path_text,
-    read_artifact_once,
-    tokenizer_fingerprint,
-    write_artifact,
-)
-from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
-from cuset_common.data import jsonl_lines
-from cuset_common.data_sources import add_data_arguments, data_checks, data_flags, load_data
-from cuset_common.files import json_safe
+from cuset_common.artifacts import path_text, write_artifact
+from cuset_common.cli import run_main
+from cuset_common.labeling.artifact import STAGE, regions_meta, regions_tensors, room_needed
+from cuset_common.labeling.inputs import load_profile
 from cuset_common.labeling.labels import RegionLabels
 from cuset_common.labeling.observation import compute_finding
+from cuset_common.labeling.options import parse_args
 from cuset_common.labeling.report import render_html, render_report
-from cuset_common.method import CODES, RHO, TAU_MAX, sample_threshold
-from cuset_common.models import load_tokenizer
+from cuset_common.method import CODES, sample_threshold
 from cuset_common.out_dir import check_out_dir, finishes_out
-from cuset_common.paths import DATA, TINY_MODEL
 
-STAGE = "02_label_regions"
-PROFILE_TENSORS = {
-    "token_ids": np.int32,
-    "p0": np.float32,
-    "entropy": np.float16,
-    "c": np.uint8,
-    "char_start": np.int32,
-    "char_end": np.int32,
-    "line_index": np.int32,
-}  # all [T]
-KNOB_RANGES = {  # the values each option accepts (check_ranges)
-    "rho": "[0, 1]",
-    "tau_max": "(0, 1]",
-    "gap": "[0, inf)",
-    "alpha": "[0, inf)",
-    "w_max": f"[1, {float(np.finfo(np.float32).max)!r}]",  # w is stored in float32
-    "permutations": "[0, inf)",
-    "seed": "[0, inf)",
-    "html_samples": "[0, inf)",
-}
 THRESHOLD_ROWS = 256  # samples padded into one [rows, longest] block for sample_threshold
-# regions.html's bytes per token shown: its <span> with style and tooltip (about 130) and the line's markup
-HTML_BYTES_PER_TOKEN = 256
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-        pass
-
-    ap = ArgumentParser(description=__doc__, formatter_class=Formatter)
-    ap.add_argument(
-        "--profile", type=Path, default=DATA / "artifacts" / "profile", help="stage-01 artifact folder"
-    )
-    ap.add_argument(
-        "--out", type=Path, default=DATA / "artifacts" / "regions", help="regions artifact folder"
-    )
-    ap.add_argument(
-        "--model", type=str, default=str(TINY_MODEL), help="model of the profile (hub id or folder)"
-    )
-    add_data_arguments(ap, "SFT data the profile was made from")
-    ap.add_argument(
-        "--rho", type=float, default=RHO, help="quantile of a sample's p0 for its threshold tau_i"
-    )
-    ap.add_argument("--tau-max", type=float, default=TAU_MAX, help="upper bound on tau_i")
-    ap.add_argument("--gap", type=int, default=2, help="confident tokens a region may bridge")
-    ap.add_argument("--alpha", type=float, default=1.0, help="slope of the weight w_i in the region mass m_i")
-    ap.add_argument("--w-max", type=float, default=3.0, help="upper clip of the sample weight")
-    ap.add_argument(
-        "--weight-norm",
-        choices=("token-mean", "none"),
-        default="token-mean",
-        help="token-mean: rescale w to token-weighted mean 1 (the sft loss scale); none: keep clipped w",
-    )
-    ap.add_argument(
-        "--snap-lines",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="extend regions to whole source lines",
-    )
-    ap.add_argument("--permutations", type=int, default=200, help="draws of each permutation null")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the permutation nulls")
-    ap.add_argument(
-        "--html-samples", type=int, default=8, help="samples on the HTML page (highest region mass)"
-    )
-    ap.add_argument(
-        "--force",
-        action="store_true",
-        help="use a profile made from other inputs anyway; replace another stage's artifact in --out",
-    )
-    args = ap.parse_args(argv)
-    check_ranges(ap, args, KNOB_RANGES)
-    return args
-
-
-# ---------------------------------------------------------------------------------------
-# Load and validate the profile (docs/method.md "Artifacts": refuse foreign inputs before any work)
-# ---------------------------------------------------------------------------------------
-
-
-def same_model(a: str, b: str) -> bool:
-    """Model names match: equal strings, or two spellings of the same local folder."""
-    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
-
-
-def load_profile(args: argparse.Namespace) -> tuple[dict, dict, list[dict], dict[int, str], dict[str, str]]:
-    """(tensors, meta, samples, category names, sha256 of each file) of the profile; refused when foreign,
-    inconsistent or made from other inputs. Each file is read once, and its sha256 is that of the bytes
-    parsed (read_artifact_once): what meta.json records as the source of the regions is what they came
-    from, even if the profile is rewritten meanwhile."""
-    hint = f"python 01_profile.py --model {args.model} {data_flags(args)} --out {args.profile}"
-    read = read_artifact_once(
-        args.profile, "01_profile", hint, token_tensors=PROFILE_TENSORS, also=("samples.jsonl",)
-    )
-    tensors, meta = read.tensors, read.meta
-    fingerprint = tokenizer_fingerprint(load_tokenizer(args.model))
-    seen = {
-        "model": args.model if same_model(meta.get("model", ""), args.model) else meta.get("model"),
-        **data_checks(meta.get("data")),
-        "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
-    }
-    expected = {"model": args.model, **data_checks(load_data(args)[1]), "tokenizer_fingerprint": fingerprint}
-    check_meta_matches(seen, expected, args.profile, hint, args.force)
-    try:
-        samples = [s for _, s in jsonl_lines(args.profile / "samples.jsonl", read.files["samples.jsonl"])]
-    except UserError as e:
-        raise UserError(f"{e}; rerun {hint}") from None
-    if not all(isinstance(s.get("response_text"), str) for s in samples):
-        raise UserError(f"{args.profile}/samples.jsonl: a sample lacks its response_text; rerun {hint}")
-    check_profile_tensors(tensors, len(samples), args.profile, hint)
-    names = {int(k): v for k, v in sorted((meta.get("categories") or {}).items(), key=lambda kv: int(kv[0]))}
-    if not set(np.unique(tensors["c"]).tolist()) <= {0, *names}:
-        raise UserError(f"{args.profile}: meta.json 'categories' lacks a code used in 'c'; rerun {hint}")
-    return tensors, meta, samples, names, read.sha256
-
-
-def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> None:
-    """What read_artifact's generic check leaves: one offset per sample of samples.jsonl, lines in order."""
-
-    def bad(msg: str) -> UserError:
-        return UserError(f"{where}: {msg}; rerun {hint}")
-
-    offsets, n_tokens = t["sample_offsets"], len(t["p0"])
-    if len(offsets) != n_samples + 1:
-        raise bad(f"sample_offsets cover {len(offsets) - 1} samples but samples.jsonl holds {n_samples}")
-    if n_tokens == 0:
-        raise bad("the profile holds no response tokens")
-    p0 = t["p0"]
-    outside = ~((p0 >= 0) & (p0 <= 1))  # [T]; NaN is in no interval
-    if outside.any():
-        first = int(np.argmax(outside))
-        raise UserError(
-            f"{where / 'tensors.safetensors'}: p0 holds {int(outside.sum())} of {n_tokens} values that are "
-            f"not probabilities (NaN, infinite or outside [0, 1]; the first in sample "
-            f"{int(np.searchsorted(offsets, first, side='right')) - 1}), as a model whose weights "
-            f"diverged gives; rerun stage 01 with a model that gives finite probabilities: {hint}"
-        )
-    sample_of = np.repeat(np.arange(n_samples), np.diff(offsets))
-    line_steps = np.diff(t["line_index"].astype(np.int64))[sample_of[1:] == sample_of[:-1]]
-    if np.any(line_steps < 0):
-        raise bad("line_index decreases within a sample")
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,11 +69,8 @@ def check_profile_tensors(t: dict, n_samples: int, where: Path, hint: str) -> No
 
 
 def adaptive_thresholds(p0: np.ndarray, offsets: np.ndarray, rho: float, tau_max: float) -> np.ndarray:
-    """tau_i of every sample -> [S] float64: sample_threshold (stage 03's kappa_i) of the samples' p0,
-    padded into rows, THRESHOLD_ROWS samples at a time.
-
-    Assumption: a sample without response tokens gets tau = 0 (no token can be below it).
-    """
+    """tau_i of every sample -> [S] float64: sample_threshold (stage 03's kappa_i; 0 for a sample without
+    response tokens) of the samples' p0, padded into rows, THRESHOLD_ROWS samples at a time."""
     n, tau = np.diff(offsets), np.zeros(len(offsets) - 1)  # n_i [S], tau_i [S]
     for lo in range(0, len(n), THRESHOLD_ROWS):
         n_block = n[lo : lo + THRESHOLD_ROWS]  # [b]
@@ -230,7 +79,7 @@ def adaptive_thresholds(p0: np.ndarray, offsets: np.ndarray, rho: float, tau_max
         rows[valid] = p0[offsets[lo] : offsets[lo + len(n_block)]]
         block = sample_threshold(torch.from_numpy(rows), torch.from_numpy(valid), rho, tau_max)  # [b]
         tau[lo : lo + len(n_block)] = block.numpy()
-    return np.where(n > 0, tau, 0.0)
+    return tau
 
 
 def seed_tokens(low: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -326,11 +175,11 @@ def sample_weights(
     "token-mean" rescales the clipped weights to that mean, "none" keeps them. The rescale divides by a
     mean >= 1, so w stays <= w_max.
 
-    Finite for any finite alpha and w_max (KNOB_RANGES bounds --w-max by float32's largest, the dtype w is
-    stored in): the raw weight past the largest float is infinite, which the clip takes to w_max as it
-    takes any value above it; and sum_i n_i w_i, which overflows for w_max near float64's largest,
-    is summed in units of 2^k where it would (k = 0 otherwise). Scaling by a power of 2 rounds nothing:
-    the weights are those of the plain formula.
+    Finite for any finite alpha and w_max (cuset_common/labeling/options.py bounds --w-max by float32's
+    largest, the dtype w is stored in): the raw weight past the largest float is infinite, which the clip
+    takes to w_max as it takes any value above it; and sum_i n_i w_i, which overflows for w_max near
+    float64's largest, is summed in units of 2^k where it would (k = 0 otherwise). Scaling by a power of 2
+    rounds nothing: the weights are those of the plain formula.
     """
     mean_m = m[n > 0].mean()
     with np.errstate(over="ignore"):
@@ -379,69 +228,14 @@ def label_regions(t: dict, args: argparse.Namespace) -> RegionLabels:
 
 
 # ---------------------------------------------------------------------------------------
-# The artifact
-# ---------------------------------------------------------------------------------------
-
-
-def room_needed(t: dict, samples: list[dict], html_samples: int) -> int:
-    """Bytes of the regions artifact, over-estimated before the work: region_id (4 a token); at most one
-    region per sensitive token (each holds a seed), 17 bytes each; tau, m, w and sample_offsets (20 a
-    sample); regions.html, the html_samples largest samples at HTML_BYTES_PER_TOKEN a token and 6 a
-    character (`&` escaped is `&amp;`); 64 kB for report.md and meta.json."""
-    n = np.diff(t["sample_offsets"])  # [S]
-    page = HTML_BYTES_PER_TOKEN * n + 6 * np.array([len(s["response_text"].encode()) for s in samples])
-    shown = np.sort(page)[::-1][:html_samples]  # [<= html_samples] the largest pages
-    return 4 * len(t["p0"]) + 17 * int(np.count_nonzero(t["c"])) + 20 * len(n) + int(shown.sum()) + 65536
-
-
-def artifact_tensors(labels: RegionLabels) -> dict[str, np.ndarray]:
-    """The regions artifact's tensors: regions per token and per region, and tau_i, m_i, w_i per sample."""
-    return {
-        "region_id": labels.region_id,
-        "region_category": labels.region_category,
-        "region_start": labels.region_start,
-        "region_end": labels.region_end,
-        "tau": labels.tau.astype(np.float32),
-        "m": labels.m.astype(np.float32),
-        "w": labels.w.astype(np.float32),
-        "sample_offsets": labels.sample_offsets.astype(np.int64),
-    }
-
-
-def artifact_meta(
-    args: argparse.Namespace, profile_meta: dict, profile_sha: dict, labels: RegionLabels, finding: dict
-) -> dict:
-    """meta.json: the run's arguments, the profile's identity (stage 03 checks it; profile_sha: the sha256
-    of the bytes read of each of its files), counts and the finding."""
-    inherited = ("model", "tokenizer_fingerprint", "data", "max_length", "categories")
-    return {
-        "stage": STAGE,
-        "args": args_to_json(args),
-        **{k: profile_meta.get(k) for k in inherited},
-        "profile": {
-            "path": str(args.profile.resolve()),
-            "meta_sha256": profile_sha["meta.json"],
-            "tensors_sha256": profile_sha["tensors.safetensors"],
-        },
-        "counts": {
-            "samples": len(labels.n),
-            "response_tokens": len(labels.p0),
-            "regions": len(labels.region_start),
-            "region_tokens": int((labels.region_id >= 0).sum()),
-            "seeds": int(seed_tokens(labels.low, labels.c).sum()),
-        },
-        "finding": json_safe(finding),
-    }
-
-
-# ---------------------------------------------------------------------------------------
 # The recipe
 # ---------------------------------------------------------------------------------------
 
 
 @finishes_out  # releases the lock on --out that check_out_dir takes
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)  # cuset_common/labeling/options.py
+    # refused when foreign, inconsistent or made from other inputs (cuset_common/labeling/inputs.py)
     tensors, profile_meta, samples, names, profile_sha = load_profile(args)
     inputs = {"--profile": args.profile, "--data": args.data, "--model": Path(args.model)}
     check_out_dir(args.out, STAGE, inputs, args.force, room_needed(tensors, samples, args.html_samples))
@@ -451,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     report = render_report(finding, args, len(samples))
     page = render_html(labels, samples, finding, args, names)
 
-    meta = artifact_meta(args, profile_meta, profile_sha, labels, finding)
-    write_artifact(args.out, artifact_tensors(labels), meta, {"report.md": report, "regions.html": page})
+    seeds = int(seed_tokens(labels.low, labels.c).sum())
+    meta = regions_meta(args, profile_meta, profile_sha, labels, finding, seeds)
+    write_artifact(args.out, regions_tensors(labels), meta, {"report.md": report, "regions.html": page})
     print(report)
     print(f"wrote {path_text(args.out)} ({len(labels.region_start)} regions; report.md, regions.html)")
     return 0

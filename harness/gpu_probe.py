@@ -244,7 +244,7 @@ class GpuWatch:
     for a broken GPU."""
 
     runner: Runner
-    probe: Probe  # the probe of start_runner, which ran: its program and architecture
+    probe: Probe  # the probe that ran (backend_choice.py: start_runner): its program and architecture
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def after(self, outcome: str, what: str) -> None:

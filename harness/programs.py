@@ -41,7 +41,7 @@ class Runner:
     sandbox: bool
     backend: str  # "gpu" | "emulated"
     gpu: str = "0"  # the GPU backend's GPU, as the programs' CUDA_VISIBLE_DEVICES (program_gpu)
-    watch: GpuWatch | None = None  # the GPU backend's probe again after a failed program (start_runner)
+    watch: GpuWatch | None = None  # the GPU probe again after a failed program (backend_choice.py)
 
     def untrusted(
         self, cmd: list[str], folder: Path, timeout: float, env: dict | None = None, **kw

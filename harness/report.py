@@ -1,7 +1,7 @@
-"""What stage 04 shows its user, apart from the protocol in 04_eval_kernels.py: the progress line
-(done/total, elapsed, ETA) of generation, compiles and runs, and summary.json and summary.md from
-the summary that 04_eval_kernels.summarize computes, with the generation record (harness/generation.py:
-generation_record); a --generate-only run's summary holds that record and no verdicts.
+"""What stage 04 reports, apart from the protocol in 04_eval_kernels.py: summary.json and summary.md from
+the summary that 04_eval_kernels.summarize computes, with what ran the rows and the generation record
+(harness/generation.py: generation_record); a --generate-only run's summary holds that record and no
+verdicts.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from cuset_common.files import write_text_atomic
 from harness.input_sets import input_set_summary
 from harness.outcomes import NO_KERNEL
+from harness.programs import Runner
 
 NOTES = {  # what summary.md says when a run has rows of a kind
     "task_error": "{n} rows are `task_error`: the task's own gen.py failed here, compare.py judged the "
@@ -101,8 +102,22 @@ def generation_line(record: dict) -> str:
     )
 
 
+def generation_summary(args, jobs: list[tuple], run, generation: dict | None) -> dict:
+    """summary.json of a --generate-only run: what was generated and how, and no verdicts."""
+    return {
+        "generate_only": True,
+        "model": str(args.model),
+        "mode": args.mode,
+        "levels": args.levels,
+        "rows": len(jobs),
+        "completions": sum(j in run.completions for j in jobs),
+        "completions_file": str(args.out / "completions.jsonl"),
+        "generation": generation,
+    }
+
+
 def write_generation_summary(out: Path, summary: dict) -> str:
-    """summary.json and summary.md of a --generate-only run (generation_summary in 04_eval_kernels.py), each
+    """summary.json and summary.md of a --generate-only run (generation_summary), each
     written atomically; returns the markdown, which says that nothing was judged."""
     record, file = summary["generation"], summary["completions_file"]
     md = "\n".join(
@@ -122,6 +137,34 @@ def write_generation_summary(out: Path, summary: dict) -> str:
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_text_atomic(out / "summary.md", md + "\n")
     return md
+
+
+def write_run_summary(
+    args, rows: list[dict], summary: dict, gpu: str | None, runner: Runner, generation
+) -> str:
+    """summary.json and summary.md of the run's rows, from their `summary` (04_eval_kernels.py: summarize)
+    with what ran them; returns the markdown."""
+    backend = summary["backend"]
+    summary = summary | {
+        "gpu": gpu,
+        "model": "reference" if args.reference else str(args.solutions or args.model),
+        "emulate_checks": backend == "emulated" and args.emulate_checks,
+        "sandbox": runner.sandbox,
+        "generation": generation,
+        "generation_errors": sum("generation_error" in r for r in rows),
+        "checks": checks_summary(rows, args.input_sets),
+    }
+    header = (
+        f"# Evaluation: {summary['model']} on {args.tasks.name} ({args.split}), mode {args.mode}, "
+        f"backend: {backend}" + ("" if runner.sandbox else ", NOT sandboxed (--no-sandbox)")
+    )
+    if summary["generation_errors"]:
+        header += (
+            f"\n\n**{summary['generation_errors']} rows got no reply from the server** (outcome "
+            f"`generation_error`, outside pass@k; results.jsonl says why): rerun the same command to ask "
+            f"again."
+        )
+    return write_summary(args.out, summary, header)
 
 
 def write_summary(out: Path, summary: dict, header: str) -> str:

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cuset_common liv
 from cuset_common.cli import UserError, run_main
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.device import pick_device
-from cuset_common.files import write_text_atomic
+from cuset_common.files import json_safe, write_text_atomic
+from cuset_common.labeling.observation import mean
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
 from cuset_common.tasks import KERNEL_SIGNATURE, signature_parts
@@ -157,17 +158,13 @@ def random_repeat_accuracy(model, tokenizer, args: argparse.Namespace, device: s
     return float(np.mean(hits))
 
 
-def mean(xs: list) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
 def summarize(rows: list[dict]) -> dict:
     pooled = {k: [v for r in rows for v in r[k]] for k in ("name_p", "name_hit", "other_p", "other_hit")}
     return {
         "records": len(rows),
         "name_tokens": len(pooled["name_p"]),
         "other_tokens": len(pooled["other_p"]),
-        **{f"mean_{k}": mean(v) for k, v in pooled.items()},
+        **json_safe({f"mean_{k}": mean(v) for k, v in pooled.items()}),  # no token of a kind: null
         "signatures": sum(r["signatures"] for r in rows),
         "signatures_right": sum(r["signatures_right"] for r in rows),
     }

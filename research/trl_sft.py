@@ -1,21 +1,25 @@
 """Train with TRL's SFTTrainer on any objective of stage 03: the CuSeT loss in the trainer people already run.
 
 TRL's SFTTrainer offers two losses, `loss_type="nll"` (stage 03's `sft`) and `"dft"` (stage 03's `dft`),
-none with a per-token mask or a per-sample weight. This file hands SFTTrainer stage 03's own loss: the
-objectives, their knobs and their defaults are 03_train_cuset.py's, loaded from it (docs/method.md,
-"Training with TRL"). Stage 03 stays the readable loop; this is the same run inside TRL:
+none with a per-token mask or a per-sample weight. This file hands SFTTrainer stage 03's own loss: the loss
+itself (OBJECTIVES, objective_loss, mask_probability, mask_knobs, PROFIT_THRESHOLD) is 03_train_cuset.py's,
+loaded from it through research/stage_modules.py (docs/method.md, "Training with TRL"); the rest of stage
+03's run comes from the package it imports (cuset_common/training/). Stage 03 stays the readable loop; this
+is the same run inside TRL:
 
-  data     stage 03's tokenize_dataset: the tokenization of stages 01 and 02 (cuset_common.data), each
-           sample's region mask and weight cut from stage 02's artifact, checked against this run's
-           tokenizer and data as stage 03 checks them. SFTTrainer gets a dataset of sample indices
-           (skip_prepare_dataset) and a collator that pads the samples a batch names with stage 03's
-           collate: tokens, labels, region mask and weights come from one place and line up by construction.
+  data     stage 03's samples (cuset_common/training/samples.py, load_samples): the tokenization of stages
+           01 and 02 (cuset_common.data), each sample's region mask and weight cut from stage 02's artifact,
+           checked against this run's tokenizer and data as stage 03 checks them. SFTTrainer gets a dataset
+           of sample indices (skip_prepare_dataset) and a collator that pads the samples a batch names with
+           stage 03's collate: tokens, labels, region mask and weights come from one place and line up by
+           construction.
   loss     compute_loss takes the per-token log-probabilities of TRL's fused LM head and calls stage 03's
            objective_loss, with N = the response tokens of the optimizer step's global batch (every
            gradient-accumulation micro-batch, every process) counted before masking: get_batch_samples.
-  schedule stage 03's: its optimizer over all parameters (AdamW or SGD), its learning rate (lr_at: warmup,
-           then cosine) and its order of the samples (batch_order), so that the same arguments train the
-           same model as 03_train_cuset.py, to float32 rounding (tests/test_trl.py).
+  schedule stage 03's (cuset_common/training/schedule.py): its optimizer over all parameters (AdamW or
+           SGD), its learning rate (lr_at: warmup, then cosine) and its order of the samples (batch_order),
+           so that the same arguments train the same model as 03_train_cuset.py, to float32 rounding
+           (tests/test_trl.py).
 
 Commands
   python research/trl_sft.py                                    # tiny model, bundled data, cuset
@@ -38,7 +42,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, whose packages it imports
@@ -46,17 +49,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 import torch
 from transformers import TrainerCallback
 
-from cuset_common.artifacts import tokenizer_fingerprint
-from cuset_common.cli import ArgumentParser, UserError, check_ranges, run_main
+from cuset_common.cli import ArgumentParser, check_ranges, run_main
 from cuset_common.data_sources import load_data
 from cuset_common.device import pick_device, resolve_precision
 from cuset_common.files import write_text_atomic
-from cuset_common.models import load_causal_lm, load_tokenizer
+from cuset_common.models import load_causal_lm
 from cuset_common.out_dir import aside_dir, check_train_out, finishes_out, open_out
 from cuset_common.paths import DATA
-from cuset_common.training.checkpoint import save_final
+from cuset_common.training.checkpoint import checkpoint_meta, save_final
 from cuset_common.training.divergence import diverged_error, nonfinite_step, nonfinite_weights
+from cuset_common.training.options import (
+    RANGES,
+    add_input_arguments,
+    add_method_arguments,
+    add_schedule_arguments,
+)
+from cuset_common.training.run import check_batch_split, resolve_micro_batch_size
+from cuset_common.training.samples import collate, load_samples, regions_needed
 from cuset_common.training.scale import all_reduce_stats
+from cuset_common.training.schedule import batch_order, lr_at, schedule
+from cuset_common.training.step_log import log_step
 from research.stage_modules import stage_module
 
 try:
@@ -70,7 +82,7 @@ except ImportError as e:  # TRL is optional for the rest of the project
     )
     raise SystemExit(2) from None
 
-train03 = stage_module("03")
+train03 = stage_module("03")  # the loss: OBJECTIVES, objective_loss, mask_probability, mask_knobs
 
 # What stage 03's collate adds to a batch beside the model's inputs: objective_loss's arguments.
 LOSS_INPUTS = ("valid", "r", "w", "p0")
@@ -86,11 +98,11 @@ def visiting_order(samples: list[dict], args) -> datasets.Dataset:
     epoch after epoch, up to the last step. SFTTrainer reads it in sequence (train_sampling_strategy
     "sequential"), and each optimizer step takes the next --batch-size rows, split over processes and
     gradient-accumulation micro-batches as stage 03 splits them."""
-    steps_per_epoch, total, _ = train03.schedule(args, len(samples))
+    steps_per_epoch, total, _ = schedule(args, len(samples))
     rows = [
         i
         for epoch in range(math.ceil(total / steps_per_epoch))
-        for batch in train03.batch_order(len(samples), args.batch_size, epoch, args.seed)
+        for batch in batch_order(len(samples), args.batch_size, epoch, args.seed)
         for i in batch
     ]
     return datasets.Dataset.from_dict({"sample_index": rows[: total * args.batch_size]})
@@ -104,7 +116,7 @@ class SampleCollator:
         self.samples, self.pad_id = samples, pad_id
 
     def __call__(self, rows: list[dict]) -> dict:
-        batch = train03.collate([self.samples[r["sample_index"]] for r in rows], self.pad_id, "cpu")
+        batch = collate([self.samples[r["sample_index"]] for r in rows], self.pad_id, "cpu")
         ids, valid = batch["ids"], batch["valid"]  # valid [B, L-1]: the target positions, as the labels shift
         labels = torch.full_like(ids, -100)
         labels[:, 1:] = ids[:, 1:].masked_fill(~valid, -100)
@@ -205,7 +217,7 @@ class StepLog(TrainerCallback):
         self.tokens_seen += stats["tokens"]
         if trainer.is_world_process_zero():
             step = state.global_step + 1  # counted after this callback
-            line = train03.log_step(
+            line = log_step(
                 step, state.max_steps, stats, trainer.optimizer, self.tokens_seen, self.t_start, step
             )
             self.lines.append(line)
@@ -220,11 +232,11 @@ def make_trainer(args, model, tokenizer, samples: list[dict], device: str, preci
     """CusetSFTTrainer set up to run stage 03's schedule: --max-steps (or --epochs) of --batch-size samples
     in micro-batches of --micro-batch-size, stage 03's optimizer and learning rate, nothing saved or
     reported by Trainer itself (the checkpoint is main's)."""
-    _, total, warmup = train03.schedule(args, len(samples))
+    _, total, warmup = schedule(args, len(samples))
     optimizer_class = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.SGD
     optimizer = optimizer_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: train03.lr_at(step, total, warmup, args.lr, args.min_lr_ratio) / args.lr
+        optimizer, lambda step: lr_at(step, total, warmup, args.lr, args.min_lr_ratio) / args.lr
     )
     config = SFTConfig(
         output_dir=str(args.out),
@@ -263,9 +275,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Stage 03's input, schedule and method arguments (the same names and defaults), and how this run
     is carried out."""
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    train03.add_input_arguments(ap)
-    train03.add_schedule_arguments(ap)
-    train03.add_method_arguments(ap)
+    add_input_arguments(ap, train03.OBJECTIVES)
+    add_schedule_arguments(ap)
+    add_method_arguments(ap, train03.PROFIT_THRESHOLD)
     a = ap.add_argument
     a("--seed", type=int, default=0)
     a("--device", choices=("auto", "cpu"), default="auto", help="auto: a GPU if there is one, else the CPU")
@@ -277,7 +289,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = DATA / "artifacts" / f"ckpt-trl-{args.objective}"
-    check_ranges(ap, args, {k: v for k, v in train03.RANGES.items() if hasattr(args, k)})
+    check_ranges(ap, args, {k: v for k, v in RANGES.items() if hasattr(args, k)})
     if args.norm == "kept":
         ap.error("--norm kept is stage 03's alone (it counts kept tokens before the step); use --norm all")
     return args
@@ -285,7 +297,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_out(args) -> None:
     """--out, before any work: stage 03's rule (check_train_out), without --resume."""
-    check_train_out(args, args.regions if train03.uses_regions(args) else None, resumable=False)
+    regions = args.regions if regions_needed(args, train03.OBJECTIVES) else None
+    check_train_out(args, regions, resumable=False)
 
 
 def process_count() -> int:
@@ -293,52 +306,18 @@ def process_count() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def check_batch_split(args, world: int) -> None:
-    if args.batch_size % (world * args.micro_batch_size):
-        raise UserError(
-            f"--batch-size {args.batch_size} must be a multiple of processes x "
-            f"--micro-batch-size ({world} x {args.micro_batch_size})"
-        )
-
-
-@dataclass
-class Inputs:
-    """The run's tokenizer and samples, checked against stage 02's artifact as stage 03 checks them, and what
-    the checkpoint's meta.json records of them."""
-
-    tokenizer: object
-    samples: list[dict]
-    skipped: int  # samples whose prompt fills max_length: no response token
-    tok_fp: str  # tokenizer_fingerprint
-    data_id: dict
-    max_length: int
-
-
-def load_inputs(args, records: list[dict], data_id: dict) -> Inputs:
-    """Stage 03's tokenizer, regions and samples for these records (its main, step by step)."""
-    tokenizer = load_tokenizer(args.model)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tok_fp = tokenizer_fingerprint(tokenizer)
-    regions = train03.load_regions(args, tok_fp, data_id)
-    max_length = train03.resolve_max_length(args, regions)
-    samples, skipped = train03.tokenize_dataset(records, tokenizer, max_length, regions)
-    train03.check_enough_samples(args, len(samples), skipped)
-    return Inputs(tokenizer, samples, skipped, tok_fp, data_id, max_length)
-
-
 @finishes_out
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
     precision = resolve_precision(args.precision, device)
-    args.micro_batch_size = train03.resolve_micro_batch_size(args, device)
+    args.micro_batch_size = resolve_micro_batch_size(args, device)
     check_batch_split(args, process_count())
 
     # The inputs, each checked before any work, as stage 03 checks them.
     records, data_id = load_data(args)
     check_out(args)
-    inputs = load_inputs(args, records, data_id)
+    inputs = load_samples(args, records, data_id, regions_needed(args, train03.OBJECTIVES))
     model = load_causal_lm(args.model, torch.float32)
     trainer = make_trainer(args, model, inputs.tokenizer, inputs.samples, device, precision)
     rank0 = trainer.is_world_process_zero()
@@ -356,9 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     step = trainer.state.global_step
     if what := nonfinite_weights(trainer.model, process_count(), str(trainer.args.device)):
         trainer.diverged(what, step)  # checked once, before the model is written
-    meta = train03.checkpoint_meta(
-        args, step, inputs.tok_fp, data_id, inputs.max_length, precision, memory=None
-    )
+    uses_regions = train03.OBJECTIVES[args.objective].uses_regions
+    meta = checkpoint_meta(args, inputs, step, precision, None, uses_regions)
     meta["trainer"] = {"name": "trl.SFTTrainer", "trl": trl.__version__}
     save_final(args, trainer.model, inputs.tokenizer, meta if rank0 else None, trainer.args.process_index)
     if rank0:

@@ -22,8 +22,9 @@ sys.path.insert(
 from cuset_common.cli import load_script, run_main  # noqa: E402,F401  (tests import load_script from here)
 from cuset_common.device import nvidia_smi_lists_a_gpu
 from cuset_common.models import load_tokenizer  # noqa: E402
-from cuset_common.paths import TINY_MODEL  # noqa: E402
+from cuset_common.paths import NVCC_DEFAULT_ARCH, TINY_MODEL  # noqa: E402
 from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402
+from harness.programs import gpu_name, resolve_backend  # noqa: E402
 
 
 @lru_cache(maxsize=1)
@@ -112,8 +113,7 @@ def eval_stage():
 
 def plain_backend() -> str:
     """The backend a plain stage-04 run picks on this machine (--backend auto): gpu, or emulated."""
-    ev = eval_stage()
-    return ev.resolve_backend("auto", ev.gpu_name())
+    return resolve_backend("auto", gpu_name())
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def run_program(tmp_path):
     runner = ev.Runner(True, backend)
     emulator = ev.prepare_emulator(work, checks=False) if backend == "emulated" else None
     # the GPU's own architecture, as stage 04's probe builds for it (harness/gpu_probe.py)
-    arch = gencode_flags(compute_capability()) if backend == "gpu" else ev.NVCC_DEFAULT_ARCH
+    arch = gencode_flags(compute_capability()) if backend == "gpu" else NVCC_DEFAULT_ARCH
 
     def gen_dir(task: dict) -> Path:
         folder = work / task["id"]
@@ -257,9 +257,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 def snapshot(root: Path) -> dict[str, str]:
     """sha256 of every file under root (hidden ones too), and every folder, by relative path."""
-    import hashlib
+    from cuset_common.files import sha256_file
 
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-        for p in sorted(root.rglob("*"))
+        str(p.relative_to(root)): sha256_file(p) if p.is_file() else "dir" for p in sorted(root.rglob("*"))
     }

@@ -33,6 +33,8 @@ from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
 from harness import generation
+from harness.completions import gather_completions
+from harness.eval_options import parse_args
 from harness.generation import decode, left_padded, looping, prompt_ids, stop_rules
 from harness.run_folder import Run, run_fingerprint, select_tasks
 from harness.sandbox import _descendants, _live_processes
@@ -107,7 +109,7 @@ def test_the_vllm_side_cuts_a_reply_on_the_token_where_the_own_loop_cuts_it():
 
     tok = load_tokenizer(str(TINY_MODEL), need_offsets=False, padding_side="left")
     model = load_causal_lm(str(TINY_MODEL), torch.float32).eval()
-    args = ev.parse_args(SAME)
+    args = parse_args(SAME)
     tasks = [t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"][:6]
     enc = left_padded([prompt_ids(tok, t, 1, "kernel") for t in tasks], tok.pad_token_id, "cpu")
     rules = stop_rules(tok, lambda reply: ev.reply_complete(reply, "kernel"), LOOP_SPAN)
@@ -206,11 +208,11 @@ def test_vllm_sampling_asks_for_n_samples_seeded_per_prompt_and_explicit_max_tok
     from harness.generation import prompt_seed
     from harness.vllm_generation import sampling_params
 
-    args = ev.parse_args(["--num-samples", "3", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5"])
+    args = parse_args(["--num-samples", "3", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5"])
     params = sampling_params(args, ("sin", 2), [7, 9])
     assert (params.n, params.temperature, params.top_p, params.max_tokens) == (3, 0.7, 0.9, 1024)
     assert params.seed == prompt_seed(5, "sin", 2) and params.stop_token_ids == [7, 9] and params.ignore_eos
-    greedy = sampling_params(ev.parse_args(["--num-samples", "3", "--max-new-tokens", "64"]), ("sin", 2), [7])
+    greedy = sampling_params(parse_args(["--num-samples", "3", "--max-new-tokens", "64"]), ("sin", 2), [7])
     assert (greedy.n, greedy.temperature, greedy.seed, greedy.max_tokens) == (1, 0.0, None, 64)
 
 
@@ -245,9 +247,9 @@ def test_auto_keeps_the_tiny_model_and_short_runs_on_the_own_loop():
     """auto: the tiny model (5.2M parameters) stays on the own loop at any size; a model of unknown size
     (a hub id) takes vLLM from AUTO_MIN_TOKENS tokens on, where vLLM imports and runs on the device asked
     for (here the CPU); an explicit choice stands."""
-    tiny = ev.parse_args(["--num-samples", "100"])
+    tiny = parse_args(["--num-samples", "100"])
     assert choose_engine(tiny, 40 * 3 * 100)[0] == "hf" and "5.2M parameters" in choose_engine(tiny, 1)[1]
-    hub = ev.parse_args(["--model", "org/model", "--max-new-tokens", "1024", "--device", "cpu"])
+    hub = parse_args(["--model", "org/model", "--max-new-tokens", "1024", "--device", "cpu"])
     rows = AUTO_MIN_TOKENS // 1024
     assert choose_engine(hub, rows - 1) == (
         "hf",
@@ -256,7 +258,7 @@ def test_auto_keeps_the_tiny_model_and_short_runs_on_the_own_loop():
     engine, why = choose_engine(hub, rows)
     vllm_on_a_cpu = importlib.util.find_spec("vllm") and vllm_platform() == "cpu"
     assert engine == ("vllm" if vllm_on_a_cpu else "hf"), why
-    assert choose_engine(ev.parse_args(["--engine", "vllm"]), 1) == ("vllm", "asked for")
+    assert choose_engine(parse_args(["--engine", "vllm"]), 1) == ("vllm", "asked for")
 
 
 def test_engine_vllm_where_vllm_does_not_import_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
@@ -305,7 +307,7 @@ def test_vllm_on_a_gpu_runs_on_the_asked_gpu_and_takes_a_share_of_its_free_memor
         "gpu_memory_utilization": pytest.approx(0.3375),
     }
     assert gpu_arguments("cuda", (80 * gib, 80 * gib), 0.5)["device_ids"] == [0]
-    assert ev.parse_args([]).vllm_gpu_memory == 0.9
+    assert parse_args([]).vllm_gpu_memory == 0.9
 
 
 def test_the_own_loop_has_freed_its_model_when_its_completions_are_in(tmp_path, monkeypatch):
@@ -321,14 +323,13 @@ def test_the_own_loop_has_freed_its_model_when_its_completions_are_in(tmp_path, 
         return model
 
     monkeypatch.setattr(generation, "load_causal_lm", load_and_watch)
-    args = ev.parse_args([*SAME, "--limit", "1", "--max-new-tokens", "4", "--engine", "hf"])
+    args = parse_args([*SAME, "--limit", "1", "--max-new-tokens", "4", "--engine", "hf"])
     tasks, _ = select_tasks(args)
     run = Run(tmp_path)
     gc.disable()
     try:
-        ev.gather_completions(
-            args, {str(t["id"]): t for t in tasks}, [(str(tasks[0]["id"]), 1, 0)], run, None
-        )
+        by_id, job = {str(t["id"]): t for t in tasks}, (str(tasks[0]["id"]), 1, 0)
+        gather_completions(args, by_id, [job], run, None, ev.reply_complete)
     finally:
         gc.enable()
     assert len(loaded) == 1 and loaded[0]() is None and len(run.completions) == 1
@@ -345,7 +346,7 @@ def test_the_fingerprint_names_the_engine_auto_resolves_to_the_device_and_the_dt
     """--engine auto on the tiny model resolves to the own loop before the fingerprint is taken, so a run
     started with auto and one with hf are the same run; the device and dtype are named as resolved."""
     argv = [*ONE_PROMPT, "--device", "cpu", "--precision", "fp32"]
-    auto, own = (run_fingerprint(ev.parse_args([*argv, "--engine", e]), "emulated") for e in ("auto", "hf"))
+    auto, own = (run_fingerprint(parse_args([*argv, "--engine", e]), "emulated") for e in ("auto", "hf"))
     assert auto == own and (own["engine"], own["device"], own["precision"]) == ("hf", "cpu", "fp32")
 
 
@@ -372,7 +373,7 @@ def test_the_fingerprint_tells_a_cpu_run_from_a_gpu_run():
     if not torch.cuda.is_available():
         pytest.skip("torch here is a CPU build")
     argv = [*ONE_PROMPT, "--engine", "hf", "--precision", "fp32"]
-    cpu, gpu = (run_fingerprint(ev.parse_args([*argv, "--device", d]), "gpu") for d in ("cpu", "cuda:0"))
+    cpu, gpu = (run_fingerprint(parse_args([*argv, "--device", d]), "gpu") for d in ("cpu", "cuda:0"))
     assert (cpu["device"], gpu["device"]) == ("cpu", "cuda") and {k for k in cpu if cpu[k] != gpu[k]} == {
         "device"
     }

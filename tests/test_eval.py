@@ -21,8 +21,9 @@ from conftest import eval_stage, plain_backend, refused
 
 from cuset_common.data import load_sft
 from cuset_common.models import load_causal_lm, load_tokenizer
-from cuset_common.paths import ROOT, TASKS_FILE
+from cuset_common.paths import ROOT, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
+from harness.eval_options import parse_args
 from harness.generation import (
     LOOP_CHECK_EVERY,
     decode,
@@ -32,7 +33,7 @@ from harness.generation import (
     stop_when_looping,
 )
 from harness.outcomes import APART, OUTCOMES
-from harness.programs import LOG_KEEP, WORK_PREFIX
+from harness.programs import LOG_KEEP, WORK_PREFIX, gpu_name
 
 ev = eval_stage()
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and the sandbox uid need root")
@@ -97,7 +98,7 @@ def test_code_extraction_on_tricky_replies(reply, mode, want):
 
 @pytest.mark.parametrize("mode", ["standalone", "kernel"])
 def test_generation_stops_right_after_the_code_block_the_mode_asks_for(mode):
-    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    tok = load_tokenizer(str(TINY_MODEL), need_offsets=False)
     prompt = tok("<|im_start|>user\nwrite it<|im_end|>\n<|im_start|>assistant\n").input_ids
     reply = f"Sure.\n```cuda\n{KERNEL}\n```\nNow main:\n```cuda\n{PROGRAM}\n```\nDone, and more text."
     ids = prompt + tok(reply).input_ids
@@ -112,7 +113,7 @@ def test_generation_stops_right_after_the_code_block_the_mode_asks_for(mode):
     assert text.rstrip().endswith("```") and text.count("```") == (2 if mode == "kernel" else 4), text
 
 
-LOOP_SPAN = ev.parse_args([]).loop_stop
+LOOP_SPAN = parse_args([]).loop_stop
 
 
 def real_code() -> list[str]:
@@ -144,7 +145,7 @@ def test_no_reference_or_training_response_reads_as_a_loop_at_any_length():
     import numpy as np
     import torch
 
-    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    tok = load_tokenizer(str(TINY_MODEL), need_offsets=False)
     texts = real_code()
     assert len(texts) > 1000
     ids = [np.array(tok(text, add_special_tokens=False).input_ids) for text in texts]
@@ -159,7 +160,7 @@ def test_no_reference_or_training_response_reads_as_a_loop_at_any_length():
 def test_a_reply_that_repeats_a_line_is_cut_once_the_repeats_fill_the_span():
     import torch
 
-    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    tok = load_tokenizer(str(TINY_MODEL), need_offsets=False)
     head = tok("```cpp\n__global__ void k(float* y) {\n").input_ids
     line = tok("    int c = c + 1;\n").input_ids
     stop = stop_when_looping(LOOP_SPAN)
@@ -207,7 +208,7 @@ def test_the_loop_stop_changes_no_reply_that_does_not_loop(tmp_path):
             (c["task_id"], c["level"]): c["completion"]
             for c in map(json.loads, (out / "completions.jsonl").read_text().splitlines())
         }
-    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False)
+    tok = load_tokenizer(str(TINY_MODEL), need_offsets=False)
     assert len(runs[0, "text"]) == 18
     for job, full in runs[0, "text"].items():
         cut = runs[LOOP_SPAN, "text"][job]
@@ -226,8 +227,8 @@ def test_decode_writes_what_hf_generate_writes_while_finished_rows_leave_the_bat
 
     import torch
 
-    tok = load_tokenizer(str(ev.TINY_MODEL), need_offsets=False, padding_side="left")
-    model = load_causal_lm(str(ev.TINY_MODEL), torch.float32).eval()
+    tok = load_tokenizer(str(TINY_MODEL), need_offsets=False, padding_side="left")
+    model = load_causal_lm(str(TINY_MODEL), torch.float32).eval()
     texts = [
         f"<|im_start|>user\nwrite kernel {i}{' with padding' * i}<|im_end|>\n<|im_start|>assistant\n"
         for i in range(4)
@@ -311,7 +312,7 @@ def test_references_pass_and_rows_say_how_they_ran(tmp_path, mode, capsys):
 
 
 def test_backend_gpu_without_a_gpu_is_refused(tmp_path, capsys):
-    if ev.gpu_name():
+    if gpu_name():
         pytest.skip("a GPU is present")
     argv = ["--reference", "--backend", "gpu", "--limit", "1", "--out", tmp_path / "o"]
     line, _ = refused(ev.main, argv, capsys)

@@ -33,6 +33,7 @@ from test_train import (
 
 from cuset_common.data import load_sft
 from cuset_common.paths import ROOT
+from cuset_common.training.scale import format_memory_plan, memory_plan
 
 # Under FSDP each gradient element is the same K-term sum as on one process, reduce-scattered over the
 # processes in another order: the reordering bound of assert_same_sgd_training (test_train.py) holds as for
@@ -51,13 +52,14 @@ import json, os, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from conftest import load_script
 from live_memory import LiveTensorBytes
+import cuset_common.training.run as run  # where stage 03 makes the plan and shards (place_model)
 train = load_script("03_train_cuset.py")
 rec, tracker, model = {}, LiveTensorBytes(), []
 def start():
     for t in [*model[0].parameters(), *model[0].buffers()]:
         tracker.add(t)
     tracker.__enter__()
-plan, shard = train.memory_plan, train.shard_fsdp
+plan, shard = run.memory_plan, run.shard_fsdp
 def spy_plan(m, *a, **k):
     model.append(m)
     rec["on_meta"] = any(p.is_meta for p in [*m.parameters(), *m.buffers()])
@@ -69,7 +71,7 @@ def spy_shard(net, args, mesh):
     rec["mesh"] = mesh.device_type
     shard(net, args, mesh)
     start()
-train.memory_plan, train.shard_fsdp = spy_plan, spy_shard
+run.memory_plan, run.shard_fsdp = spy_plan, spy_shard
 assert train.main(sys.argv[2:]) == 0
 tracker.__exit__(None, None, None)
 rec["peak"] = tracker.peak
@@ -334,12 +336,12 @@ def test_the_memory_plan_at_7b_shards_state_by_processes():
     model = qwen_7b_on_meta()
     p = sum(x.numel() for x in model.parameters())
     assert 7.5e9 < p < 7.7e9
-    one = train.memory_plan(model, train.parse_args(["--micro-batch-size", "1"]), 1, "cuda", 2048, "bf16")
+    one = memory_plan(model, train.parse_args(["--micro-batch-size", "1"]), 1, "cuda", 2048, "bf16")
     assert one["weights"][0] + one["gradients"][0] + one["optimizer"][0] == 16 * p  # > 112 GB: not one GPU
     args = train.parse_args(
         ["--micro-batch-size", "1", "--fsdp", "--param-dtype", "bf16", "--grad-checkpointing"]
     )
-    eight = train.memory_plan(model, args, 8, "cuda", 2048, "bf16")
+    eight = memory_plan(model, args, 8, "cuda", 2048, "bf16")
     assert eight["optimizer"][0] == 8 * p / 8 and eight["step"][0] == 4 * p / 8
     root = 2 * 152064 * 3584 + 3584  # embeddings, output layer, final norm
     layer = (p - root) / 28
@@ -347,7 +349,7 @@ def test_the_memory_plan_at_7b_shards_state_by_processes():
     assert eight["gradients"][0] == pytest.approx(4 * p / 8 + 2 * (root + layer))
     assert eight["total"][0] < 40 * 2**30  # fits an 80 GB GPU with room for the allocator
     assert eight["load (host)"][0] == 4 * p and "rank 0" in eight["load (host)"][1]  # 30 GB, one host copy
-    text = train.format_memory_plan(eight, args, 8)
+    text = format_memory_plan(eight, args, 8)
     assert "fsdp over 8" in text and "weights bf16" in text and "total" in text
 
 

@@ -10,7 +10,6 @@ make_profile); stage 01 on two or three samples of the bundled data with the tin
 from __future__ import annotations
 
 import errno
-import hashlib
 import importlib
 import json
 import os
@@ -29,9 +28,15 @@ from safetensors.numpy import load_file, save_file
 from test_label_regions import make_profile, random_samples
 
 import cuset_common.artifacts as artifacts
+import cuset_common.labeling.options as regions_options
+import cuset_common.profiler.options as profile_options
 import cuset_common.profiler.shards as shards
 from cuset_common.artifacts import file_records, tokenizer_fingerprint, write_artifact
 from cuset_common.cli import UserError, load_script, run_main
+from cuset_common.files import sha256_file
+from cuset_common.labeling.artifact import room_needed
+from cuset_common.labeling.inputs import load_profile
+from cuset_common.labeling.options import parse_args as parse_regions_args
 from cuset_common.out_dir import size_text
 from cuset_common.paths import SFT_KERNEL_FILE, TINY_MODEL
 from cuset_common.profiler.tagger import CATEGORIES, tag_tokens
@@ -241,7 +246,7 @@ def test_stage_02_records_the_profile_it_read_not_the_one_on_disk_at_its_end(wor
     """The profile is rewritten (another of 9 samples) while stage 02 labels the first one: meta.json names
     the sha256 of the files it read."""
     files = ("meta.json", "tensors.safetensors")
-    read = {name: hashlib.sha256((world["profile"] / name).read_bytes()).hexdigest() for name in files}
+    read = {name: sha256_file(world["profile"] / name) for name in files}
     label, fingerprint = stage02.label_regions, json.loads((world["profile"] / "meta.json").read_text())
 
     def rewrite_then_label(t, args):
@@ -257,7 +262,7 @@ def test_stage_02_records_the_profile_it_read_not_the_one_on_disk_at_its_end(wor
     monkeypatch.setattr(stage02, "label_regions", rewrite_then_label)
     assert stage02.main(list(map(str, world["argv"]))) == 0
     _, meta = read_regions(world["root"] / "regions")
-    on_disk = hashlib.sha256((world["profile"] / "meta.json").read_bytes()).hexdigest()
+    on_disk = sha256_file(world["profile"] / "meta.json")
     assert on_disk != read["meta.json"]
     assert meta["profile"]["meta_sha256"] == read["meta.json"]
     assert meta["profile"]["tensors_sha256"] == read["tensors.safetensors"]
@@ -270,7 +275,7 @@ def test_stage_01_records_the_sha256_of_the_data_it_read(tmp_path, monkeypatch, 
     (the data's reader hashed the file again, after parsing it, so it named the new one)."""
     data = tmp_path / "d.jsonl"
     shutil.copy(small_data, data)
-    original = hashlib.sha256(data.read_bytes()).hexdigest()
+    original = sha256_file(data)
     for module in (
         "cuset_common.data_sources",
         "cuset_common.profiler.inputs",
@@ -302,9 +307,9 @@ def test_stage_02_asks_for_the_room_of_what_it_writes(world, monkeypatch, capsys
     size: with one byte less free it refuses, naming that size; with that much it writes, and what it
     writes fits."""
     argv = list(map(str, world["argv"]))
-    args = stage02.parse_args(argv)
-    tensors, _, samples, _, _ = stage02.load_profile(args)
-    need = stage02.room_needed(tensors, samples, args.html_samples)
+    args = parse_regions_args(argv)
+    tensors, _, samples, _, _ = load_profile(args)
+    need = room_needed(tensors, samples, args.html_samples)
     usage = shutil.disk_usage(world["root"])
     monkeypatch.setattr(artifacts.shutil, "disk_usage", lambda _: usage._replace(free=need - 1))
     line, _ = refused(stage02.main, argv, capsys)
@@ -407,7 +412,7 @@ def test_stage_02_under_a_folder_not_in_utf8(world, monkeypatch, capsys):
     root = world["root"] / os.fsdecode(b"repo-\xff")
     (root / "artifacts").mkdir(parents=True)
     profile = Path(shutil.move(world["profile"], root / "artifacts" / "profile"))
-    monkeypatch.setattr(stage02, "DATA", root)  # the defaults of --profile and --out are under it
+    monkeypatch.setattr(regions_options, "DATA", root)  # the defaults of --profile and --out are under it
     capsys.readouterr()
     argv = ["--model", TINY_MODEL, "--data", world["data"], "--permutations", "20"]
     assert run_main(stage02.main, list(map(str, argv))) == 0  # capsys writes strict UTF-8, as a terminal may
@@ -445,7 +450,7 @@ def test_stage_01_under_a_folder_not_in_utf8(tmp_path, monkeypatch, capsys, smal
     rows = [json.loads(line) for line in small_data.read_text().splitlines()]
     without_ids = [{k: v for k, v in row.items() if k != "id"} for row in rows]
     (root / "d.jsonl").write_text("".join(json.dumps(row) + "\n" for row in without_ids))
-    monkeypatch.setattr(stage01, "DATA", root)  # the default of --out is under it
+    monkeypatch.setattr(profile_options, "DATA", root)  # the default of --out is under it
     monkeypatch.setattr(
         importlib.import_module("cuset_common.data_sources"), "SFT_KERNEL_FILE", root / "d.jsonl"
     )

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 from conftest import eval_stage
 
+from cuset_common.cli import UserError
 from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, TASKS_FILE
 from cuset_common.tasks import fence, load_tasks
+from harness.fresh_run import time_kernels
 from harness.input_sets import TASK_SET, make_input_sets, run_secret, same_files, set_secret, write_generator
 from harness.launch_count import LaunchCount, LaunchCounter, build_shim, nvcc_flags, toolkit_root
 from harness.report import checks_summary
@@ -217,9 +219,11 @@ def test_a_kernel_that_skips_its_later_launches_passes_but_gets_no_timing(square
 def test_a_kernel_that_returns_what_it_kept_is_caught_by_another_input_set(square_sets):
     task, own, fresh, runner, build = square_sets
     exe = build(RETURNS_KEPT)
-    same = ev.time_kernels(task, exe, own, fresh_folder(square_sets), 120, runner, None)
+    same = time_kernels(ev.compare_outputs, task, exe, own, fresh_folder(square_sets), 120, runner, None)
     assert "speedup" in same, same  # on the inputs it kept the answer of, nothing shows
-    other = ev.time_kernels(task, exe, own, fresh_folder(square_sets), 120, runner, None, fresh)
+    other = time_kernels(
+        ev.compare_outputs, task, exe, own, fresh_folder(square_sets), 120, runner, None, fresh
+    )
     assert "speedup" not in other and other["timing_check"] == "wrong_output", other
 
 
@@ -227,7 +231,9 @@ def test_a_kernel_that_returns_what_it_kept_is_caught_by_another_input_set(squar
 def test_the_reference_kernels_pass_the_check_after_the_timed_launches_on_another_set(square_sets):
     task, own, fresh, runner, build = square_sets
     exe = build(task["kernel_mode"]["reference_kernels"])
-    fields = ev.time_kernels(task, exe, own, fresh_folder(square_sets), 120, runner, None, fresh)
+    fields = time_kernels(
+        ev.compare_outputs, task, exe, own, fresh_folder(square_sets), 120, runner, None, fresh
+    )
     assert "timing_void" not in fields and fields["repeats"] == 25, fields
 
 
@@ -373,7 +379,7 @@ def test_references_on_sets_their_task_cannot_judge_are_judged_on_fewer_and_coun
     secret = (out / "input_sets.json").read_text()
     assert ev.main([*map(str, base), "--input-sets", "3", "--out", str(out)]) == 0  # resumed: nothing to do
     assert (out / "input_sets.json").read_text() == secret
-    with pytest.raises(ev.UserError, match="input_sets"):  # another number of sets is another run
+    with pytest.raises(UserError, match="input_sets"):  # another number of sets is another run
         ev.main([*map(str, base), "--input-sets", "2", "--out", str(out)])
 
 

@@ -21,6 +21,7 @@ from cuset_common.artifacts import file_records, tokenizer_fingerprint, write_ar
 from cuset_common.cli import load_script
 from cuset_common.files import sha256_file
 from cuset_common.labeling import observation
+from cuset_common.labeling.inputs import same_model
 from cuset_common.method import CODES
 from cuset_common.paths import ROOT, TINY_MODEL
 
@@ -680,6 +681,6 @@ def test_end_to_end_on_the_tiny_model(tmp_path, capsys):
 
 def test_same_model_accepts_two_spellings_of_one_folder(tmp_path):
     (tmp_path / "m").mkdir()
-    assert stage.same_model(str(tmp_path / "m"), str(tmp_path / "." / "m"))
-    assert stage.same_model("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
-    assert not stage.same_model(str(tmp_path / "m"), "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert same_model(str(tmp_path / "m"), str(tmp_path / "." / "m"))
+    assert same_model("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert not same_model(str(tmp_path / "m"), "Qwen/Qwen2.5-Coder-1.5B-Instruct")

@@ -27,6 +27,7 @@ from conftest import load_script
 
 from cuset_common.paths import ROOT, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import build_messages, load_tasks
+from harness.eval_options import parse_args
 from harness.generation import prompt_seed
 from harness.openai_generation import chat_body, cut_reply
 from harness.vllm_generation import engine_environment, vllm_platform
@@ -253,7 +254,7 @@ def test_a_request_asks_for_the_prompts_samples_with_its_seed_and_the_sampling_s
     max_tokens as given. Greedy: one sample (every sample's), top-p 1 and no seed, as vLLM's engine gets
     them. The messages are those the other engines render."""
     task = TASKS[0]
-    sampled = ev.parse_args(["--num-samples", "3", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5"])
+    sampled = parse_args(["--num-samples", "3", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5"])
     sampled.api_model = MODEL
     body = chat_body(sampled, task, 2, logprobs=True)
     assert body == {
@@ -266,7 +267,7 @@ def test_a_request_asks_for_the_prompts_samples_with_its_seed_and_the_sampling_s
         "seed": prompt_seed(5, task["id"], 2),
         "logprobs": True,
     }
-    greedy = ev.parse_args(["--num-samples", "3", "--max-new-tokens", "64"])
+    greedy = parse_args(["--num-samples", "3", "--max-new-tokens", "64"])
     greedy.api_model = MODEL
     body = chat_body(greedy, task, 1, logprobs=False)
     assert (body["n"], body["temperature"], body["top_p"], body["max_tokens"]) == (1, 0.0, 1.0, 64)
@@ -277,7 +278,7 @@ def test_a_reply_without_tokens_is_cut_after_the_first_complete_code_block():
     """The text cut (a server without logprobs): right after the closing fence of the first block the mode
     asks for; a block without a kernel does not end the reply."""
     complete = lambda reply: ev.reply_complete(reply, "kernel")  # noqa: E731
-    args = ev.parse_args([])
+    args = parse_args([])
     kernel = "```cuda\n__global__ void k() {}\n```"
     text = f"```\nmake\n```\nthen\n{kernel}\nmore {kernel}"
     assert cut_reply(text, None, complete, args) == f"```\nmake\n```\nthen\n{kernel}"

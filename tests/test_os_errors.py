@@ -31,6 +31,7 @@ from cuset_common import cli
 from cuset_common.cli import UserError, register_secret, run_main, within
 from cuset_common.files import replace_dir_atomic, write_text_atomic
 from cuset_common.paths import ROOT
+from harness.eval_options import RANGES as EVAL_RANGES
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE
 from research.outcome_table import main as outcome_table_main
 
@@ -529,7 +530,7 @@ def test_within_takes_a_closed_upper_bound():
 def test_no_timeout_of_stage_04_can_overflow_the_sandboxs_wait():
     """A program may run REFERENCE_ALLOWANCE x --run-timeout (a reference) and CANDIDATE_ALLOWANCE x its
     reference's time (a candidate; harness/schedule.py: run_budget); every other timeout is one wait."""
-    ranges = STAGE["04"].RANGES
+    ranges = EVAL_RANGES
     for dest in TIMEOUTS:
         upper = float(ranges[dest][1:-1].split(",")[1])
         longest = upper * (REFERENCE_ALLOWANCE * CANDIDATE_ALLOWANCE if dest == "run_timeout" else 1)

@@ -29,8 +29,11 @@ from cuset_common.artifacts import META_SCHEMAS, check_schema, tokenizer_fingerp
 from cuset_common.cli import UserError
 from cuset_common.data_sources import load_data
 from cuset_common.files import append_jsonl, read_jsonl
+from cuset_common.labeling.inputs import load_profile
+from cuset_common.labeling.options import parse_args as parse_regions_args
 from cuset_common.paths import LEVELS, SFT_KERNEL_FILE, TASKS_FILE, TINY_MODEL
 from cuset_common.tasks import load_tasks
+from cuset_common.training.samples import load_regions
 from harness.generation import prompt_ids
 from harness.programs import MIN_OUTPUT_MB
 from harness.run_folder import load_solutions, select_tasks
@@ -276,11 +279,12 @@ def meta_changed(folder: Path, field: str, value):
 
 @pytest.fixture(scope="module")
 def readers(artifacts, tiny_tokenizer) -> dict[str, list]:
-    """The readers of each artifact, each a call without arguments: stage 02's load_profile and compare.py's
-    read_profile for the profile; stage 03's load_regions (--mask-source profile: it reads the profile too,
-    through the regions meta's profile.path; --force: past the sha256 check) for both."""
+    """The readers of each artifact, each a call without arguments: stage 02's load_profile
+    (cuset_common/labeling/inputs.py) and compare.py's read_profile for the profile; stage 03's load_regions
+    (cuset_common/training/samples.py; --mask-source profile: it reads the profile too, through the regions
+    meta's profile.path; --force: past the sha256 check) for both."""
     data, profile, regions = (str(artifacts[k]) for k in ("data", "profile", "regions"))
-    args02 = STAGE02.parse_args(["--data", data, "--profile", profile, "--model", str(TINY_MODEL)])
+    args02 = parse_regions_args(["--data", data, "--profile", profile, "--model", str(TINY_MODEL)])
     args03 = STAGE03.parse_args(
         [
             "--data",
@@ -298,11 +302,11 @@ def readers(artifacts, tiny_tokenizer) -> dict[str, list]:
     )
     tok_fp = tokenizer_fingerprint(tiny_tokenizer)
     data_id = load_data(args03)[1]
-    train = [lambda: STAGE03.load_regions(args03, tok_fp, data_id)]
+    train = [lambda: load_regions(args03, tok_fp, data_id)]
     return {
         "regions": train,
         "profile": [
-            lambda: STAGE02.load_profile(args02),
+            lambda: load_profile(args02),
             lambda: read_profile(Path(profile)),
             *train,
         ],

@@ -22,6 +22,7 @@ from cuset_common.paths import ROOT, SFT_FILE, TINY_MODEL
 from cuset_common.training.scale import (
     collective_device,
     decoder_layers,
+    format_memory_plan,
     fsdp_mesh,
     memory_plan,
     memory_record,
@@ -255,7 +256,7 @@ def test_the_plan_counts_loading_in_host_memory_outside_the_total(tiny_model, ar
     state = sum(plan[row][0] for row in ("weights", "gradients", "optimizer"))
     work = max(plan["activations"][0] + plan["output layer"][0], plan["step"][0])
     assert plan["total"][0] == state + work
-    assert "load (host)" in train.format_memory_plan(plan, args, world)
+    assert "load (host)" in format_memory_plan(plan, args, world)
 
 
 @pytest.mark.parametrize("device, reset", [("cpu", False), ("cuda", True), ("cuda:1", True)])

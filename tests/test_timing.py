@@ -18,6 +18,7 @@ import pytest
 from conftest import load_script
 
 from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, NVCC_NATIVE_ARCH, ROOT
+from harness.programs import gpu_name, resolve_backend
 from harness.timing import (
     TIMING_ARGUMENT,
     faster_than,
@@ -33,7 +34,7 @@ from taskgen.core import TIMING_ARGUMENT as HARNESS_TIMING_ARGUMENT  # noqa: E40
 from taskgen.core import TIMING_REPEATS, render_task  # noqa: E402
 
 ev = load_script("04_eval_kernels.py")
-BACKEND = ev.resolve_backend("auto", ev.gpu_name())
+BACKEND = resolve_backend("auto", gpu_name())
 ARCH = NVCC_NATIVE_ARCH if BACKEND == "gpu" else NVCC_DEFAULT_ARCH  # a GPU runs only what is built for it
 NONCE = "0123456789abcdef0123456789abcdef"
 

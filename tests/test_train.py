@@ -22,7 +22,10 @@ from cuset_common.artifacts import SCHEMA_VERSION, tokenizer_fingerprint, write_
 from cuset_common.data import encode_sample, load_sft
 from cuset_common.device import BF16_LOSS_RTOL, resolve_precision
 from cuset_common.files import sha256_file
+from cuset_common.method import gold_logprobs
+from cuset_common.models import check_head_is_plain
 from cuset_common.paths import ROOT, SFT_FILE, TINY_MODEL
+from cuset_common.training.samples import collate, tokenize_dataset
 
 MODEL = str(TINY_MODEL)
 MAX_LENGTH = 384
@@ -148,28 +151,31 @@ def assert_same_sgd_training(a: dict, b: dict, steps: int, k_terms: int) -> None
 # ---------------------------------------------------------------------------------------
 
 
-def naive_loss(logp, valid, region, weight, n_tokens, objective, p_mask, rho, tau_max, thr):
-    """Per-token Python loop over the objectives table (docs/method.md, "Objectives"); numpy's linear
-    quantile."""
+def naive_loss(log_q, valid, r, w, N, objective, p_mask, rho, tau_max, profit_threshold):
+    """L = sum_i w_i sum_t f_it k_it l_it / N as docs/method.md "Objectives" writes it, one token at a time in
+    Python (its table, not OBJECTIVES); kappa_i with numpy's linear quantile. p_mask: the probability k_it and
+    kappa_i read (p_it online, p0_it with --mask-source profile)."""
+    weighted = objective in ("cuset", "cuset-weight")
     total = 0.0
-    for i in range(logp.shape[0]):
-        ps = [float(p_mask[i, t]) for t in range(logp.shape[1]) if valid[i, t]]
-        kappa = min(tau_max, float(np.quantile(ps, rho))) if ps else tau_max
-        w = float(weight[i]) if objective in ("cuset", "cuset-weight") else 1.0
-        for t in range(logp.shape[1]):
+    for i in range(log_q.shape[0]):
+        p_i = [float(p_mask[i, t]) for t in range(log_q.shape[1]) if valid[i, t]]
+        kappa_i = min(tau_max, float(np.quantile(p_i, rho))) if p_i else tau_max
+        w_i = float(w[i]) if weighted else 1.0
+        for t in range(log_q.shape[1]):
             if not valid[i, t]:
                 continue
-            lit, pit, pm = -float(logp[i, t]), float(np.exp(float(logp[i, t]))), float(p_mask[i, t])
-            if objective == "sft" or objective == "cuset-weight":
-                m = 1.0
-            elif objective == "dft":
-                m = pit
-            elif objective == "profit":
-                m = 1.0 if pm >= thr else 0.0
-            else:
-                m = 1.0 if (pm >= kappa or region[i, t]) else 0.0
-            total += w * m * lit
-    return total / n_tokens
+            l_it = -float(log_q[i, t])
+            p_it = float(np.exp(float(log_q[i, t])))
+            pm_it = float(p_mask[i, t])
+            if objective == "profit":
+                k_it = 1.0 if pm_it >= profit_threshold else 0.0
+            elif objective in ("cuset", "cuset-mask"):
+                k_it = 1.0 if (pm_it >= kappa_i or r[i, t]) else 0.0
+            else:  # sft, dft, cuset-weight
+                k_it = 1.0
+            f_it = p_it if objective == "dft" else 1.0
+            total += w_i * f_it * k_it * l_it
+    return total / N
 
 
 @pytest.mark.parametrize("objective", train.OBJECTIVES)
@@ -178,38 +184,18 @@ def test_loss_matches_a_naive_per_token_loop(objective, mask_source):
     # a seed of its own per case, the same in every process (hash() of a str is salted per process)
     g = torch.Generator().manual_seed(zlib.crc32(f"{objective}/{mask_source}".encode()))
     b, length = 5, 23
-    logp = torch.log_softmax(torch.randn(b, length, 7, generator=g) * 2, dim=-1)[..., 0]
+    log_q = torch.log_softmax(torch.randn(b, length, 7, generator=g) * 2, dim=-1)[..., 0]
     valid = torch.rand(b, length, generator=g) < 0.8
     valid[3] = False  # a sample with no response tokens
-    region = torch.rand(b, length, generator=g) < 0.3
-    weight = torch.rand(b, generator=g) * 2 + 0.5
-    p_profile = torch.rand(b, length, generator=g)
-    p_mask = p_profile if mask_source == "profile" else None
-    n_tokens = float(valid.sum()) + 3
-    loss, stats = train.objective_loss(
-        logp,
-        valid,
-        region,
-        weight,
-        n_tokens,
-        objective,
-        p_mask=p_mask,
-        rho=0.3,
-        tau_max=0.4,
-        profit_threshold=0.1,
-    )
-    want = naive_loss(
-        logp,
-        valid,
-        region,
-        weight,
-        n_tokens,
-        objective,
-        p_profile if mask_source == "profile" else logp.exp(),
-        0.3,
-        0.4,
-        0.1,
-    )
+    r = torch.rand(b, length, generator=g) < 0.3
+    w = torch.rand(b, generator=g) * 2 + 0.5
+    p0 = torch.rand(b, length, generator=g)
+    N = float(valid.sum()) + 3  # the global batch's: more tokens than this micro-batch's
+    knobs = dict(rho=0.3, tau_max=0.4, profit_threshold=0.1)
+    p_mask = p0 if mask_source == "profile" else None
+    loss, stats = train.objective_loss(log_q, valid, r, w, N, objective, p_mask=p_mask, **knobs)
+    p_k = p0 if mask_source == "profile" else log_q.exp()
+    want = naive_loss(log_q, valid, r, w, N, objective, p_k, **knobs)
     assert loss.item() == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert stats["tokens"] == int(valid.sum())
 
@@ -227,8 +213,8 @@ def test_sft_objective_equals_the_models_own_labels_loss(tiny_tokenizer, small_d
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
-    samples, _ = train.tokenize_dataset(load_sft(small_data)[:3], tiny_tokenizer, MAX_LENGTH, None)
-    mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
+    samples, _ = tokenize_dataset(load_sft(small_data)[:3], tiny_tokenizer, MAX_LENGTH, None)
+    mb = collate(samples, tiny_tokenizer.pad_token_id, "cpu")
     labels = mb["ids"].clone()
     labels[:, 1:][~mb["valid"]] = -100
     labels[:, 0] = -100
@@ -248,7 +234,7 @@ def test_chunked_log_probs_never_keep_full_logits_for_backward():
     labels = torch.randint(0, vocab, (b, length), generator=g)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        out = train.gold_logprobs(hidden, weight, labels, chunk)
+        out = gold_logprobs(hidden, weight, labels, chunk)
     out.sum().backward()
     assert max(saved) <= vocab * d  # the weight itself, never [b * length, vocab]
     full = (
@@ -457,8 +443,8 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
-    samples, _ = train.tokenize_dataset(load_sft(small_data)[:4], tiny_tokenizer, MAX_LENGTH, None)
-    mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
+    samples, _ = tokenize_dataset(load_sft(small_data)[:4], tiny_tokenizer, MAX_LENGTH, None)
+    mb = collate(samples, tiny_tokenizer.pad_token_id, "cpu")
     mb["r"] = torch.rand(mb["valid"].shape, generator=torch.Generator().manual_seed(0)) < 0.2
     rows, chunk_fn = [], cuset_common.method._chunk_gold_logp
     monkeypatch.setattr(
@@ -470,7 +456,7 @@ def test_the_head_sees_only_response_positions_and_the_loss_is_unchanged(
     assert sum(rows) == int(mb["valid"].sum()) < mb["valid"].numel()
     with torch.no_grad():  # the old computation: every position through the head
         hidden = model.base_model(input_ids=mb["ids"], attention_mask=mb["attn"]).last_hidden_state
-        every = train.gold_logprobs(hidden[:, :-1], model.lm_head.weight, mb["ids"][:, 1:], 64)
+        every = gold_logprobs(hidden[:, :-1], model.lm_head.weight, mb["ids"][:, 1:], 64)
     n = float(mb["valid"].sum())
     for objective in train.OBJECTIVES:
         new, _ = train.objective_loss(logp, mb["valid"], mb["r"], mb["w"], n, objective)
@@ -487,9 +473,9 @@ def test_an_output_layer_with_a_bias_gives_the_models_own_log_probs(tiny_tokeniz
         head.weight.copy_(model.lm_head.weight)
         head.bias.copy_(torch.randn(head.bias.shape, generator=torch.Generator().manual_seed(0)))
     model.lm_head = head
-    samples, _ = train.tokenize_dataset(load_sft(small_data)[:3], tiny_tokenizer, MAX_LENGTH, None)
-    mb = train.collate(samples, tiny_tokenizer.pad_token_id, "cpu")
-    train.check_head_is_plain(model, mb["ids"][:1], "stage 03")  # accepted: logits = h @ W.T + b
+    samples, _ = tokenize_dataset(load_sft(small_data)[:3], tiny_tokenizer, MAX_LENGTH, None)
+    mb = collate(samples, tiny_tokenizer.pad_token_id, "cpu")
+    check_head_is_plain(model, mb["ids"][:1], "stage 03")  # accepted: logits = h @ W.T + b
     logp = train.GoldLogProbs(model, chunk=64)(mb["ids"], mb["attn"], mb["valid"])
     with torch.no_grad():
         ref = torch.log_softmax(model(input_ids=mb["ids"], attention_mask=mb["attn"]).logits.float(), -1)

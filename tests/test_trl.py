@@ -18,6 +18,7 @@ from cuset_common.cli import run_main
 from cuset_common.data_sources import load_data
 from cuset_common.models import load_causal_lm
 from cuset_common.paths import ROOT, SFT_KERNEL_FILE
+from cuset_common.training.samples import load_samples, regions_needed
 
 pytest.importorskip("trl")
 trl_train = pytest.importorskip("research.trl_sft")
@@ -101,7 +102,7 @@ def test_same_batch_same_loss_and_gradients_as_stage_03(pipeline, tmp_path, obje
     )
     args.micro_batch_size = 4
     records, data_id = load_data(args)
-    inputs = trl_train.load_inputs(args, records, data_id)
+    inputs = load_samples(args, records, data_id, regions_needed(args, train03.OBJECTIVES))
     batch = trl_train.SampleCollator(inputs.samples, inputs.tokenizer.pad_token_id)(
         [{"sample_index": i} for i in range(4)]
     )

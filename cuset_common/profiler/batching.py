@@ -1,33 +1,23 @@
 """Stage 01's batching and bookkeeping: `auto` batch sizes and chunk rows per device, the batch plan
-(docs/performance.md), the check that some sample keeps a response token, line numbers of token offsets,
-the printed summary."""
+(docs/performance.md), its progress lines, the check that some sample keeps a response token, line numbers
+of token offsets, the printed summary."""
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from cuset_common.artifacts import path_text
 from cuset_common.cli import UserError
+from cuset_common.progress import Progress
 
 AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device
-
-
-def positive_or_auto(text: str) -> int | str:
-    """--batch-size, --chunk-rows: `auto` or an integer >= 1."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1 (or auto)")
-    return value
 
 
 def for_device(name: str, value: int | str, device: str) -> int:
@@ -53,36 +43,31 @@ def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[l
     return batches
 
 
-class Progress:
-    """Stage 01's progress lines: batch k/K, tokens done (padding excluded), rate and ETA, every log_every
-    seconds and after the last batch; a resumed run says where it resumed."""
+def batch_progress(batch_tokens: list[int], start: int, log_every: float) -> Callable[[int], None]:
+    """Stage 01's progress on the one display (cuset_common/progress.py; a line every log_every seconds off
+    a terminal, and after the last batch): tokens done (padding excluded), batch k/K, this run's rate, ETA.
+    batch_tokens: tokens per batch of the plan; start: the first batch this run scores, which a resumed
+    run says first. Returns what to call once batch k is scored.
 
-    def __init__(self, batch_tokens: list[int], start: int, log_every: float):
-        """batch_tokens: tokens per batch of the plan; start: the first batch this run scores."""
-        self.sizes, self.start, self.log_every = batch_tokens, start, log_every
-        self.done = self.done_before = sum(batch_tokens[:start])
-        self.total = sum(batch_tokens)
-        if start:
-            print(
-                f"[profile] resuming at batch {start + 1}/{len(batch_tokens)}: {self.done}/{self.total} "
-                "tokens done",
-                flush=True,
-            )
-        self.t0 = self.last_log = time.time()
-
-    def batch_done(self, k: int) -> None:
-        self.done += self.sizes[k]
-        if time.time() - self.last_log < self.log_every and k < len(self.sizes) - 1:
-            return
-        rate = (self.done - self.done_before) / max(time.time() - self.t0, 1e-9)  # tokens per second
-        eta = (self.total - self.done) / max(rate, 1e-9)
-        resumed = f"  (resumed at batch {self.start + 1})" if self.start else ""
+    On stdout, with the stage's other lines: its stderr holds only an error, in one line."""
+    total, before = sum(batch_tokens), sum(batch_tokens[:start])
+    if start:
         print(
-            f"[profile] batch {k + 1}/{len(self.sizes)}  {self.done}/{self.total} tokens  {rate:,.0f} tok/s  "
-            f"ETA {eta // 60:.0f}m{eta % 60:02.0f}s{resumed}",
+            f"[profile] resuming at batch {start + 1}/{len(batch_tokens)}: {before}/{total} tokens done",
             flush=True,
         )
-        self.last_log = time.time()
+    progress = Progress("profile", total, before, every_s=log_every, stream=sys.stdout)
+    resumed, t0 = f" (resumed at batch {start + 1})" if start else "", time.monotonic()
+
+    def batch_done(k: int) -> None:
+        done = progress.done + batch_tokens[k]
+        rate = (done - before) / max(time.monotonic() - t0, 1e-9)  # tokens per second of this run
+        progress(
+            batch_tokens[k],
+            detail=f" tokens | batch {k + 1}/{len(batch_tokens)} | {rate:,.0f} tok/s{resumed}",
+        )
+
+    return batch_done
 
 
 def check_response_tokens(encs: list[dict], args: argparse.Namespace) -> None:

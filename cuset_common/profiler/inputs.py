@@ -4,7 +4,6 @@ meta.json is that of the bytes profiled; and the check that the model's scores a
 from __future__ import annotations
 
 import argparse
-import hashlib
 import stat
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 from cuset_common.artifacts import path_text
 from cuset_common.cli import UserError
 from cuset_common.data import load_sft
-from cuset_common.data_sources import HUB_PREFIX, is_json_array, is_parquet, load_data
+from cuset_common.data_sources import HUB_PREFIX, data_sha256, is_json_array, is_parquet, load_data
 from cuset_common.files import open_input
 
 
@@ -31,7 +30,7 @@ def load_data_once(args: argparse.Namespace) -> tuple[list[dict], dict]:
         content = f.read()
     if is_json_array(path, content):  # a table of rows
         return load_data(args)
-    return load_sft(path, content), {"path": str(path), "sha256": hashlib.sha256(content).hexdigest()}
+    return load_sft(path, content), {"path": str(path), "sha256": data_sha256(path, content)}
 
 
 def check_scores(scored: list[tuple], batch: list[int], args: argparse.Namespace, use_bf16: bool) -> None:

@@ -34,7 +34,14 @@ from torch.distributed.checkpoint.state_dict import (
 from cuset_common.artifacts import args_to_json, artifact_meta, check_resume_args, disk_full
 from cuset_common.cli import UserError
 from cuset_common.data import end_of_turn_ids
-from cuset_common.files import give_user_modes, read_json_object, replace_dir_atomic, write_text_atomic
+from cuset_common.files import (
+    give_user_modes,
+    read_json_object,
+    replace_dir_atomic,
+    sha256_file,
+    write_text_atomic,
+)
+from cuset_common.models import TRAIN_STAGE
 from cuset_common.out_dir import aside_dir
 from cuset_common.training.divergence import (
     DIVERGED_FILE,
@@ -43,6 +50,7 @@ from cuset_common.training.divergence import (
     mark_resume_state,
     nonfinite_weights,
 )
+from cuset_common.training.samples import Inputs
 from cuset_common.training.scale import wait_for_checkpoint
 
 
@@ -255,3 +263,29 @@ def save_final(args, model, tokenizer, meta: dict | None, rank: int) -> None:
     for f in tmp.iterdir():
         os.replace(f, args.out / f.name)
     tmp.rmdir()
+
+
+def checkpoint_meta(
+    args, inputs: Inputs, step: int, precision: str, memory: dict | None, uses_regions: bool
+) -> dict:
+    """The final checkpoint's meta.json fields: what was trained, from what inputs, how far, and the memory
+    planned beside the peak measured on a GPU (scale.py, memory_record). uses_regions: the objective reads
+    stage 02's artifact (its r_it or w_i), whose sha256 is then recorded."""
+    regions_file = args.regions / "tensors.safetensors"
+    trained_on_regions = regions_file.exists() and uses_regions
+    return {
+        "stage": TRAIN_STAGE,
+        "objective": args.objective,
+        "args": args_to_json(args),
+        "model": args.model,
+        "tokenizer_fingerprint": inputs.tok_fp,
+        "data": inputs.data_id,
+        "regions": {
+            "path": str(args.regions),
+            "sha256": sha256_file(regions_file) if trained_on_regions else None,
+        },
+        "max_length": inputs.max_length,
+        "precision": precision,  # --precision resolved on this device: fp32 or bf16
+        "final_step": step,
+        "memory": memory,
+    }

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from cuset_common.paths import NVCC_DEFAULT_ARCH, NVCC_FLAGS, TASKS_FILE  # noqa: E402
 from cuset_common.tasks import load_tasks  # noqa: E402
 from harness.gpu_probe import compute_capability, gencode_flags  # noqa: E402
+from harness.programs import choose_runner, gpu_name, resolve_backend  # noqa: E402
 from research.bench.common import cpus_available, print_table  # noqa: E402
 from research.stage_modules import stage_module  # noqa: E402
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 programs: CI smoke, the figures mean little")
     args = ap.parse_args(argv)
     n = 2 if args.quick else args.programs
-    gpu = ev.gpu_name()
+    gpu = gpu_name()
     arch = gencode_flags(compute_capability()) if gpu else NVCC_DEFAULT_ARCH  # as stage 04's probe builds
     sources = [t["bench.cu"] for t in load_tasks(TASKS_FILE)[:n]]
     print(
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {cpus_available()} CPUs available, GPU: {gpu or 'none'}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC')}"
     )
-    runner = ev.choose_runner(False, ev.resolve_backend("auto", gpu))
+    runner = choose_runner(False, resolve_backend("auto", gpu))
     with tempfile.TemporaryDirectory(prefix="cuset-bench-eval-") as tmp:
         tmp_path = Path(tmp)
         tmp_path.chmod(0o711)

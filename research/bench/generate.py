@@ -41,6 +41,7 @@ from cuset_common.models import model_parameters
 from cuset_common.paths import ROOT, TASKS_FILE, TINY_MODEL
 from cuset_common.paths import SMOLLM2_MODEL as SMOLLM2
 from cuset_common.tasks import build_messages, load_tasks
+from harness.eval_options import parse_args as eval_args
 from harness.generation import default_threads
 from harness.vllm_generation import generate_vllm
 from research.bench.common import limits_line, machine, machine_limits, print_table
@@ -141,8 +142,7 @@ def anchor(args) -> dict:
 def vllm_compiled(args) -> dict:
     """Stage 04's vLLM engine in bf16 with vLLM's graphs compiled, as they are by default: its generation
     record (stage 04 runs vLLM eagerly on a CPU; this measures why)."""
-    ev = stage_module("04")
-    run = ev.parse_args(
+    run = eval_args(
         [
             "--model",
             args.model,
@@ -160,7 +160,7 @@ def vllm_compiled(args) -> dict:
     )
     tasks = {str(t["id"]): t for t in load_tasks(TASKS_FILE) if t.get("split") == "eval"}
     jobs = [(tid, 1, 0) for tid in list(tasks)[: args.prompts]]
-    complete = lambda reply: ev.reply_complete(reply, "kernel")  # noqa: E731
+    complete = lambda reply: stage_module("04").reply_complete(reply, "kernel")  # noqa: E731
     return generate_vllm(run, tasks, jobs, complete, lambda *_: None, lambda _: None, compiled=True)
 
 

@@ -56,6 +56,7 @@ from cuset_common.data import load_sft
 from cuset_common.device import BF16_LOSS_RTOL, bf16_supported, pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer, model_parameters
 from cuset_common.paths import SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL
+from cuset_common.training.samples import collate, tokenize_dataset
 from research.bench.common import (
     MIB,
     add_run_args,
@@ -119,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def synthetic_samples(stage, tok, n: int, max_length: int) -> list[dict]:
     """stage 03's tokenized samples (tokenize_dataset, no regions artifact) + seeded regions and weights."""
-    samples, _ = stage.tokenize_dataset(load_sft(SFT_FILE)[:n], tok, max_length, None)
+    samples, _ = tokenize_dataset(load_sft(SFT_FILE)[:n], tok, max_length, None)
     rng = np.random.default_rng(0)
     for s in samples:
         s["r"] = rng.random(len(s["r"])) < REGION_SHARE
@@ -138,7 +139,7 @@ def objective_steps(
         model.parameters(), lr=1e-6
     )  # tiny: the weights barely move between variants
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
-    mb = stage.collate(samples, pad_id, device)  # one micro-batch of them all
+    mb = collate(samples, pad_id, device)  # one micro-batch of them all
     N = float(sum(len(s["input_ids"]) - s["start"] for s in samples))  # before masking
 
     def step(objective: str) -> float:
@@ -157,7 +158,7 @@ def objective_steps(
 
 def head_variants(stage, model, sample: dict, pad_id: int, device: str) -> dict[str, Callable[[], float]]:
     """'plain model(labels=...)' and 'stage 03 chunked head' -> forward + backward of the sft loss."""
-    mb = stage.collate([sample], pad_id, device)
+    mb = collate([sample], pad_id, device)
     labels = mb["ids"].masked_fill(torch.arange(mb["ids"].shape[1], device=device) < sample["start"], -100)
     net = stage.GoldLogProbs(model, stage.parse_args([]).chunk_rows)
     N = float(mb["valid"].sum())
@@ -228,7 +229,7 @@ def bench_objectives(stage, tok, args) -> None:
 
 def bench_head(stage, tok, args) -> None:
     sample = max(
-        stage.tokenize_dataset(load_sft(SFT_FILE), tok, args.seq, None)[0], key=lambda s: len(s["input_ids"])
+        tokenize_dataset(load_sft(SFT_FILE), tok, args.seq, None)[0], key=lambda s: len(s["input_ids"])
     )
     hidden = AutoConfig.from_pretrained(TINY_MODEL).hidden_size
     print(

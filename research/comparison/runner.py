@@ -18,8 +18,9 @@ import numpy as np
 
 from cuset_common.cli import UserError, redact, register_secret
 from cuset_common.files import write_text_atomic
+from harness.programs import gpu_name
 from research.comparison.plan import plan, seeds_text, step_groups
-from research.comparison.stages import STAGES, command, shown, stage_module
+from research.comparison.stages import STAGES, command, shown
 from research.comparison.steps import (
     continuation,
     finished,
@@ -69,7 +70,7 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
         f"{len(runs)} runs ({', '.join(args.objectives)} x {seeds_text(args)}) + base stages; "
         f"{len(groups) - len(pending)} of {len(groups)} groups finished earlier; out {args.out}"
     )
-    if pending and args.preset == "full" and stage_module("04").gpu_name() is None:
+    if pending and args.preset == "full" and gpu_name() is None:
         say(
             "note: the full preset is sized for a real model on a GPU and none is listed here; "
             "presets cpu-quick, cpu-real and cpu-power are the CPU ones"

@@ -12,12 +12,17 @@ import sys
 from pathlib import Path
 
 from cuset_common.cli import UserError
+from cuset_common.labeling.options import parse_args as regions_args
 from cuset_common.paths import ROOT
+from cuset_common.profiler.options import parse_args as profile_args
+from harness.eval_options import parse_args as eval_args
 from research.stage_modules import STAGE_FILES as STAGES
 from research.stage_modules import stage_module
 
 # The stage whose arguments each --<name>-args forwards (standalone: stage 04, after --eval-args).
 FORWARDED = {"profile": "01", "regions": "02", "train": "03", "eval": "04", "standalone": "04"}
+# The stages' own parsers, where they live in the package (any other: the stage's parse_args)
+PARSERS = {"01": profile_args, "02": regions_args, "04": eval_args}
 
 
 def command(step: dict, extra: tuple[str, ...] = ()) -> list[str]:
@@ -42,7 +47,7 @@ def stage_refusal(key: str, argv: list[str]) -> str | None:
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            stage_module(key).parse_args(argv)
+            PARSERS[key](argv) if key in PARSERS else stage_module(key).parse_args(argv)
     except SystemExit as e:
         if e.code == 0:
             return "it asks for --help"

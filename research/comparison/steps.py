@@ -17,6 +17,9 @@ from cuset_common.files import sha256_file, write_text_atomic
 from cuset_common.profiler.shards import partial_dir
 from cuset_common.training.checkpoint import resume_dir
 from cuset_common.training.divergence import DIVERGED
+from harness.eval_options import parse_args as eval_args
+from harness.programs import gpu_name, resolve_backend
+from harness.run_folder import run_fingerprint
 from research.comparison.stages import stage_module
 
 
@@ -67,10 +70,9 @@ def data_sha256(path: str, mtime_ns: int) -> str:
 
 def fingerprint(step: dict) -> dict:
     """What stage 04 would record in fingerprint.json for this step (its own function, on its own
-    parsing)."""
-    mod = stage_module("04")
-    now = mod.parse_args(step["argv"])
-    return mod.run_fingerprint(now, mod.resolve_backend(now.backend, mod.gpu_name()))
+    parsing: harness/run_folder.py, harness/eval_options.py)."""
+    now = eval_args(step["argv"])
+    return run_fingerprint(now, resolve_backend(now.backend, gpu_name()))
 
 
 def stamp_file(step: dict) -> Path:
