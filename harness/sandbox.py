@@ -726,13 +726,11 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
-def _kill_everything(proc: subprocess.Popen) -> None:
-    """Kill the command's tree and process group; return once they are gone and the command is reaped.
-
-    The tree is stopped first (stopped processes cannot fork), then killed. Under bwrap it holds
-    the PID namespace's init: the kernel kills all of that namespace, processes that called setsid
-    too, and bwrap exits only once it is empty.
-    """
+def kill_tree(proc: subprocess.Popen) -> set[int]:
+    """SIGKILL a command that is not reaped yet, every process under it, and its process group; return the
+    pids killed. A group kill alone misses what started a session of its own (torchrun's workers), so the
+    tree is walked from /proc, and stopped first: a stopped process cannot fork a child the walk would
+    miss, nor, killed before its children, leave them to init, out of the tree."""
     stopped: set[int] = set()
     while new := ({proc.pid} | _descendants(proc.pid)) - stopped:
         _signal(new, signal.SIGSTOP)
@@ -740,8 +738,17 @@ def _kill_everything(proc: subprocess.Popen) -> None:
     _signal(stopped, signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # proc is not reaped yet, so its pid is still this group's id
-    except ProcessLookupError:
+    except ProcessLookupError:  # the group has ended meanwhile
         pass
+    return stopped
+
+
+def _kill_everything(proc: subprocess.Popen) -> None:
+    """Kill the command's tree and process group (kill_tree); return once they are gone and the command is
+    reaped. Under bwrap the tree holds the PID namespace's init: the kernel kills all of that namespace,
+    processes that called setsid too, and bwrap exits only once it is empty.
+    """
+    stopped = kill_tree(proc)
     proc.wait()
     deadline = time.monotonic() + 10
     while stopped & _live_processes().keys() and time.monotonic() < deadline:

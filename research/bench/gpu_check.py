@@ -62,7 +62,6 @@ import queue
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -84,7 +83,7 @@ from cuset_common.files import read_jsonl, write_text_atomic
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, ROOT, TINY_MODEL
 from harness.gpu_probe import gencode_flags
 from harness.programs import gpu_name
-from harness.sandbox import _descendants, _signal
+from harness.sandbox import kill_tree
 
 BUDGET_S = 8 * 60  # the whole check; a command never runs past it (each gets what is left at most)
 MIN_STEP_S = 15  # a step is not started with less of the budget left: it could not finish
@@ -569,25 +568,6 @@ def reap(proc: subprocess.Popen) -> int | None:
         return proc.wait(timeout=DRAIN_S)
     except subprocess.TimeoutExpired:
         return None
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the command, every process under it, and its process group.
-
-    A process group kill alone is not enough: torchrun starts each worker in a session of its own, which
-    the group kill misses, and a worker left alive keeps the output pipe open. So the tree is walked from
-    /proc (harness/sandbox.py), and stopped first: a stopped process cannot fork a child the walk would
-    miss, nor, killed before its children, leave them to init, out of the tree.
-    """
-    stopped: set[int] = set()
-    while new := ({proc.pid} | _descendants(proc.pid)) - stopped:
-        _signal(new, signal.SIGSTOP)
-        stopped |= new
-    _signal(stopped, signal.SIGKILL)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # proc is not reaped yet, so its pid is still its group's id
-    except ProcessLookupError:  # the group has ended meanwhile
-        pass
 
 
 def require_success(done: Finished, what: str) -> None:
