@@ -79,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuset_common.cli import UserError
 from cuset_common.files import replace_dir_atomic, sha256_file, write_text_atomic
 from cuset_common.paths import LEVELS, MODES, ROOT, TASKS_FILE, TINY_MODEL
+from cuset_common.progress import duration
 from cuset_common.tasks import build_messages, fence, load_tasks
 from cuset_common.training import schedule  # stage 03's: the tiny model trained on its lr_at
 
@@ -686,10 +687,6 @@ def mean_loss(model: torch.nn.Module, windows: torch.Tensor, batch_size: int) ->
     return float(np.mean(losses))
 
 
-def fmt_time(seconds: float) -> str:
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
 def train(
     model: LlamaForCausalLM,
     args: argparse.Namespace,
@@ -732,8 +729,8 @@ def train(
             history["train"].append((step, float(np.mean(recent))))
             print(
                 f"step {step:5d}/{args.steps} | loss {np.mean(recent):.3f} | "
-                f"lr {lr_at(step - 1, args):.2e} | {tok_s:,.0f} tok/s | {fmt_time(elapsed)} elapsed, "
-                f"ETA {fmt_time(elapsed / step * (args.steps - step))}",
+                f"lr {lr_at(step - 1, args):.2e} | {tok_s:,.0f} tok/s | {duration(elapsed)} elapsed, "
+                f"ETA {duration(elapsed / step * (args.steps - step))}",
                 flush=True,
             )
             recent = []
@@ -897,7 +894,7 @@ def model_card(r: dict) -> str:
 A tiny CUDA base model bundled with CuSeT so that every stage runs offline on a CPU in minutes.
 
 **This model only demonstrates the pipeline.** It is {m["params"] / 1e6:.1f}M parameters trained for
-{fmt_time(t["train_seconds"])} on a CPU; it cannot write working kernels and cannot reproduce the
+{duration(t["train_seconds"])} on a CPU; it cannot write working kernels and cannot reproduce the
 paper's numbers. For a real replication pass `--model` with a real instruction model.
 
 Built by `{r["command"]}`; the build is deterministic for the same tasks file, CCCL
@@ -941,8 +938,8 @@ tied embeddings, float32 weights ({r["weights_bytes"] / 1e6:.1f} MB). ChatML cha
 
 Seed {a["seed"]}, {t["steps_done"]} steps of {a["batch_size"]} x {a["seq_len"]} tokens
 ({t["tokens_seen"]:,} tokens), AdamW, peak lr {a["lr"]}, warmup {a["warmup"]}, cosine to 10%,
-bf16 autocast {bf16}, CPU threads: {a["threads"]}, {fmt_time(t["train_seconds"])} of training
-({fmt_time(r["build_seconds"])} for the whole build){stopped_early}.
+bf16 autocast {bf16}, CPU threads: {a["threads"]}, {duration(t["train_seconds"])} of training
+({duration(r["build_seconds"])} for the whole build){stopped_early}.
 Final train loss {t["final_train_loss"]:.3f}, validation loss ({t["val_name"]}) {t["final_val_loss"]:.3f}.
 
 ## Quality
@@ -1080,7 +1077,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t = report["training"]
     print(
-        f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB) in {fmt_time(time.time() - t0)}: "
+        f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB) in {duration(time.time() - t0)}: "
         f"{t['steps_done']} steps, train loss {t['final_train_loss']:.3f}, "
         f"val loss {t['final_val_loss']:.3f}, "
         f"eval-program NLL {quality['eval_bench_nll']:.3f} vs uniform {quality['uniform_nll']:.3f}"

@@ -25,7 +25,6 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from cuset_common.files import json_safe, write_text_atomic
 from cuset_common.labeling.observation import mean
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import EVAL_SFT_KERNEL_FILE, TINY_MODEL
+from cuset_common.progress import Progress
 from cuset_common.tasks import KERNEL_SIGNATURE, signature_parts
 
 
@@ -191,18 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model, torch.float32 if device == "cpu" else torch.bfloat16).to(device).eval()
 
-    t0, rows, skipped = time.time(), [], []
-    for i, record in enumerate(records, 1):
+    rows, skipped, progress = [], [], Progress("records", len(records), stream=sys.stdout)
+    for record in records:
         row = score_record(model, tokenizer, record, args.max_length, device)
         if row:
             rows.append(row)
         else:
             skipped.append(record["id"])
-        if i % 10 == 0 or i == len(records):
-            el = time.time() - t0
-            print(
-                f"records {i}/{len(records)} | {el:.0f}s | ETA {el / i * (len(records) - i):.0f}s", flush=True
-            )
+        progress(1)
     result = {
         "model": args.model,
         "data": str(args.data),

@@ -3,8 +3,10 @@ place outside tests where a stage file is loaded by path.
 
 The method lives in the stages, where a reader looks for it (stage 03's loss, written out by hand), and the
 stages are entry points that nothing imports. The TRL port (research/trl_sft.py) trains with stage 03's loss
-itself, and the benches (research/bench/) time a stage's own steps beside the machine's limits: both take
-them from here, each stage loaded once. Everything else the tools need lives in the packages the stages
+itself; the benches (research/bench/) time a stage's own steps beside the machine's limits; the comparison
+(research/comparison/) checks a stage-03 call with the stage's parser, whose --objective choices are the
+stage's OBJECTIVES, and asks which objectives read stage 02's regions. All take them from here, each stage
+loaded once. Everything else the tools need lives in the packages the stages
 import (cuset_common/, harness/).
 """
 

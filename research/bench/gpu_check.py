@@ -707,8 +707,9 @@ def check_train(check: Check) -> dict:
     return {"steps": TRAIN_STEPS, "final_loss": log[-1]["loss"]}
 
 
-# A step's progress line (03_train_cuset.py: log_step). The kill waits for the second: the resume state of
-# the first (--save-every 1) is then complete, since it is written before the second step starts.
+# A step's progress line (cuset_common/training/step_log.py: log_step). The kill waits for the second: the
+# resume state of the first (--save-every 1) is then complete, since it is written before the second step
+# starts.
 SECOND_STEP_LINE = re.compile(r"^step\s+2/")
 
 

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from cuset_common.cli import UserError
-from research.comparison.stages import stage_module
+from research.stage_modules import stage_module
 
 OBJECTIVES = ("sft", "dft", "profit", "cuset", "cuset-mask", "cuset-weight")
 MODES = ("kernel", "standalone")

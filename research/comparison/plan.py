@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from research.comparison.objectives import evaluation_mode, region_variants, regions_dir, variant_args
-from research.comparison.stages import stage_module
+from research.stage_modules import stage_module
 
 
 def seed_count(args, label: str) -> int:

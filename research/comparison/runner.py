@@ -11,13 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from cuset_common.cli import UserError, redact, register_secret
 from cuset_common.files import write_text_atomic
+from cuset_common.progress import Progress, duration
 from harness.programs import gpu_name
 from research.comparison.plan import plan, seeds_text, step_groups
 from research.comparison.stages import STAGES, command, shown
@@ -46,15 +46,6 @@ def die_with_parent() -> None:
         pass  # not Linux: a killed comparison leaves its current stage running to the end
 
 
-def hms(seconds: float) -> str:
-    """1h05m past an hour, else 12m30s."""
-    return (
-        f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-        if seconds >= 3600
-        else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    )
-
-
 def say(text: str) -> None:
     print(f"[compare] {text}", flush=True)
 
@@ -75,16 +66,14 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
             "note: the full preset is sized for a real model on a GPU and none is listed here; "
             "presets cpu-quick, cpu-real and cpu-power are the CPU ones"
         )
-    calls, t0, done_now, run_seconds = 0, time.time(), 0, []
+    calls, t0, done_now = 0, time.time(), 0
+    progress = Progress("compare (groups to do)", len(pending), stream=sys.stdout)
     for i, (name, steps, folder) in enumerate(groups):
         label = "base stages 01+02" if name == "base" else f"run {i}/{len(runs)} {name}"
         if group_done(steps):
             say(f"{label}: {'diverged' if training_diverged(steps) else 'finished'}, skipped")
             continue
-        runs_left = sum(g[0] != "base" for g in pending[done_now:])  # this one included
-        eta = f"ETA {hms(np.mean(run_seconds) * runs_left)}" if run_seconds else "ETA after the first run"
-        say(f"{label} ({done_now + 1}/{len(pending)} to do) | elapsed {hms(time.time() - t0)} | {eta}")
-        t_group = time.time()
+        say(f"{label} ({done_now + 1}/{len(pending)} to do)")
         folder.mkdir(parents=True, exist_ok=True)
         timings_path = folder / "timings.json"
         timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
@@ -104,8 +93,8 @@ def execute(args) -> tuple[list[dict], list[dict], int, bool]:
             if after_step(step, cmd, rc, folder):
                 break  # its training diverged: nothing to profile or evaluate
         done_now += 1
-        run_seconds += [time.time() - t_group] if name != "base" else []
-    say(f"{calls} stage calls in {hms(time.time() - t0)}")
+        progress(1, detail=f" | {label} done")
+    say(f"{calls} stage calls in {duration(time.time() - t0)}")
     return base_steps, runs, calls, False
 
 

@@ -20,7 +20,7 @@ from cuset_common.training.divergence import DIVERGED
 from harness.eval_options import parse_args as eval_args
 from harness.programs import gpu_name, resolve_backend
 from harness.run_folder import run_fingerprint
-from research.comparison.stages import stage_module
+from research.comparison.stages import RESUME_MAY_CHANGE, stage_args
 
 
 def read_json(path: Path) -> dict | None:
@@ -82,7 +82,7 @@ def stamp_file(step: dict) -> Path:
 
 def finished(step: dict) -> bool:
     """The step's artifact exists, matches what would be run now, and is newer than what it reads."""
-    mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
+    out, stage = step["out"], step["stage"]
     stamp = stamp_file(step)
     if not stamp.exists() or any(
         not p.exists() or p.stat().st_mtime > stamp.stat().st_mtime for p in step["inputs"]
@@ -92,8 +92,8 @@ def finished(step: dict) -> bool:
         return summary_problem(read_json(stamp)) is None and read_json(
             out / "fingerprint.json"
         ) == fingerprint(step)
-    meta, now = read_json(stamp) or {}, mod.parse_args(step["argv"])
-    if not same_args(meta.get("args", {}), now, {"force"} if stage == "02" else mod.RESUME_MAY_CHANGE):
+    meta, now = read_json(stamp) or {}, stage_args(stage, step["argv"])
+    if not same_args(meta.get("args", {}), now, {"force"} if stage == "02" else RESUME_MAY_CHANGE[stage]):
         return False
     weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
     if stage == "03" and not (meta.get("final_step") and any((out / w).exists() for w in weights)):
@@ -109,14 +109,14 @@ def continuation(step: dict, log) -> tuple[str, ...]:
     """Arguments that continue an interrupted step, or start it over where it cannot continue: another run's
     state, or one older than what the step reads (a checkpoint or regions made again since), is not
     resumed."""
-    mod, out, stage = stage_module(step["stage"]), step["out"], step["stage"]
+    out, stage = step["out"], step["stage"]
 
     def resumable(state: Path) -> bool:
         saved = read_json(state)
         return (
             saved is not None
             and not any(p.exists() and p.stat().st_mtime > state.stat().st_mtime for p in step["inputs"])
-            and same_args(saved.get("args", saved), mod.parse_args(step["argv"]), mod.RESUME_MAY_CHANGE)
+            and same_args(saved.get("args", saved), stage_args(stage, step["argv"]), RESUME_MAY_CHANGE[stage])
         )
 
     if stage == "01" and (partial_dir(out) / "state.json").exists():
