@@ -90,11 +90,13 @@ from cuset_common.profiler.batching import (
     line_indices,
     make_batches,
     print_profile_summary,
+    profile_figures,
 )
 from cuset_common.profiler.inputs import check_scores, load_data_once
 from cuset_common.profiler.options import RESUME_MAY_CHANGE, parse_args
 from cuset_common.profiler.shards import check_partial, load_shards, partial_dir, save_shard
 from cuset_common.profiler.tagger import CATEGORIES, PRIORITY, tag_tokens
+from cuset_common.trackers import Trackers, open_trackers
 
 STAGE = "01_profile"
 # Per-token tensors of the artifact (all [T], flat over samples; sample_offsets int64 [S+1] delimits them).
@@ -146,10 +148,18 @@ def score_batch(
 
 
 def profile(
-    model, tokenizer, encs: list[dict], args: argparse.Namespace, device: str, use_bf16: bool, run: dict
+    model,
+    tokenizer,
+    encs: list[dict],
+    args: argparse.Namespace,
+    device: str,
+    use_bf16: bool,
+    run: dict,
+    trackers: Trackers,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
     """p0, entropy and argmax_correct per sample (data order; no response tokens: empty arrays), and
-    the batch it resumed at. Finished batches go to <out>.partial/ every --save-every seconds."""
+    the batch it resumed at. Finished batches go to <out>.partial/ every --save-every seconds; the
+    throughput to the progress line and the trackers."""
     weight, bias = output_head(model)
     body, head = model.base_model, lambda h: head_logits(h, weight, bias)  # what check_head_is_plain checks
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # masked; any id works
@@ -163,7 +173,7 @@ def profile(
     partial = partial_dir(args.out)
     start = load_shards(partial, batches, encs, results) if args.resume else 0
     batch_done = batch_progress(
-        [sum(len(encs[i]["input_ids"]) for i in b) for b in batches], start, args.log_every
+        [sum(len(encs[i]["input_ids"]) for i in b) for b in batches], start, args.log_every, trackers
     )
     unsaved, last_save = start, time.time()
     for k in range(start, len(batches)):
@@ -292,14 +302,17 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    results, resumed_at = profile(model, tokenizer, encs, args, device, use_bf16, run)  # p0_it and the rest
+    trackers = open_trackers(args, "01", args.out, {"args": args_to_json(args), "run": run})
+    results, resumed_at = profile(model, tokenizer, encs, args, device, use_bf16, run, trackers)  # p0_it, ...
     c_per_sample = [tag_tokens(e["response_text"], e["spans"]) for e in encs]  # c_it, uint8 [n_i] each
     tensors, samples, counts = build_artifact(records, encs, results, c_per_sample)
     meta = profile_meta(args, run, data_id, counts, bool(tokenizer.chat_template), resumed_at)
     samples_text = "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples)
     write_artifact(args.out, tensors, meta, extra_files={"samples.jsonl": samples_text})
     shutil.rmtree(partial_dir(args.out), ignore_errors=True)  # only once the artifact is in place
-    print_profile_summary(tensors, counts, args.out, CATEGORIES)
+    figures = profile_figures(tensors, counts, CATEGORIES)
+    trackers.log(figures)  # beside the last batch's throughput
+    print_profile_summary(figures, CATEGORIES, args.out)
     return 0
 
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -78,6 +77,7 @@ from cuset_common.training.run import (
     finish_run,
     load_checked_model,
     make_optimizer,
+    open_step_log,
     place_model,
     print_start,
     start_processes,
@@ -91,7 +91,6 @@ from cuset_common.training.scale import (
     wait_for_checkpoint,
 )
 from cuset_common.training.schedule import batch_order, lr_at, schedule
-from cuset_common.training.step_log import log_step
 from cuset_common.training.trace import print_trace
 
 PROFIT_THRESHOLD = 0.1  # default of --profit-threshold: ProFit's fixed threshold on p_it
@@ -231,24 +230,26 @@ class GoldLogProbs(torch.nn.Module):
 
 def train(t: Training, samples: list[dict], step: int, log_lines: list[str]) -> int:
     """The loop from `step` to the last step (or --stop-after steps): the step's global batch (batch_order: a
-    seeded shuffle per epoch) and learning rate (lr_at: warmup, then cosine), the step, its log line, and the
-    resume state every --save-every steps and at the end. Returns the step reached; log_lines grows by one
+    seeded shuffle per epoch) and learning rate (lr_at: warmup, then cosine), the step, its log row (t.log:
+    log.jsonl, the progress line with MFU, --report-to's trackers), and the resume state every --save-every
+    steps and at the end. Returns the step reached; log_lines grows by one
     line per step (on rank 0). A loss, gradient or weight that is not finite stops the run
     (cuset_common/training/divergence.py: what is checked when); no resume state holds one."""
     args, procs, rank = t.args, t.procs, t.procs.rank
     steps_per_epoch, total, warmup = schedule(args, len(samples))
-    t_start, tokens_seen, steps_run = time.time(), 0, 0
+    steps_run = 0
     resume_step = step if args.resume else None  # the step of the resume state --out holds
     while step < total and (args.stop_after is None or steps_run < args.stop_after):
         epoch, k = divmod(step, steps_per_epoch)
         batch = [samples[j] for j in batch_order(len(samples), args.batch_size, epoch, args.seed)[k]]
         for group in t.optimizer.param_groups:
             group["lr"] = lr_at(step, total, warmup, args.lr, args.min_lr_ratio)
+        t.log.start()
         stats = optimizer_step(t, batch)
         step, steps_run = step + 1, steps_run + 1
-        tokens_seen += stats["tokens"]
-        if rank == 0:
-            log_lines.append(log_step(step, total, stats, t.optimizer, tokens_seen, t_start, steps_run))
+        if rank == 0:  # the step's row: its sums, lr, and (T, R) per sample for its model FLOPs
+            lengths = [(len(s["input_ids"]), len(s["input_ids"]) - s["start"]) for s in batch]
+            log_lines.append(t.log(step, stats, t.optimizer.param_groups[0]["lr"], lengths))
         stopping = args.stop_after is not None and steps_run >= args.stop_after
         saving = step % args.save_every == 0 or step == total or stopping
         # the weights are checked before a resume state keeps them (the final checkpoint: the last step's)
@@ -381,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     if procs.rank == 0:
         print_start(args, inputs, procs, total, step, plan)  # the run in one line, the memory plan
     reset_peak_memory(procs.device)  # meta.json's measured peak is training's, not loading's
-    run = Training(args, procs, inputs.tokenizer.pad_token_id, model, net, optimizer)
+    log = open_step_log(args, procs, model, inputs, total, step)  # MFU; the trackers (--report-to)
+    run = Training(args, procs, inputs.tokenizer.pad_token_id, model, net, optimizer, log)
     step = train(run, inputs.samples, step, log_lines)  # 4. and 5.
 
     if step >= total:
@@ -389,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         uses = OBJECTIVES[args.objective].uses_regions
         meta = checkpoint_meta(args, inputs, step, procs.precision, memory, uses) if procs.rank == 0 else None
         save_final(args, model, inputs.tokenizer, meta, procs.rank)
-    finish_run(args, procs, log_lines, step, total)  # log.jsonl; the processes end together
+    finish_run(run, log_lines, step, total)  # log.jsonl, curves.png; the processes end together
     return 0
 
 

@@ -56,6 +56,7 @@ isolation is possible unless --no-sandbox. The protocol in full: docs/evaluation
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -67,9 +68,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuset_common.artifacts import args_to_json
 from cuset_common.cli import run_main, sigterm_exits
 from cuset_common.out_dir import finishes_out
 from cuset_common.paths import NVCC_FLAGS
+from cuset_common.trackers import open_trackers
 from harness.backend_choice import choose_backend, start_runner
 from harness.completions import gather_completions, reference_completion
 from harness.eval_options import check_generation, parse_args
@@ -565,7 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     runner, arch = (None, []) if args.generate_only else start_runner(args, gpu, backend, compile_program)
 
     # Resume: rows, completions and task checks of the same run (fingerprint) are kept as appended.
-    run = open_run(args, run_fingerprint(args, backend), len(jobs))
+    fingerprint = run_fingerprint(args, backend)
+    run = open_run(args, fingerprint, len(jobs))
+    trackers = open_trackers(args, "04", args.out, {"args": args_to_json(args), "fingerprint": fingerprint})
     todo = [j for j in jobs if j not in run.rows or "generation_error" in run.rows[j]]
     print(f"{len(jobs) - len(todo)} rows already done in {args.out}; {len(todo)} to do")
     need = [j for j in todo if j not in run.completions]
@@ -579,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         judge_jobs(args, by_id, [j for j in todo if j in run.completions], arch, runner, run)
     rows = run.finish(jobs)
     print(write_run_summary(args, rows, summarize(rows, args.num_samples, backend), gpu, runner, generation))
+    trackers.log(json.loads((args.out / "summary.json").read_text()))  # pass@k, outcomes, speedups
     print(f"results in {args.out}")
     return 0
 

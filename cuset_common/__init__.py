@@ -5,6 +5,8 @@
   cli           UserError and run_main (one-line errors, exit status 2), the argument parser and its range
                 checks
   progress      the one progress display of every long loop
+  trackers      --report-to: the figures a stage logs, to TensorBoard, Trackio or wandb too
+  figures       the pictures a run draws (matplotlib, optional), written atomically
   device        the device and the precision a stage computes in; nvidia-smi with a time limit
   files         atomic writes, JSONL read with file:line errors, hashes
   artifacts     artifact folders (tensors + meta.json) and the checks on them

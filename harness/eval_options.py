@@ -12,6 +12,7 @@ from pathlib import Path
 from cuset_common.cli import ArgumentParser, UserError, check_ranges
 from cuset_common.models import check_model_source
 from cuset_common.paths import DATA, LEVELS, TASKS_FILE, TINY_MODEL
+from cuset_common.trackers import add_report_arguments
 from harness.openai_generation import check_server
 from harness.schedule import CANDIDATE_ALLOWANCE, REFERENCE_ALLOWANCE
 from harness.vllm_generation import AUTO_MIN_PARAMETERS, AUTO_MIN_TOKENS, require_vllm
@@ -53,6 +54,7 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
     add_server_arguments(ap)
     add_program_arguments(ap)
     add_budget_arguments(ap)
+    add_report_arguments(ap)  # --report-to: the summary's figures to the trackers too
     args = ap.parse_args(argv)
     check_ranges(ap, args, RANGES)
     if args.engine == "openai" and args.api_model and not (args.reference or args.solutions):

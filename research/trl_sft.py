@@ -41,12 +41,12 @@ import argparse
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, whose packages it imports
 
 import torch
+from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from cuset_common.cli import ArgumentParser, check_ranges, run_main
@@ -58,6 +58,7 @@ from cuset_common.out_dir import aside_dir, check_train_out, finishes_out, open_
 from cuset_common.paths import DATA
 from cuset_common.training.checkpoint import checkpoint_meta, save_final
 from cuset_common.training.divergence import diverged_error, nonfinite_step, nonfinite_weights
+from cuset_common.training.mfu import device_peak
 from cuset_common.training.options import (
     RANGES,
     add_input_arguments,
@@ -68,7 +69,7 @@ from cuset_common.training.run import check_batch_split, resolve_micro_batch_siz
 from cuset_common.training.samples import collate, load_samples, regions_needed
 from cuset_common.training.scale import all_reduce_stats
 from cuset_common.training.schedule import batch_order, lr_at, schedule
-from cuset_common.training.step_log import log_step
+from cuset_common.training.step_log import StepLog
 from research.stage_modules import stage_module
 
 try:
@@ -142,7 +143,8 @@ class CusetSFTTrainer(SFTTrainer):
         super().__init__(*args, **kwargs)
         self.cuset_args = cuset_args
         self.step_stats: dict[str, float] = {}
-        self.step_log = StepLog(self)
+        self.step_lengths: list[tuple[int, int]] = []  # (T, R) of this process's samples in the step
+        self.step_log = StepLogCallback(self)
         self.add_callback(self.step_log)
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device):
@@ -150,7 +152,7 @@ class CusetSFTTrainer(SFTTrainer):
         masking, summed over processes. (Trainer's own count needs the model to accept loss kwargs.)"""
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         local = sum(b["valid"].sum() for b in batches).reshape(1).to(device)
-        self.step_stats = {}
+        self.step_stats, self.step_lengths = {}, []
         return batches, self.accelerator.gather(local).sum()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -171,6 +173,8 @@ class CusetSFTTrainer(SFTTrainer):
         )
         for key, value in (stats | {"loss": loss.item()}).items():
             self.step_stats[key] = self.step_stats.get(key, 0.0) + value
+        T, R = inputs["attention_mask"].sum(1).tolist(), loss_inputs["valid"].sum(1).tolist()
+        self.step_lengths += list(zip(T, R))  # the step's model FLOPs (mfu.py)
         # DDP averages gradients over processes; the loss is already the global sum / N (stage 03 alike)
         loss = loss * self.accelerator.num_processes
         return (loss, outputs) if return_outputs else loss
@@ -183,10 +187,11 @@ class CusetSFTTrainer(SFTTrainer):
         raise diverged_error(what, step, self.args.max_steps, a.lr, a.out, restored=restored, resumable=False)
 
 
-class StepLog(TrainerCallback):
-    """Stage 03's progress line and log.jsonl row for each optimizer step (its log_step), with the step's
-    statistics summed over processes. on_optimizer_step comes before the scheduler's step: the learning
-    rate read is the one the step used, as in stage 03's log.
+class StepLogCallback(TrainerCallback):
+    """Stage 03's log of each optimizer step (cuset_common/training/step_log.py: its log.jsonl row and
+    progress line), with the step's statistics summed over processes and their samples' lengths gathered.
+    on_optimizer_step comes before the scheduler's step: the learning rate read is the one the step used,
+    as in stage 03's log.
 
     Before the update (on_pre_optimizer_step, after Trainer's clipping) the step's loss and the norm of its
     gradients are checked as stage 03 checks them (cuset_common/training/divergence.py): one that is not
@@ -196,31 +201,36 @@ class StepLog(TrainerCallback):
     def __init__(self, trainer: CusetSFTTrainer):
         self.trainer = trainer
         self.lines: list[str] = []
-        self.tokens_seen = 0.0
-        self.t_start = None
         self.stats: dict = {}
+        self.lengths: list[tuple[int, int]] = []
+        self.log: StepLog | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.t_start = time.time()
+        trainer, device = self.trainer, str(self.trainer.args.device)
+        precision = "bf16" if args.bf16 else "fp32"
+        world = trainer.accelerator.num_processes
+        self.log = StepLog(trainer.model, state.max_steps, 0, device, device_peak(device, precision), world)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.log.start()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         trainer = self.trainer
         world = trainer.accelerator.num_processes
         self.stats = all_reduce_stats(trainer.step_stats, world, str(trainer.args.device))
+        self.lengths = gather_object(trainer.step_lengths)  # every process's (T, R)
         grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
         self.stats["grad_norm"] = float(torch.nn.utils.get_total_norm(grads))
         if what := nonfinite_step(self.stats):
             trainer.diverged(what, state.global_step + 1)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        trainer, stats = self.trainer, self.stats
-        self.tokens_seen += stats["tokens"]
-        if trainer.is_world_process_zero():
-            step = state.global_step + 1  # counted after this callback
-            line = log_step(
-                step, state.max_steps, stats, trainer.optimizer, self.tokens_seen, self.t_start, step
-            )
-            self.lines.append(line)
+        if self.trainer.is_world_process_zero():
+            step, lr = (
+                state.global_step + 1,
+                self.trainer.optimizer.param_groups[0]["lr"],
+            )  # step: counted after
+            self.lines.append(self.log(step, self.stats, lr, self.lengths))
 
 
 # ---------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ SLOW_FILES = {
     "test_sft_variants.py",
     "test_tasks.py",
     "test_trl.py",
+    "test_trackers.py",
 }
 
 

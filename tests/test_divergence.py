@@ -82,7 +82,7 @@ def test_a_learning_rate_that_diverges_stops_in_one_line_and_writes_no_nan_model
     argv = args_of(data, out, "--max-steps", 3, "--lr", "1e30", "--save-every", save_every)
     line, printed = refused(train.main, argv, capsys)
     assert line.startswith(f"error: {DIVERGED} at step ") and "no model written" in line, line
-    assert "step     1/3" in printed  # the steps before it were shown as they ran
+    assert "train (steps): 1/3" in printed  # the steps before it were shown as they ran
     assert not (out / "model.safetensors").exists() and not (out / "meta.json").exists()
     if save_every == 50:
         assert "start over with a lower --lr, e.g. --lr 1e+29" in line and list(out.iterdir()) == []

@@ -139,10 +139,11 @@ def test_the_margin_under_the_plan_is_what_the_plan_may_count_in_vain(tmp_path):
 
 def test_a_command_is_killed_at_its_line_or_at_its_time_limit(tmp_path):
     log = tmp_path / "step.log"
-    steps = "import time\nfor i in range(1, 100):\n    print(f'step {i:>5}/99', flush=True); time.sleep(1)"
+    line = "print(f'train (steps): {i}/99', flush=True); time.sleep(1)"
+    steps = f"import time\nfor i in range(1, 100):\n    {line}"
     done = gc.run_command([sys.executable, "-c", steps], log, 60, {}, gc.SECOND_STEP_LINE)
-    assert done.kill_line == "step     2/99" and done.code == -9
-    assert "step     3/99" not in done.output  # the kill lands at the line, within the step after it
+    assert done.kill_line == "train (steps): 2/99" and done.code == -9
+    assert "train (steps): 3/99" not in done.output  # the kill lands at the line, within the step after it
 
     t0 = time.monotonic()
     done = gc.run_command(
@@ -556,7 +557,7 @@ def test_a_failure_is_told_by_its_cause_not_by_torchrun_s_closing_banner():
     )
     stage = "objective cuset | 40 samples\nerror: --batch-size 8 must be a multiple of processes x 3\n"
     assert gc.Finished(2, stage).cause() == "error: --batch-size 8 must be a multiple of processes x 3"
-    assert gc.Finished(-9, "step     1/8\n\n").cause() == "step     1/8"
+    assert gc.Finished(-9, "train (steps): 1/8\n\n").cause() == "train (steps): 1/8"
     assert gc.Finished(None, "").cause() == "(no output)"
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from cuset_common.artifacts import path_text
 from cuset_common.cli import UserError
 from cuset_common.progress import Progress
+from cuset_common.trackers import Trackers
 
 AUTO = {"batch_size": {"cpu": 1, "gpu": 8}, "chunk_rows": {"cpu": 128, "gpu": 1024}}  # `auto` per device
 
@@ -43,11 +44,14 @@ def make_batches(encs: list[dict], batch_size: int, batch_tokens: int) -> list[l
     return batches
 
 
-def batch_progress(batch_tokens: list[int], start: int, log_every: float) -> Callable[[int], None]:
+def batch_progress(
+    batch_tokens: list[int], start: int, log_every: float, trackers: Trackers
+) -> Callable[[int], None]:
     """Stage 01's progress on the one display (cuset_common/progress.py; a line every log_every seconds off
     a terminal, and after the last batch): tokens done (padding excluded), batch k/K, this run's rate, ETA.
     batch_tokens: tokens per batch of the plan; start: the first batch this run scores, which a resumed
-    run says first. Returns what to call once batch k is scored.
+    run says first. Returns what to call once batch k is scored; it also logs the tokens done and the rate
+    to the trackers (--report-to), at step k + 1.
 
     On stdout, with the stage's other lines: its stderr holds only an error, in one line."""
     total, before = sum(batch_tokens), sum(batch_tokens[:start])
@@ -66,6 +70,7 @@ def batch_progress(batch_tokens: list[int], start: int, log_every: float) -> Cal
             batch_tokens[k],
             detail=f" tokens | batch {k + 1}/{len(batch_tokens)} | {rate:,.0f} tok/s{resumed}",
         )
+        trackers.log({"tokens_done": done, "tokens_per_s": rate}, step=k + 1)
 
     return batch_done
 
@@ -85,24 +90,42 @@ def line_indices(text: str, starts: list[int]) -> list[int]:
     return [bisect.bisect_left(newlines, s) for s in starts]
 
 
-def print_profile_summary(
-    tensors: dict[str, np.ndarray], counts: dict, out: Path, categories: dict[int, str]
-) -> None:
-    """Stage 01's closing lines: counts, mean confidence, entropy and accuracy, and each category."""
+def profile_figures(tensors: dict[str, np.ndarray], counts: dict, categories: dict[int, str]) -> dict:
+    """Stage 01's findings in figures: the counts, mean confidence, entropy and accuracy over the response
+    tokens, the CUDA-sensitive share, and the mean confidence of each category that occurs."""
     p0, c = tensors["p0"], tensors["c"]  # [T] each
-    print(
-        f"[profile] {counts['samples']} samples, {counts['response_tokens']} response tokens, "
-        f"{counts['truncated']} truncated, {counts['no_response']} without response tokens"
-    )
+    figures = {k: counts[k] for k in ("samples", "response_tokens", "truncated", "no_response")}
     if len(p0):
-        entropy = tensors["entropy"].astype(np.float32).mean()
+        figures |= {
+            "mean_confidence": float(p0.mean()),
+            "mean_entropy": float(tensors["entropy"].astype(np.float32).mean()),
+            "token_accuracy": float(tensors["argmax_correct"].mean()),
+            "cuda_sensitive_share": float((c > 0).mean()),
+        }
+    figures["categories"] = {
+        name: {"tokens": int((c == code).sum()), "mean_confidence": float(p0[c == code].mean())}
+        for code, name in categories.items()
+        if (c == code).any()
+    }
+    return figures
+
+
+def print_profile_summary(figures: dict, categories: dict[int, str], out: Path) -> None:
+    """Stage 01's closing lines: profile_figures as a person reads them."""
+    f = figures
+    print(
+        f"[profile] {f['samples']} samples, {f['response_tokens']} response tokens, "
+        f"{f['truncated']} truncated, {f['no_response']} without response tokens"
+    )
+    if "mean_confidence" in f:
         print(
-            f"[profile] mean confidence {p0.mean():.3f}, mean entropy {entropy:.3f} nats, "
-            f"token accuracy (argmax = gold) {tensors['argmax_correct'].mean():.1%}, "
-            f"CUDA-sensitive {(c > 0).mean():.1%} of tokens"
+            f"[profile] mean confidence {f['mean_confidence']:.3f}, mean entropy {f['mean_entropy']:.3f} "
+            f"nats, token accuracy (argmax = gold) {f['token_accuracy']:.1%}, "
+            f"CUDA-sensitive {f['cuda_sensitive_share']:.1%} of tokens"
         )
     for code, name in categories.items():
-        sel = c == code
-        if sel.any():
-            print(f"  {code} {name:<16} {sel.sum():>7} tokens  mean confidence {p0[sel].mean():.3f}")
+        if cat := f["categories"].get(name):
+            print(
+                f"  {code} {name:<16} {cat['tokens']:>7} tokens  mean confidence {cat['mean_confidence']:.3f}"
+            )
     print(f"[profile] wrote {path_text(out)}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from cuset_common.cli import ArgumentParser, check_ranges
 from cuset_common.data_sources import add_data_arguments
 from cuset_common.paths import DATA, TINY_MODEL
+from cuset_common.trackers import add_report_arguments
 
 RANGES = {
     "max_length": "[1, inf)",
@@ -18,7 +19,8 @@ RANGES = {
     "log_every": "[0, inf)",
     "save_every": "[0, inf)",
 }
-RESUME_MAY_CHANGE = {"resume", "log_every", "save_every"}  # arguments that do not change the result
+# arguments that do not change the result
+RESUME_MAY_CHANGE = {"resume", "log_every", "save_every", "report_to", "report_dir"}
 
 
 def parse_args(argv: list[str] | None, description: str | None = None) -> argparse.Namespace:
@@ -36,6 +38,7 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
     )
     add_batching_arguments(ap)
     add_run_arguments(ap)
+    add_report_arguments(ap)  # --report-to: the throughput and the findings to the trackers too
     args = ap.parse_args(argv)
     check_ranges(ap, args, RANGES)
     return args

@@ -16,6 +16,8 @@ from cuset_common.cli import ArgumentParser, check_ranges
 from cuset_common.data_sources import add_data_arguments
 from cuset_common.method import RHO, TAU_MAX
 from cuset_common.paths import DATA, TINY_MODEL
+from cuset_common.progress import QUIET_EVERY_S
+from cuset_common.trackers import add_report_arguments
 
 DEFAULT_REGIONS = DATA / "artifacts" / "regions"
 
@@ -39,17 +41,19 @@ RANGES = {
     "stop_after": "[1, inf)",
     "seed": "[0, inf)",
     "trace": "[0, inf)",
+    "peak_tflops": "(0, inf)",
+    "log_every": "[0, inf)",
 }
 
 # Arguments --resume may change: they do not change the trained weights. Where the run is and how it is
 # checkpointed and stopped (out, resume, force, save_every, stop_after), and the memory knobs whose
 # equivalence the tests check (micro_batch_size, chunk_rows, grad_checkpointing: the same sums, split
 # otherwise), so that a run can resume on a smaller GPU. Everything else (objective, data, lr, schedule,
-# max_length, seed, device and hence precision, ...) would make the resumed run another run.
-# So are --fsdp and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is
-# tested equal to one process): a DDP run can move to FSDP. --param-dtype changes precision: not. --trace
-# trains nothing. From the state a diverged run left, --lr may change too
-# (cuset_common/training/checkpoint.py, check_resume).
+# max_length, seed, device and hence precision, ...) would make the resumed run another run. So are --fsdp
+# and --fsdp-keep-gathered (the resume state is the gathered one whatever wrote it, and FSDP is tested equal
+# to one process): a DDP run can move to FSDP. --param-dtype changes precision: not. --trace trains nothing;
+# --peak-tflops, --log-every, --report-to and --report-dir say how the run is watched. From the state a
+# diverged run left, --lr may change too (cuset_common/training/checkpoint.py, check_resume).
 RESUME_MAY_CHANGE = {
     "out",
     "resume",
@@ -62,6 +66,10 @@ RESUME_MAY_CHANGE = {
     "fsdp",
     "fsdp_keep_gathered",
     "trace",
+    "peak_tflops",
+    "log_every",
+    "report_to",
+    "report_dir",
 }
 
 
@@ -75,6 +83,7 @@ def parse_train_args(
     add_schedule_arguments(ap)
     add_method_arguments(ap, profit_threshold)
     add_run_arguments(ap)
+    add_report_arguments(ap)
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = DATA / "artifacts" / f"ckpt-{args.objective}"
@@ -161,6 +170,13 @@ def add_run_arguments(ap: ArgumentParser) -> None:
         "grads",
     )
     a("--save-every", type=int, default=50, help="steps between resume checkpoints")
+    a(
+        "--log-every",
+        type=float,
+        default=QUIET_EVERY_S,
+        help="seconds between progress lines when output is not a terminal (0: every step; log.jsonl "
+        "holds every step whatever it says)",
+    )
     a("--stop-after", type=int, help="stop after this many steps in this invocation (time slices)")
     a("--resume", action="store_true", help="continue from --out/resume")
     a(
@@ -178,6 +194,12 @@ def add_run_arguments(ap: ArgumentParser) -> None:
         help="bf16: forward under bf16 autocast (float32 weights, gradients, optimizer state and log-probs); "
         "auto: bf16 where the device computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), "
         "else fp32",
+    )
+    a(
+        "--peak-tflops",
+        type=float,
+        help="one device's peak TFLOP/s at --precision, for MFU where cuset_common/training/mfu.py's table "
+        "has none (another GPU; a CPU, as research/bench/ measures it); default: the table's, else no MFU",
     )
     a(
         "--trace",

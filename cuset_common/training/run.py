@@ -1,21 +1,26 @@
 """Stage 03's run, set up and closed: its processes and device, the model loaded, checked and placed on them,
-the optimizer, what every step uses (Training), the lines printed at the start, and the end (log.jsonl, the
-processes waiting for rank 0's writing). scale.py does the distributed work itself (DDP, FSDP2, the memory
-plan); checkpoint.py the resume state and the final checkpoint."""
+the optimizer, what every step uses (Training, with the log of its steps), the lines printed at the start,
+and the end (log.jsonl, curves.png, the trackers closed, the processes waiting for rank 0's writing).
+scale.py does the distributed work itself (DDP, FSDP2, the memory plan); checkpoint.py the resume state and
+the final checkpoint."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from cuset_common.artifacts import args_to_json, path_text
 from cuset_common.cli import UserError
 from cuset_common.device import resolve_precision
 from cuset_common.files import write_text_atomic
 from cuset_common.models import check_head_is_plain
+from cuset_common.trackers import open_trackers
 from cuset_common.training.divergence import refuse_nonfinite_model
+from cuset_common.training.mfu import device_peak
 from cuset_common.training.samples import Inputs
 from cuset_common.training.scale import (
     checkpoint_wait_group,
@@ -27,6 +32,7 @@ from cuset_common.training.scale import (
     shard_fsdp,
     wait_for_checkpoint,
 )
+from cuset_common.training.step_log import CURVES_FILE, StepLog, write_curves
 
 # What an interrupted run keeps (cuset_common/cli.py, run_main).
 INTERRUPTED = (
@@ -124,7 +130,7 @@ def make_optimizer(model, args) -> torch.optim.Optimizer:
 
 @dataclass
 class Training:
-    """What every step uses: the arguments, the processes, and what it trains."""
+    """What every step uses: the arguments, the processes, what it trains, and the log of its steps."""
 
     args: argparse.Namespace
     procs: Processes
@@ -132,6 +138,18 @@ class Training:
     model: torch.nn.Module  # the causal LM: the optimizer updates its parameters
     net: torch.nn.Module  # GoldLogProbs over it, wrapped by DDP or sharded by FSDP2
     optimizer: torch.optim.Optimizer
+    log: StepLog
+
+
+def open_step_log(args, procs: Processes, model, inputs: Inputs, total: int, step: int) -> StepLog:
+    """The log of the run's steps (step_log.py): MFU against one device's peak (mfu.py), and on rank 0 the
+    trackers --report-to names, the run's arguments and inputs their config."""
+    peak = device_peak(procs.device, procs.precision, args.peak_tflops)
+    trackers = None
+    if procs.rank == 0:
+        config = {"args": args_to_json(args), "data": inputs.data_id, "precision": procs.precision}
+        trackers = open_trackers(args, "03", args.out, config | {"tokenizer_fingerprint": inputs.tok_fp})
+    return StepLog(model, total, step, procs.device, peak, procs.world, trackers, args.log_every)
 
 
 def print_start(args, inputs: Inputs, procs: Processes, total: int, step: int, plan: dict) -> None:
@@ -145,11 +163,15 @@ def print_start(args, inputs: Inputs, procs: Processes, total: int, step: int, p
     print(format_memory_plan(plan, args, procs.world), flush=True)
 
 
-def finish_run(args, procs: Processes, log_lines: list[str], step: int, total: int) -> None:
-    """log.jsonl and the last line (rank 0's), then every process waits for rank 0's writing and leaves its
-    process group."""
+def finish_run(run: Training, log_lines: list[str], step: int, total: int) -> None:
+    """log.jsonl, the curves, the trackers closed and the last line (rank 0's), then every process waits for
+    rank 0's writing and leaves its process group."""
+    args, procs = run.args, run.procs
     if procs.rank == 0:
         write_text_atomic(args.out / "log.jsonl", "".join(log_lines))
+        run.log.trackers.finish()
+        if write_curves(args.out, [json.loads(line) for line in log_lines]):
+            print(f"curves (loss, masked share): {path_text(args.out / CURVES_FILE)}")
         print(f"{'done' if step >= total else 'stopped'} at step {step}/{total}; {args.out}")
     # a process that tears its process group down while another still uses it can be aborted by gloo
     # ("terminate called without an active exception"; docs/notebook.md)

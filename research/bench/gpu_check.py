@@ -62,6 +62,7 @@ import queue
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -700,17 +701,30 @@ def finished_training(folder: Path, steps: int) -> tuple[dict, list[dict]]:
 
 
 def check_train(check: Check) -> dict:
-    """Stage 03 trains TRAIN_STEPS steps on the GPU under bf16 autocast, uninterrupted."""
+    """Stage 03 trains TRAIN_STEPS steps on the GPU under bf16 autocast, uninterrupted; its figures say how
+    well it used the GPU (the medians of its log's rows after the first step, a warm-up: compiling kernels,
+    the allocator growing). The tiny model's matrices are small: a low MFU here is no verdict."""
     done = check.stage("train", "03_train_cuset.py", train_argv(check, TRAIN_STEPS, "train"))
     require_success(done, "stage 03 --device cuda --precision bf16")
     _, log = finished_training(check.out / "train", TRAIN_STEPS)
-    return {"steps": TRAIN_STEPS, "final_loss": log[-1]["loss"]}
+    after_warmup = log[1:]
+
+    def median_of(key: str) -> float | None:
+        values = [r[key] for r in after_warmup if isinstance(r.get(key), int | float)]
+        return statistics.median(values) if values else None
+
+    return {
+        "steps": TRAIN_STEPS,
+        "final_loss": log[-1]["loss"],
+        "tokens_per_s": median_of("tokens_per_s"),
+        "mfu": median_of("mfu"),  # null where cuset_common/training/mfu.py's table does not name the GPU
+    }
 
 
-# A step's progress line (cuset_common/training/step_log.py: log_step). The kill waits for the second: the
+# A step's progress line (cuset_common/training/step_log.py: StepLog). The kill waits for the second: the
 # resume state of the first (--save-every 1) is then complete, since it is written before the second step
 # starts.
-SECOND_STEP_LINE = re.compile(r"^step\s+2/")
+SECOND_STEP_LINE = re.compile(r"^train \(steps\): 2/")
 
 
 def check_train_resume(check: Check) -> dict:
@@ -719,7 +733,8 @@ def check_train_resume(check: Check) -> dict:
     the order of the GPU's reductions may differ, which moves the loss far less than BF16_LOSS_RTOL, the
     bound on one step's bf16 rounding."""
     argv = train_argv(check, TRAIN_STEPS, "train-resume")
-    killed = check.stage("train-resume", "03_train_cuset.py", [*argv, "--save-every", "1"], SECOND_STEP_LINE)
+    every_step = ["--save-every", "1", "--log-every", "0"]  # a progress line each step, off a terminal
+    killed = check.stage("train-resume", "03_train_cuset.py", [*argv, *every_step], SECOND_STEP_LINE)
     if killed.kill_line is None:
         require_success(killed, "stage 03 before the kill")
         raise StepFailed("stage 03 finished before it logged step 2, so it was never killed")

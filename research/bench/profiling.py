@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import statistics
 import sys
@@ -45,6 +46,7 @@ from cuset_common.data import encode_sample, load_sft
 from cuset_common.device import pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer
 from cuset_common.paths import SFT_FILE, TINY_MODEL
+from cuset_common.trackers import Trackers
 from research.bench.common import (
     MIB,
     add_run_args,
@@ -134,9 +136,14 @@ def variants(model, tok, encs: list[dict], args: argparse.Namespace) -> dict[str
             ["--device", device, "--out", str(unused), "--log-every", "1e9", "--save-every", "1e9", *extra]
         )
 
+        # no trackers (--report-to); a stage version from before them takes none
+        quiet = (
+            {"trackers": Trackers([])} if "trackers" in inspect.signature(stage.profile).parameters else {}
+        )
+
         def run() -> list:
             with contextlib.redirect_stdout(io.StringIO()):  # its one progress line
-                results, _ = stage.profile(model, tok, encs, stage_args, device, use_bf16, run={})
+                results, _ = stage.profile(model, tok, encs, stage_args, device, use_bf16, run={}, **quiet)
             return [res[0] for res in results]  # confidences (the stage also returns entropy, argmax)
 
         return run

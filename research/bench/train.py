@@ -57,6 +57,7 @@ from cuset_common.device import BF16_LOSS_RTOL, bf16_supported, pick_device
 from cuset_common.models import load_causal_lm, load_tokenizer, model_parameters
 from cuset_common.paths import SFT_FILE, SFT_KERNEL_ORIGINALS_FILE, SMOLLM2_MODEL, TINY_MODEL
 from cuset_common.training.samples import collate, tokenize_dataset
+from cuset_common.training.step_log import StepLog
 from research.bench.common import (
     MIB,
     add_run_args,
@@ -274,22 +275,24 @@ def bench_head(stage, tok, args) -> None:
 
 
 def train_timed(stage, argv: list[str]) -> tuple[list[float], list[float], list[int]]:
-    """Stage 03's main on argv: (loss, CPU seconds, response tokens) per step."""
+    """Stage 03's main on argv: (loss, CPU seconds, response tokens) per step, the seconds between two
+    calls of its step log (cuset_common/training/step_log.py)."""
     marks, rows = [time.process_time()], []
-    log_step = stage.log_step
+    logged = StepLog.__call__
 
-    def timed(*a, **k):
+    def timed(self, *a, **k):
         marks.append(time.process_time())
-        rows.append(json.loads(log_step(*a, **k)))
-        return json.dumps(rows[-1]) + "\n"
+        line = logged(self, *a, **k)
+        rows.append(json.loads(line))
+        return line
 
-    stage.log_step = timed
+    StepLog.__call__ = timed
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             if stage.main(argv) != 0:
                 raise RuntimeError(f"stage 03 failed: {argv}")
     finally:
-        stage.log_step = log_step
+        StepLog.__call__ = logged
     return [r["loss"] for r in rows], list(np.diff(marks)), [r["tokens"] for r in rows]
 
 

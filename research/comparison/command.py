@@ -6,9 +6,11 @@ import json
 import shlex
 import sys
 
+from cuset_common.artifacts import args_to_json
 from cuset_common.cli import UserError
 from cuset_common.out_dir import finishes_out
 from cuset_common.out_lock import lock_out
+from cuset_common.trackers import open_trackers
 from research.comparison.metrics import aggregate
 from research.comparison.options import parse_args
 from research.comparison.plan import plan
@@ -24,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     lock_out(args.save_record or args.out)  # one run per folder (cuset_common/out_lock.py)
     if args.save_record:
         return save_record(args)
+    trackers = open_trackers(args, "compare", args.out, {"args": args_to_json(args)})  # --report-to
     if args.report_only:
         (base_steps, runs), calls = plan(args), 0
         if missing := missing_results(args, base_steps, runs):
@@ -57,4 +60,5 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     write_report(args, res)
+    trackers.log({"table": res["table"], "paired": res["paired"]})  # per objective: mean, std; differences
     return 0

@@ -20,6 +20,7 @@ from cuset_common.paths import (
     SFT_KERNEL_ORIGINALS_FILE,
     SMOLLM2_MODEL,
 )
+from cuset_common.trackers import add_report_arguments
 from research.comparison.objectives import (
     EVALUATION_NAME,
     MODES,
@@ -130,6 +131,8 @@ def build_parser() -> ArgumentParser:
         help="stop after N stage calls in this invocation (time slices; tests use it to interrupt a "
         "comparison deterministically)",
     )
+    # the table's figures to the trackers too (a stage's own figures: --train-args "--report-to ...")
+    add_report_arguments(ap)
     return ap
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import shlex
 from pathlib import Path
 
+from cuset_common.figures import pyplot, save_figure
 from cuset_common.files import json_safe, write_text_atomic
 from research.comparison.bootstrap import POWER_Z
 from research.comparison.metrics import TOKEN_GROUPS
@@ -297,14 +297,8 @@ def markdown(args, res: dict, figure_note: str) -> str:
 
 
 def figure(path: Path, res: dict, args) -> bool:
-    """comparison.png; False when matplotlib is not installed. matplotlib is an optional extra, so it is
-    imported here, the one deferred import of the comparison."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """comparison.png; False when matplotlib is not installed (cuset_common/figures.py)."""
+    if (plt := pyplot()) is None:
         return False
     objs, t = ["base", *args.objectives], res["table"]
     cats = category_columns(t)
@@ -322,10 +316,7 @@ def figure(path: Path, res: dict, args) -> bool:
     ax.set_ylabel("held-out NLL, nats per token (mean ± std over seeds)", fontsize=8)
     ax.set_title("Held-out NLL per CUDA-sensitivity category", fontsize=10)
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     return True
 
 
