@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 from conftest import ARGS, MADE, load_script, refused
 from safetensors.numpy import load_file
+from test_mfu import by_hand
 
 import cuset_common.trackers
-from cuset_common.paths import ROOT
+from cuset_common.data import encode_sample, load_sft
+from cuset_common.paths import ROOT, SFT_FILE, TINY_MODEL
 
 STAGE = {
     key: load_script(script)
@@ -221,3 +223,18 @@ def test_the_comparison_reports_its_table(tmp_path):
     assert any(k.startswith("table/") for k in expected) and any(k.startswith("paired/") for k in expected)
     assert {k: tracked[k] for k in expected} == pytest.approx(expected, rel=FLOAT32)
     assert all(math.isnan(v) for k, v in tracked.items() if k not in expected)
+
+
+def test_stage_03s_flops_are_the_configs_by_hand(tmp_path, tiny_tokenizer):
+    """One step on one sample: the row's tokens are the sample's (T read, R scored, from the stage's own
+    tokenization of it), and its flops the count by hand from the tiny model's config (tests/test_mfu.py)."""
+    data, out = tmp_path / "one.jsonl", tmp_path / "ckpt"
+    data.write_text(SFT_FILE.read_text().splitlines(keepends=True)[0])
+    enc = encode_sample(tiny_tokenizer, load_sft(data)[0], 2048)
+    T, R = len(enc["input_ids"]), len(enc["input_ids"]) - enc["response_start"]
+    argv = ["--data", data, "--objective", "sft", "--max-steps", 1, "--batch-size", 1, "--device", "cpu"]
+    assert STAGE["03"].main([*map(str, [*argv, "--max-length", 2048, "--out", out])]) == 0
+    (row,) = rows_of(out / "log.jsonl")
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    assert (row["sequence_tokens"], row["tokens"]) == (T, R)
+    assert row["flops"] == by_hand(config, T, R) and row["mfu"] is None  # a CPU: no peak, no MFU
