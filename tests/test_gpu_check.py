@@ -154,12 +154,20 @@ def test_a_command_is_killed_at_its_line_or_at_its_time_limit(tmp_path):
     assert text.count("$ ") == 2 and "killed after the time limit of 1 s" in text
 
 
-def gone(pid: int) -> bool:
-    """Whether process `pid` has ended: no longer there, or a zombie (its parent, init here, may not reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+def gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether process `pid` ends within wait_s: no longer there, or a zombie (its parent, init here, may not
+    reap). A process killed with SIGKILL closes its files (the command's output ends) before it becomes a
+    zombie, and on a busy CPU the rest of its exit may wait for a core: it is given wait_s to finish."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 def pids(output: str, word: str) -> list[int]:
