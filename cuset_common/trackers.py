@@ -83,6 +83,11 @@ def numbers(row: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
+def tracked(row: dict) -> dict[str, float]:
+    """What a tracker gets of a row: its numbers, but a "step" field, which is the step it is logged at."""
+    return numbers({k: v for k, v in row.items() if k != "step"})
+
+
 class Trackers:
     """The trackers of one run; each gets the same rows. Finished once, by finish or at exit."""
 
@@ -93,9 +98,9 @@ class Trackers:
 
     def log(self, row: dict, step: int | None = None) -> None:
         """The row's numbers at `step`, by default the last step logged (0 at first): a run's closing
-        figures go beside its last row. A "step" field of the row is that step, not logged again."""
+        figures go beside its last row."""
         self.step = self.step if step is None else step
-        if values := numbers({k: v for k, v in row.items() if k != "step"}):
+        if values := tracked(row):
             for logger in self.loggers:
                 logger.log(values, self.step)
 

@@ -107,11 +107,6 @@ def wandb_history(run_file: Path) -> list[dict]:
     return rows
 
 
-def logged_numbers(row: dict) -> dict:
-    """What a tracker gets of a log.jsonl row: its numbers (cuset_common/trackers.py, numbers)."""
-    return cuset_common.trackers.numbers({k: v for k, v in row.items() if k != "step"})
-
-
 def test_stage_03_reports_its_log_to_tensorboard_and_trackio_and_draws_its_curves(world, tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("trackio")
@@ -126,13 +121,14 @@ def test_stage_03_reports_its_log_to_tensorboard_and_trackio_and_draws_its_curve
 
     scalars = tensorboard_scalars(report / "tensorboard" / run_name(stdout, "tensorboard"))
     for row in log:
-        for key, value in logged_numbers(row).items():
+        for key, value in cuset_common.trackers.tracked(row).items():
             assert scalars[key][row["step"]] == pytest.approx(value, rel=FLOAT32, abs=0), (key, row["step"])
 
     rows = trackio_rows(report / "trackio", run_name(stdout, "trackio"))
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for row, tracked in zip(log, rows):
-        assert {k: tracked[k] for k in logged_numbers(row)} == logged_numbers(row)  # JSON: exact
+    for row, got in zip(log, rows):
+        expected = cuset_common.trackers.tracked(row)
+        assert {k: got[k] for k in expected} == expected  # JSON: exact
 
     if importlib.util.find_spec("matplotlib"):
         assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -147,8 +143,9 @@ def test_stage_03_reports_to_wandb_offline(world, tmp_path):
     history = wandb_history(run_file)
     log = rows_of(out / "log.jsonl")
     assert [h["_step"] for h in history] == [r["step"] for r in log]
-    for row, tracked in zip(log, history):
-        assert {k: tracked[k] for k in logged_numbers(row)} == logged_numbers(row)
+    for row, got in zip(log, history):
+        expected = cuset_common.trackers.tracked(row)
+        assert {k: got[k] for k in expected} == expected
 
 
 def test_stage_01_reports_its_throughput_and_findings(world, tmp_path):

@@ -62,7 +62,7 @@ class StepLog:
         of the global batch, its tokens and its response tokens."""
         synchronize(self.device)
         seconds = time.perf_counter() - self.t0
-        n, flops = max(stats["tokens"], 1), self.flops(lengths)
+        n, flops, read = max(stats["tokens"], 1), self.flops(lengths), sum(t for t, _ in lengths)
         row = {
             "step": step,
             "loss": round(stats["loss"], 6),
@@ -73,9 +73,9 @@ class StepLog:
             "lr": lr,
             "grad_norm": round(stats["grad_norm"], 6),
             "tokens": int(stats["tokens"]),
-            "sequence_tokens": sum(t for t, _ in lengths),
+            "sequence_tokens": read,
             "seconds": round(seconds, 4),
-            "tokens_per_s": round(sum(t for t, _ in lengths) / seconds, 1),
+            "tokens_per_s": round(read / seconds, 1),
             "flops": flops,
             "mfu": None if (m := mfu(flops, seconds, self.peak, self.world)) is None else round(m, 5),
         }
